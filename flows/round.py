@@ -1,0 +1,50 @@
+"""The round flow: the stages of one round, in order, as cached Prefect tasks (SPEC §4, §6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows.artifacts import publish_round
+from flows.cache import on_disk_valid, stage_task
+from pbrl.config import JobConfig
+from pbrl.progress import publish
+from pbrl.storage import record_state
+
+
+def call_stage(stage: str, run_dir: str, round_index: int, job: JobConfig, *, force: bool = False) -> dict[str, Any]:
+    """Run one stage task; it is refreshed when forced or when its files on disk are stale.
+
+    Returns:
+        ``{"stage", "round", "state", "manifest"}`` where state is Prefect's ("Completed" or "Cached").
+    """
+    refresh = force or not on_disk_valid(stage, run_dir, round_index, job)
+    publish({"event": "start", "stage": stage, "round": round_index})
+    state = stage_task(stage, run_dir, force=refresh)(run_dir, round_index, job, return_state=True)
+    record_state(run_dir, round_index, stage, state.name, None if state.is_completed() else str(state.message))
+    manifest = state.result()  # re-raises the stage's error: the round fails, later stages do not run
+    publish({"event": "done", "stage": stage, "round": round_index, "state": state.name})
+    return {"stage": stage, "round": round_index, "state": state.name, "manifest": manifest}
+
+
+def evaluation_due(job: JobConfig, round_index: int) -> bool:
+    """Round 0 is the baseline; then every ``eval_interval`` rounds (0 disables evaluation)."""
+    return job.eval_interval > 0 and round_index % job.eval_interval == 0
+
+
+@flow(name="pbrl-round", flow_run_name="{run_name}-round-{round_index}", log_prints=True)
+def round_flow(run_dir: str, run_name: str, round_index: int, job: JobConfig) -> list[dict[str, Any]]:
+    """Collect, store, select and learn: one round of preference-based training."""
+    done = [
+        call_stage("sample-candidates", run_dir, round_index, job),
+        call_stage("score-with-oracle", run_dir, round_index, job),
+        call_stage("build-pairs", run_dir, round_index, job),
+        call_stage("store-round", run_dir, round_index, job),
+        call_stage("replay-select", run_dir, round_index, job),
+        call_stage("update-policies", run_dir, round_index, job),
+    ]
+    if evaluation_due(job, round_index):
+        done.append(call_stage("evaluate", run_dir, round_index, job))
+    publish_round(run_dir, round_index, done)
+    return done

@@ -1,0 +1,19 @@
+"""The one-stage flow: rerun a single stage of a finished or failed round on the same run folder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows.round import call_stage
+from pbrl.metrics import write_run_metrics
+from pbrl.run import open_job
+
+
+@flow(name="pbrl-stage", flow_run_name="{stage}-r{round_index}")
+def stage_flow(stage: str, run_dir: str, round_index: int, force: bool = False) -> dict[str, Any]:
+    """Run ``stage`` for ``round_index`` alone; Cached when its inputs and outputs are unchanged."""
+    result = call_stage(stage, run_dir, round_index, open_job(run_dir), force=force)
+    write_run_metrics(run_dir)
+    return result

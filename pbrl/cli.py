@@ -1,0 +1,232 @@
+"""The ``pbrl`` command line (typer). Heavy imports (torch, Prefect) happen inside the commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pbrl.errors import ArtifactError, ConfigError, OracleError
+
+app = typer.Typer(help="pbrl: train cooperating LLM agents from preferences between their joint responses.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+models_app = typer.Typer(help="Packaged models (converted once under storage/models/).", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+console = Console()
+err = Console(stderr=True)
+
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config option: key=value (repeatable).")]
+
+
+def _fail(exc: Exception, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}")
+    return typer.Exit(code)
+
+
+def _load(config: Path, overrides: list[str] | None, run_name: str | None = None):
+    from pbrl.config import load_job
+
+    extra = [*(overrides or [])]
+    if run_name:
+        extra.append(f"run_name={run_name}")
+    job = load_job(config, extra)
+    if not job.run_name:
+        job = job.model_copy(update={"run_name": config.stem})
+    return job
+
+
+@app.command()
+def validate(config: Path, set_: SetOption = None) -> None:
+    """Check a config file: prints OK, or every problem at once (exit code 2).
+
+    Example: pbrl validate flows/configs/tiny-madpo-iter.yaml --set dpo_beta=0.2
+    """
+    try:
+        job = _load(config, set_)
+    except ConfigError as exc:
+        raise _fail(exc) from None
+    console.print(f"OK: {config} ({job.trainer}, {job.num_agents} agents)")
+
+
+def _print_rounds(run_dir: Path) -> None:
+    from pbrl.metrics import round_table
+    from pbrl.report import write_report_png
+
+    table = round_table(run_dir)
+    t = Table(title=f"{run_dir.name}: rounds")
+    t.add_column("round")
+    for col in table.columns:
+        t.add_column(col.replace("_", " "), justify="right")
+    for r, row in table.iterrows():
+        t.add_row(str(r), *("–" if v != v else f"{v:.4g}" for v in row.values))
+    console.print(t)
+    console.print(f"report: {write_report_png(run_dir, table)}")
+
+
+@app.command()
+def train(
+    config: Annotated[Path | None, typer.Argument(help="YAML config (flat: run and trainer options).")] = None,
+    set_: SetOption = None,
+    run_name: Annotated[str | None, typer.Option(help="Run folder name (default: the config's run_name, else its file name).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue an existing run from its last complete stage.")] = False,
+    run: Annotated[Path | None, typer.Option(help="Resume this run folder (with --resume, instead of CONFIG).")] = None,
+) -> None:
+    """Train a run (MADPO / MADPO-iterative) through the Prefect flows, with a progress display.
+
+    Example: pbrl train flows/configs/tiny-madpo-iter.yaml --set num_iterations=3 --run-name try-1
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pbrl import orchestration, progress
+    from pbrl.run import open_job
+
+    if run is not None and not resume:
+        raise _fail(ValueError("--run continues an existing run: add --resume"))
+    if run is None and config is None:
+        raise _fail(ValueError("give a CONFIG file, or --run RUN --resume"))
+    try:
+        job = open_job(run) if run is not None else _load(config, set_, run_name)
+    except (ConfigError, ArtifactError) as exc:
+        raise _fail(exc) from None
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} stages"),
+                  TimeElapsedColumn(), console=console) as bar:
+        task_id = bar.add_task(f"{job.run_name}: starting", total=None)
+
+        def on_event(event: dict) -> None:
+            if event["event"] == "start":
+                bar.update(task_id, description=f"{job.run_name}: round {event['round']} {event['stage']}")
+            else:
+                bar.advance(task_id)
+
+        unsubscribe = progress.subscribe(on_event)
+        try:
+            out = orchestration.train(job, resume=resume)
+        except (ConfigError, ArtifactError, OracleError) as exc:
+            raise _fail(exc, 1) from None
+        finally:
+            unsubscribe()
+    _print_rounds(Path(out["run_dir"]))
+
+
+@app.command()
+def stage(
+    name: Annotated[str, typer.Argument(help="Stage name, e.g. score-with-oracle.")],
+    run: Annotated[Path, typer.Option(help="Run folder.")],
+    round_: Annotated[int, typer.Option("--round", help="Round number (0 = baseline evaluation).")],
+    force: Annotated[bool, typer.Option(help="Recompute even when cached.")] = False,
+    no_prefect: Annotated[bool, typer.Option(help="Run the plain stage function (no cache, no retries, no UI).")] = False,
+) -> None:
+    """Rerun one stage of a run as a one-task flow; later stages notice changed inputs on the next resume.
+
+    Example: pbrl stage score-with-oracle --run storage/runs/tiny-madpo-iter --round 1
+    """
+    from pbrl import orchestration
+    from stages import STAGE_MODULES
+
+    if name not in STAGE_MODULES:
+        raise _fail(ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGE_MODULES)}"))
+    if not (run / "run.json").is_file():
+        raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
+    try:
+        if no_prefect:
+            out = orchestration.run_stage_plain(name, run, round_)
+        else:
+            out = orchestration.rerun_stage(name, run, round_, force=force)
+    except (ConfigError, ArtifactError, OracleError) as exc:
+        raise _fail(exc, 1) from None
+    state = out["state"]
+    word = "cached (nothing recomputed)" if state == "Cached" else "recomputed"
+    console.print(f"{name} round {round_}: {state} — {word}")
+    console.print(json.dumps(out["manifest"].get("counts", {})))
+
+
+@app.command()
+def status(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
+    """Each round's stages: done / cached / stale / failed / missing, with counts and seconds."""
+    from pbrl.run import existing_rounds
+    from pbrl.storage import STAGES, RunPaths, read_manifest, read_states
+
+    paths = RunPaths(run)
+    if not paths.run_json.is_file():
+        raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
+    t = Table(title=f"{paths.root.name}: status")
+    for col in ("round", "stage", "status", "counts", "seconds"):
+        t.add_column(col)
+    for r in existing_rounds(paths):
+        states = read_states(run, r)
+        for s in STAGES:
+            m = read_manifest(paths, r, s)
+            last = states.get(s, {}).get("state")
+            if last == "Failed":
+                label = "[red]failed[/]"
+            elif m is None:
+                if s not in states:
+                    continue
+                label = "missing"
+            else:
+                label = "cached" if last == "Cached" else "done"
+            counts = ", ".join(f"{k}={v}" for k, v in (m.counts if m else {}).items())
+            t.add_row(str(r), s, label, counts, f"{m.seconds:.1f}" if m else "")
+    console.print(t)
+
+
+@app.command()
+def report(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
+    """Print the round table (pairs, loss, accuracy, eval reward vs round 0) and write report.png."""
+    try:
+        _print_rounds(run)
+    except ArtifactError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def serve(
+    nightly_run: Annotated[str | None, typer.Option(help="Run name that the nightly deployment extends.")] = None,
+    output_dir: Annotated[str, typer.Option(help="Where the nightly run lives.")] = "storage/runs",
+    cron: Annotated[str, typer.Option(help="Nightly schedule, cron in UTC.")] = "0 2 * * *",
+) -> None:
+    """Register and serve the deployments on the Prefect server at PREFECT_API_URL.
+
+    Example: prefect server start & PREFECT_API_URL=http://127.0.0.1:4200/api pbrl serve --nightly-run docs-1
+    """
+    import os
+
+    if not os.environ.get("PREFECT_API_URL"):
+        raise _fail(ValueError("PREFECT_API_URL is not set: start `prefect server start` and export "
+                               "PREFECT_API_URL=http://127.0.0.1:4200/api"))
+    from pbrl import orchestration
+
+    orchestration.serve(nightly_run=nightly_run, output_dir=output_dir, cron=cron)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """The packaged models and whether they are prepared."""
+    from pbrl.models import list_packaged_models
+
+    t = Table(title="packaged models")
+    for col in ("name", "prepared", "folder"):
+        t.add_column(col)
+    for name, ready, folder in list_packaged_models():
+        t.add_row(name, "yes" if ready else "no", str(folder))
+    console.print(t)
+
+
+@models_app.command("prepare")
+def models_prepare(name: str) -> None:
+    """Convert a packaged model once (GGUF -> safetensors under storage/models/)."""
+    from pbrl.models import prepare_packaged_model
+
+    try:
+        console.print(f"ready: {prepare_packaged_model(name)}")
+    except (KeyError, ImportError, FileNotFoundError, RuntimeError) as exc:
+        raise _fail(exc) from None
+
+
+def main() -> None:  # pragma: no cover
+    app()

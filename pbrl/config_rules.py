@@ -1,0 +1,472 @@
+"""Cross-field rules of the pbrl configuration (SPEC §2) and the translation of pydantic errors.
+
+Each rule is a plain function over a mapping of field values that returns a list of :class:`Problem`.
+A :class:`Rule` also names the fields it reads, so that a rule is skipped when one of its inputs already
+failed type validation (one mistake gives one problem, not a cascade). Range and type checks of single
+fields live on the pydantic fields (``Field(ge=...)``, ``Literal``), where the Prefect UI form sees them;
+:func:`field_problems` turns pydantic's errors into the same ``Problem`` wording as the rules.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import annotated_types
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
+from pbrl.errors import ConfigError, Problem
+
+Values = Mapping[str, Any]
+Notice = Callable[[Values], list[str]]
+
+HIDDEN = "<hidden>"
+SECRET_MESSAGE = (
+    "pbrl never takes an API key in the configuration (it would end up in run.json, logs and Prefect "
+    "parameters); put the key in an environment variable and give that variable's name in "
+    "comparator_api_key_env"
+)
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_DEVICE = re.compile(r"^(cpu|cuda|mps|xpu)(:\d+)?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RUN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_GROUP_BASELINE = ("magrpo", "mareinforce", "marloo", "maremax")
+_ACTOR_CRITIC = ("maac", "iac")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule: ``check(values)`` lists the problems; ``fields`` are the values it reads."""
+
+    fields: tuple[str, ...]
+    check: Callable[[Values], list[Problem]]
+
+
+def run_rules(rules: Iterable[Rule], values: Values, invalid: frozenset[str] = frozenset()) -> list[Problem]:
+    """All problems of ``rules`` over ``values``, skipping rules that read a field listed in ``invalid``."""
+    problems: list[Problem] = []
+    for rule in rules:
+        if not invalid.intersection(rule.fields):
+            problems.extend(rule.check(values))
+    return problems
+
+
+def _rule(registry: list[Rule], *fields: str) -> Callable[[Callable[[Values], list[Problem]]], Rule]:
+    def wrap(check: Callable[[Values], list[Problem]]) -> Rule:
+        registry.append(Rule(fields, check))
+        return registry[-1]
+
+    return wrap
+
+
+def _only_with(field: str, value: Any, condition: str) -> Problem:
+    return Problem(field, value, f"allowed only with {condition}; set it to None")
+
+
+def import_path_problems(field: str, value: str | list[str] | None) -> list[Problem]:
+    """Problems of an import path ``"pkg.module:function"`` (or a list of them)."""
+    if value is None:
+        return []
+    paths = [value] if isinstance(value, str) else list(value)
+    bad = [(i, p) for i, p in enumerate(paths) if not _IMPORT_PATH.match(p)]
+    if not bad:
+        return []
+    if isinstance(value, str):
+        return [Problem(field, value, "must be an import path like 'pkg.module:function'")]
+    where = ", ".join(f"item {i} ({p!r})" for i, p in bad)
+    return [Problem(field, value, f"{where}: each item must be an import path like 'pkg.module:function'")]
+
+
+def device_problems(field: str, spec: str | list[str] | None, num_agents: int | None) -> list[Problem]:
+    """Problems of a device spec: None, one device for all agents, or a list of 1 or ``num_agents`` devices."""
+    if spec is None:
+        return []
+    devices = [spec] if isinstance(spec, str) else list(spec)
+    problems = []
+    if any(not _DEVICE.match(d) for d in devices):
+        problems.append(Problem(field, spec, "devices look like 'cpu', 'cuda', 'cuda:1' or 'mps'"))
+    if num_agents is not None and not isinstance(spec, str) and len(devices) not in (1, num_agents):
+        problems.append(Problem(field, spec, f"must list 1 device or one per agent (num_agents={num_agents})"))
+    return problems
+
+
+# --------------------------------------------------------------------------- rules of every trainer
+COMMON_RULES: list[Rule] = []
+
+
+@_rule(COMMON_RULES, "num_turns")
+def _num_turns(v: Values) -> list[Problem]:
+    if v["num_turns"] == 1:
+        return []
+    return [Problem("num_turns", v["num_turns"], "must be 1 (pbrl, like the reference, trains single-turn only)")]
+
+
+@_rule(COMMON_RULES, "pair_selection", "preference_pairs_per_sample")
+def _pairs_per_sample(v: Values) -> list[Problem]:
+    if v["pair_selection"] == "all" and v["preference_pairs_per_sample"] is not None:
+        return [Problem("preference_pairs_per_sample", v["preference_pairs_per_sample"],
+                        "must be None when pair_selection='all' (every pair is kept)")]
+    return []
+
+
+@_rule(COMMON_RULES, "reward_func", "reward_processor")
+def _reward_paths(v: Values) -> list[Problem]:
+    return import_path_problems("reward_func", v["reward_func"]) + import_path_problems(
+        "reward_processor", v["reward_processor"])
+
+
+@_rule(COMMON_RULES, "reference_devices", "num_agents")
+def _reference_devices(v: Values) -> list[Problem]:
+    return device_problems("reference_devices", v["reference_devices"], v["num_agents"])
+
+
+# --------------------------------------------------------------------------- iterative trainers
+ITERATIVE_RULES: list[Rule] = []
+
+
+@_rule(ITERATIVE_RULES, "comparator_policy", "comparator_history_k")
+def _history_k(v: Values) -> list[Problem]:
+    if v["comparator_policy"] != "history" and v["comparator_history_k"] is not None:
+        return [_only_with("comparator_history_k", v["comparator_history_k"], "comparator_policy='history'")]
+    return []
+
+
+@_rule(ITERATIVE_RULES, "comparator_policy", "comparator_model_name", "comparator_agents")
+def _comparator_models(v: Values) -> list[Problem]:
+    name, agents = v["comparator_model_name"], v["comparator_agents"]
+    if v["comparator_policy"] != "model":
+        return [_only_with(f, v[f], "comparator_policy='model'")
+                for f in ("comparator_model_name", "comparator_agents") if v[f] is not None]
+    if name is None and agents is None:
+        return [Problem("comparator_model_name", None, "comparator_policy='model' needs comparator_model_name "
+                        "(one model for all agents) or comparator_agents (one per agent)")]
+    if name is not None and agents is not None:
+        return [Problem("comparator_agents", agents, "give comparator_model_name or comparator_agents, not both")]
+    return []
+
+
+@_rule(ITERATIVE_RULES, "comparator_policy", "comparator_agents", "num_agents")
+def _comparator_agent_count(v: Values) -> list[Problem]:
+    agents = v["comparator_agents"]
+    if v["comparator_policy"] == "model" and agents is not None and len(agents) != v["num_agents"]:
+        return [Problem("comparator_agents", agents, f"must name one model per agent (num_agents={v['num_agents']})")]
+    return []
+
+
+@_rule(ITERATIVE_RULES, "comparator_centralized_agent_index", "num_agents")
+def _centralized_index(v: Values) -> list[Problem]:
+    index, n = v["comparator_centralized_agent_index"], v["num_agents"]
+    if 0 <= index < n:
+        return []
+    return [Problem("comparator_centralized_agent_index", index, f"must be in [0, num_agents) = [0, {n})")]
+
+
+@_rule(ITERATIVE_RULES, "comparator_policy", "comparator_api_url", "comparator_api_model", "comparator_api_key_env")
+def _api_fields(v: Values) -> list[Problem]:
+    fields = ("comparator_api_url", "comparator_api_model", "comparator_api_key_env")
+    if v["comparator_policy"] != "api":
+        return [_only_with(f, HIDDEN if f == "comparator_api_key_env" else v[f], "comparator_policy='api'")
+                for f in fields if v[f] is not None]
+    if v["comparator_api_url"] is None:
+        return [Problem("comparator_api_url", None, "required with comparator_policy='api'")]
+    return []
+
+
+@_rule(ITERATIVE_RULES, "comparator_api_url")
+def _api_url(v: Values) -> list[Problem]:
+    url = v["comparator_api_url"]
+    if url is None or url.startswith(("http://", "https://")):
+        return []
+    return [Problem("comparator_api_url", url, "must be an http:// or https:// URL")]
+
+
+@_rule(ITERATIVE_RULES, "comparator_api_key_env")
+def _api_key_env(v: Values) -> list[Problem]:
+    name = v["comparator_api_key_env"]
+    if name is None or _ENV_NAME.match(name):
+        return []
+    # The value may be a pasted key: never echo it.
+    return [Problem("comparator_api_key_env", HIDDEN, "must be the NAME of an environment variable "
+                    "(letters, digits and '_', e.g. OPENAI_API_KEY), not the key itself")]
+
+
+@_rule(ITERATIVE_RULES, "comparator_devices", "num_agents")
+def _comparator_devices(v: Values) -> list[Problem]:
+    return device_problems("comparator_devices", v["comparator_devices"], v["num_agents"])
+
+
+@_rule(ITERATIVE_RULES, "preference_replay_mode", "preference_replay_k")
+def _replay_k(v: Values) -> list[Problem]:
+    mode, k = v["preference_replay_mode"], v["preference_replay_k"]
+    if mode == "nearest_k" and k is None:
+        return [Problem("preference_replay_k", k, "required (>= 1) with preference_replay_mode='nearest_k'")]
+    if mode == "current" and k not in (None, 1):
+        return [Problem("preference_replay_k", k, "must be None or 1 with preference_replay_mode='current'")]
+    if mode in ("all_history", "lambda_decay") and k is not None:
+        return [Problem("preference_replay_k", k, f"must be None with preference_replay_mode='{mode}'")]
+    return []
+
+
+@_rule(ITERATIVE_RULES, "preference_replay_mode", "preference_replay_lambda")
+def _replay_lambda(v: Values) -> list[Problem]:
+    mode, lam = v["preference_replay_mode"], v["preference_replay_lambda"]
+    if mode == "lambda_decay" and lam is None:
+        return [Problem("preference_replay_lambda", lam,
+                        "required, in [0, 1], with preference_replay_mode='lambda_decay'")]
+    if mode != "lambda_decay" and lam is not None:
+        return [_only_with("preference_replay_lambda", lam, "preference_replay_mode='lambda_decay'")]
+    return []
+
+
+@_rule(ITERATIVE_RULES, "preference_replay_mode", "preference_replay_sample_size")
+def _replay_sample_size(v: Values) -> list[Problem]:
+    if v["preference_replay_mode"] == "current" and v["preference_replay_sample_size"] is not None:
+        return [Problem("preference_replay_sample_size", v["preference_replay_sample_size"],
+                        "must be None with preference_replay_mode='current' (the round's pairs are used as "
+                        "they are)")]
+    return []
+
+
+# --------------------------------------------------------------------------- MARLHF trainers
+MARLHF_RULES: list[Rule] = []
+
+
+@_rule(MARLHF_RULES, "rl_algorithm", "num_generations")
+def _num_generations(v: Values) -> list[Problem]:
+    algorithm, n = v["rl_algorithm"], v["num_generations"]
+    if algorithm in _GROUP_BASELINE and n < 2:
+        return [Problem("num_generations", n, f"must be >= 2 with rl_algorithm='{algorithm}' (its baseline "
+                        "compares the samples of a group)")]
+    return []
+
+
+@_rule(MARLHF_RULES, "rl_algorithm", "critic_model_name", "critic_learning_rate")
+def _critic_fields(v: Values) -> list[Problem]:
+    if v["rl_algorithm"] in _ACTOR_CRITIC:
+        return []
+    return [_only_with(f, v[f], "rl_algorithm='maac' or 'iac'")
+            for f in ("critic_model_name", "critic_learning_rate") if v[f] is not None]
+
+
+TRAINER_RULES: dict[str, tuple[Rule, ...]] = {
+    "madpo": tuple(COMMON_RULES),
+    "marlhf": tuple(COMMON_RULES + MARLHF_RULES),
+    "madpo_iter": tuple(COMMON_RULES + ITERATIVE_RULES),
+    "marlhf_iter": tuple(COMMON_RULES + ITERATIVE_RULES + MARLHF_RULES),
+}
+
+
+# --------------------------------------------------------------------------- run-level fields
+RUN_RULES: list[Rule] = []
+
+
+@_rule(RUN_RULES, "run_name")
+def _run_name(v: Values) -> list[Problem]:
+    name = v["run_name"]
+    if name is None or (_RUN_NAME.match(name) and set(name) != {"."}):
+        return []
+    return [Problem("run_name", name, "allowed characters: letters, digits, '-', '_', '.' (and not only dots)")]
+
+
+@_rule(RUN_RULES, "agent_model", "agents")
+def _agent_source(v: Values) -> list[Problem]:
+    if v["agent_model"] is None and v["agents"] is None:
+        return [Problem("agent_model", None, "missing; give agent_model (one model for all agents) or agents "
+                        "(one per agent)")]
+    if v["agent_model"] is not None and v["agents"] is not None:
+        return [Problem("agents", v["agents"], "give agent_model or agents, not both")]
+    return []
+
+
+@_rule(RUN_RULES, "formatters")
+def _formatter_paths(v: Values) -> list[Problem]:
+    return import_path_problems("formatters", v["formatters"])
+
+
+@_rule(RUN_RULES, "agent_devices")
+def _agent_devices(v: Values) -> list[Problem]:
+    return device_problems("agent_devices", v["agent_devices"], None)
+
+
+@_rule(RUN_RULES, "lora_r", "lora_target_modules")
+def _lora_modules(v: Values) -> list[Problem]:
+    if v["lora_r"] is None and v["lora_target_modules"] is not None:
+        return [_only_with("lora_target_modules", v["lora_target_modules"], "lora_r set (LoRA on)")]
+    return []
+
+
+@_rule(RUN_RULES, "train_dataset", "eval_dataset")
+def _dataset_suffix(v: Values) -> list[Problem]:
+    return [Problem(f, v[f], "must be a .jsonl or .parquet file") for f in ("train_dataset", "eval_dataset")
+            if v[f] is not None and not v[f].lower().endswith((".jsonl", ".parquet"))]
+
+
+@_rule(RUN_RULES, "task", "task_options")
+def _task_options(v: Values) -> list[Problem]:
+    if v["task"] is None and v["task_options"]:
+        return [Problem("task_options", v["task_options"], "allowed only with task (they go to its factory)")]
+    return []
+
+
+# --------------------------------------------------------------------------- a whole job (run + trainer)
+JOB_RULES: list[Rule] = []
+
+
+@_rule(JOB_RULES, "agents", "num_agents")
+def _agent_count(v: Values) -> list[Problem]:
+    if v["agents"] is not None and len(v["agents"]) != v["num_agents"]:
+        return [Problem("agents", v["agents"], f"must name one model per agent (num_agents={v['num_agents']})")]
+    return []
+
+
+@_rule(JOB_RULES, "formatters", "num_agents")
+def _formatter_count(v: Values) -> list[Problem]:
+    if v["formatters"] is not None and len(v["formatters"]) != v["num_agents"]:
+        return [Problem("formatters", v["formatters"], f"must give one formatter per agent "
+                        f"(num_agents={v['num_agents']})")]
+    return []
+
+
+@_rule(JOB_RULES, "agent_devices", "num_agents")
+def _agent_device_count(v: Values) -> list[Problem]:
+    spec = v["agent_devices"]
+    if isinstance(spec, list) and len(spec) not in (1, v["num_agents"]):
+        return [Problem("agent_devices", spec, f"must list 1 device or one per agent "
+                        f"(num_agents={v['num_agents']})")]
+    return []
+
+
+@_rule(JOB_RULES, "task", "train_dataset", "formatters", "reward_func")
+def _task_source(v: Values) -> list[Problem]:
+    if v["task"] is not None:
+        return []
+    parts = ("train_dataset", "formatters", "reward_func")
+    missing = [f for f in parts if v[f] is None]
+    if len(missing) == len(parts):
+        return [Problem("task", None, "missing; give task (a registered task name), or train_dataset + "
+                        "formatters + reward_func together")]
+    return [Problem(f, None, "required when task is not given (train_dataset + formatters + reward_func "
+                    "together)") for f in missing]
+
+
+def job_rules(trainer: str) -> tuple[Rule, ...]:
+    """Every rule of a flat job of ``trainer``: the trainer's, the run's and the ones that join them."""
+    return TRAINER_RULES[trainer] + tuple(RUN_RULES) + tuple(JOB_RULES)
+
+
+def madpo_kl_notice(v: Values) -> list[str]:
+    """The warning for MADPO configs with ``reference_kl_enabled=True`` (valid, but it adds nothing)."""
+    if not v["reference_kl_enabled"]:
+        return []
+    return [("reference_kl_enabled=True has no effect on MADPO: MADPO is reference-free in pbrl (no reference "
+            "model is loaded), so reference_kl_coef and reference_devices add nothing")]
+
+
+# --------------------------------------------------------------------------- pydantic errors -> Problems
+_BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+
+
+def field_problems(err: ValidationError, fields: Mapping[str, FieldInfo], data: Values) -> list[Problem]:
+    """One :class:`Problem` per field from pydantic's errors (plus the problems of a wrapped ConfigError).
+
+    The value shown is the raw value given for the field; the message names the allowed values or range
+    (read from the field's annotation and constraints), never pydantic's wording.
+    """
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    problems: list[Problem] = []
+    for error in err.errors():
+        wrapped = (error.get("ctx") or {}).get("error")
+        if isinstance(wrapped, ConfigError):
+            problems.extend(wrapped.problems)
+        else:
+            name = str(error["loc"][0]) if error["loc"] else "config"
+            grouped.setdefault(name, []).append(error)
+    for name, errors in grouped.items():
+        info = fields.get(name)
+        value = data.get(name)  # the raw value given (None when missing)
+        problems.append(Problem(name, value, _message(errors, info)))
+    return problems
+
+
+def _message(errors: list[dict[str, Any]], info: FieldInfo | None) -> str:
+    kinds = {e["type"] for e in errors}
+    if info is None:
+        return "; ".join(e["msg"] for e in errors)
+    if "missing" in kinds:
+        return "missing; this option is required"
+    if "literal_error" in kinds:
+        return "allowed: " + ", ".join(str(c) for c in _literal_choices(info.annotation))
+    if kinds & set(_BOUNDS):
+        return bounds_text(info)
+    if "finite_number" in kinds:
+        return "must be a finite number"
+    if kinds & {"too_short", "string_too_short"}:
+        error = next(e for e in errors if e["type"] in ("too_short", "string_too_short"))
+        return f"item {error['loc'][1]} must not be empty" if len(error["loc"]) > 1 else "must not be empty"
+    return "must be " + describe_type(info.annotation)
+
+
+def bounds_text(info: FieldInfo) -> str:
+    """``'must be > 0'``, ``'must be in [0, 1)'``, ``'must be >= 1 or None'`` from a field's constraints."""
+    low = high = None
+    for m in info.metadata:
+        if isinstance(m, annotated_types.Gt):
+            low = f"> {m.gt}", "(", m.gt
+        elif isinstance(m, annotated_types.Ge):
+            low = f">= {m.ge}", "[", m.ge
+        elif isinstance(m, annotated_types.Lt):
+            high = f"< {m.lt}", ")", m.lt
+        elif isinstance(m, annotated_types.Le):
+            high = f"<= {m.le}", "]", m.le
+    if low and high:
+        text = f"must be in {low[1]}{low[2]}, {high[2]}{high[1]}"
+    else:
+        text = "must be " + (low or high or ("a valid value", "", ""))[0]
+    return text + " or None" if _allows_none(info.annotation) else text
+
+
+def _union_args(tp: Any) -> tuple[Any, ...]:
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _union_args(get_args(tp)[0])
+    if origin in (Union, types.UnionType):
+        return get_args(tp)
+    return (tp,)
+
+
+def _allows_none(tp: Any) -> bool:
+    return type(None) in _union_args(tp)
+
+
+def _literal_choices(tp: Any) -> list[Any]:
+    choices: list[Any] = []
+    for arg in _union_args(tp):
+        if get_origin(arg) is Literal:
+            choices.extend(get_args(arg))
+    return choices
+
+
+def describe_type(tp: Any) -> str:
+    """Words for an annotation: ``str | list[str] | None`` -> ``'a string, a list of strings or None'``."""
+    parts = [_describe_one(a) for a in _union_args(tp)]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+def _describe_one(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _describe_one(get_args(tp)[0])
+    if origin is list:
+        inner = _describe_one(get_args(tp)[0]) if get_args(tp) else "a value"
+        return "a list of strings" if inner == "a string" else "a list"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    if origin is Literal:
+        return "one of " + ", ".join(str(c) for c in get_args(tp))
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "None"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))

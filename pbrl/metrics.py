@@ -1,0 +1,71 @@
+"""Run metrics: gathered from the stage manifests into ``metrics.parquet`` (one row per round, stage, metric).
+
+The table is derived, never appended to: rebuilding it from the manifests after any stage gives the same
+file, so a resumed or partially rerun run cannot hold stale or duplicated rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from pbrl.run import existing_rounds
+from pbrl.schema import METRICS, read_table, write_table
+from pbrl.storage import STAGES, RunPaths, read_manifest
+
+COUNT_METRICS = {  # manifest counts worth a metric row: (stage, count) -> metric name
+    ("build-pairs", "pairs"): "pairs/count",
+    ("build-pairs", "rejected_empty"): "pairs/rejected_empty",
+    ("build-pairs", "items_without_pairs"): "pairs/items_without_pairs",
+    ("score-with-oracle", "failed"): "oracle/failed",
+    ("update-policies", "steps"): "madpo/steps",
+}
+
+
+def round_rows(paths: RunPaths, round_index: int) -> list[dict]:
+    """Metric rows of one round from its manifests (metrics, selected counts and stage seconds)."""
+    rows = []
+    for stage in STAGES:
+        m = read_manifest(paths, round_index, stage)
+        if m is None:
+            continue
+        values = dict(m.metrics)
+        for (s, count), name in COUNT_METRICS.items():
+            if s == stage and count in m.counts:
+                values[name] = float(m.counts[count])
+        values[f"time/{stage}_seconds"] = m.seconds
+        rows += [{"round_index": round_index, "stage": stage, "metric": k, "value": float(v)}
+                 for k, v in sorted(values.items())]
+    return rows
+
+
+def write_run_metrics(run_dir: str | Path) -> Path:
+    """Rebuild ``metrics.parquet`` from every round's manifests."""
+    paths = RunPaths(run_dir)
+    rows = [row for r in existing_rounds(paths) for row in round_rows(paths, r)]
+    write_table(paths.metrics, rows, METRICS)
+    return paths.metrics
+
+
+def metrics_frame(run_dir: str | Path) -> pd.DataFrame:
+    """metrics.parquet as a DataFrame (round_index, stage, metric, value)."""
+    return read_table(RunPaths(run_dir).metrics, METRICS).to_pandas()
+
+
+def round_table(run_dir: str | Path) -> pd.DataFrame:
+    """One row per round: pairs, loss, accuracy, eval reward (and its change vs round 0)."""
+    df = metrics_frame(run_dir)
+    wide = df.pivot_table(index="round_index", columns="metric", values="value", aggfunc="last")
+    cols = {
+        "pairs/count": "pairs", "iter/train_preference_pairs": "train_pairs", "madpo/loss": "loss",
+        "madpo/accuracy": "accuracy", "madpo/margin_mean": "margin", "madpo/skipped_steps": "skipped",
+        "eval/turn_1/reward_mean": "eval_reward",
+    }
+    table = pd.DataFrame(index=wide.index)
+    for src, dst in cols.items():
+        table[dst] = wide[src] if src in wide else float("nan")
+    if 0 in table.index and pd.notna(table.loc[0, "eval_reward"]):
+        table["eval_vs_round0"] = table["eval_reward"] - table.loc[0, "eval_reward"]
+    table.index.name = "round"
+    return table

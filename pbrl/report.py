@@ -1,0 +1,50 @@
+"""``pbrl report``: the round table and a PNG of eval reward and MADPO loss per round."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from pbrl.metrics import round_table  # noqa: E402
+
+
+def write_report_png(run_dir: str | Path, table: pd.DataFrame | None = None) -> Path:
+    """Plot eval reward (with the round-0 baseline) and training loss / accuracy per round.
+
+    Returns:
+        ``<run>/report.png``.
+    """
+    run_dir = Path(run_dir)
+    table = round_table(run_dir) if table is None else table
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ev = table["eval_reward"].dropna()
+    ax1.plot(ev.index, ev.values, marker="o", label="eval reward (task reward)")
+    if 0 in ev.index:
+        ax1.axhline(ev.loc[0], color="grey", linestyle="--", label="round 0 baseline")
+    tr = table.get("loss")
+    ax1.set(title="Evaluation reward per round", xlabel="round", ylabel="mean reward")
+    ax1.legend(loc="best")
+    if tr is not None and tr.notna().any():
+        ax2.plot(tr.dropna().index, tr.dropna().values, marker="o", color="tab:red", label="MADPO loss")
+        ax2.set(ylabel="loss (nats)")
+    acc = table.get("accuracy")
+    if acc is not None and acc.notna().any():
+        ax3 = ax2.twinx()
+        ax3.plot(acc.dropna().index, acc.dropna().values, marker="s", color="tab:green", label="accuracy")
+        ax3.set(ylabel="pair accuracy", ylim=(0, 1))
+        ax3.legend(loc="lower right")
+    ax2.set(title="Training per round", xlabel="round")
+    ax2.legend(loc="upper right")
+    for ax in (ax1, ax2):
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle(run_dir.name)
+    fig.tight_layout()
+    out = run_dir / "report.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,351 @@
+"""Batched sampling whose every row is reproducible from its own seed, however the rows are batched.
+
+HF ``generate`` draws sampled tokens from one global generator shared by the whole batch, so a row's
+tokens depend on its batch neighbours and on global random state. Here each row carries a seed; the
+uniform number for step s of a row is output s + 1 of SplitMix64 seeded with the row seed (Steele, Lea
+and Flood 2014, "Fast splittable pseudorandom number generators"), computed vectorised in torch int64.
+A ``LogitsProcessor`` warps the scores with transformers' own temperature / top-k / top-p warpers,
+draws one token per row by inverse-CDF with that uniform, and leaves only the drawn token finite, so
+``generate(do_sample=False)`` (left padding, KV cache) emits exactly the drawn tokens. No global RNG is read.
+
+Shape legend: b batch (rows), t tokens, v vocab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from pbrl.scoring import eval_mode
+
+SEED_LIMIT = 2**63
+
+
+def _signed(constant: int) -> int:
+    """A 64-bit unsigned constant as the int64 with the same bits."""
+    return constant - 2**64 if constant >= 2**63 else constant
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MIX1 = _signed(0xBF58476D1CE4E5B9)
+_MIX2 = _signed(0x94D049BB133111EB)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's ``>>`` is arithmetic: mask the sign copies)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def splitmix64(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """Output ``step + 1`` of SplitMix64 seeded with each seed, as int64 bit patterns.
+
+    int64 multiplication and addition wrap modulo 2**64, which is exactly the unsigned arithmetic
+    SplitMix64 needs. Seed 0, step 0 gives 0xE220A8397B1DCDAF (Vigna's reference ``splitmix64.c``).
+
+    Args:
+        seeds: (b,) int64 seeds.
+        step: the counter, ≥ 0 (the index of the generated token).
+
+    Returns:
+        (b,) int64 tensor holding the 64-bit outputs' bits.
+    """
+    z = seeds.to(torch.int64) + (step + 1) * torch.tensor(_GOLDEN, dtype=torch.int64, device=seeds.device)
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
+
+
+def counter_uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """One uniform number in [0, 1) per seed for this step: the top 53 bits of :func:`splitmix64`.
+
+    Returns:
+        (b,) float64 tensor, a pure function of (seed, step).
+    """
+    return _shift_right(splitmix64(seeds, step), 11).to(torch.float64) * 2.0**-53
+
+
+def draw_inverse_cdf(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row from softmax(scores) by inverse-CDF: the first token whose CDF exceeds u.
+
+    The CDF runs over the vocabulary in id order, in float64. Tokens with score −inf have probability 0
+    and are never drawn (the draw is clamped to the last token with positive probability, which only
+    matters when rounding makes u · total reach the total).
+
+    Args:
+        scores: (b, v) warped scores (−inf = excluded); each row needs a finite entry.
+        uniforms: (b,) numbers in [0, 1).
+
+    Returns:
+        (b,) int64 token ids.
+    """
+    probs = torch.softmax(scores.to(torch.float64), dim=-1)  # (b, v)
+    cdf = probs.cumsum(dim=-1)  # (b, v)
+    target = uniforms.to(cdf)[:, None] * cdf[:, -1:]  # (b, 1)
+    drawn = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (b,)
+    vocab = scores.shape[-1]
+    last_positive = vocab - 1 - (probs > 0).flip(-1).to(torch.int64).argmax(dim=-1)  # (b,)
+    return torch.minimum(drawn, last_positive)
+
+
+def build_warpers(temperature: float, top_p: float, top_k: int | None) -> LogitsProcessorList:
+    """transformers' own warpers in ``generate``'s order: temperature, top-k, top-p (neutral ones left out)."""
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(float(temperature)))
+    if top_k is not None:
+        warpers.append(TopKLogitsWarper(int(top_k)))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(float(top_p)))
+    return warpers
+
+
+class SeededSampler(LogitsProcessor):
+    """Samples each row from its own counter-based stream and forces the drawn token.
+
+    Returns scores that are −inf everywhere but the drawn token (0.0), so greedy decoding emits it.
+    The step is the number of tokens generated so far: ``input_ids.shape[1] − prompt_width``, the same
+    for a row whatever its padding.
+    """
+
+    def __init__(self, seeds: torch.Tensor, prompt_width: int, warpers: LogitsProcessorList):
+        self.seeds = seeds  # (b,) int64
+        self.prompt_width = prompt_width
+        self.warpers = warpers
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        step = input_ids.shape[1] - self.prompt_width
+        warped = self.warpers(input_ids, scores)  # (b, v)
+        tokens = draw_inverse_cdf(warped, counter_uniforms(self.seeds.to(scores.device), step))  # (b,)
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter(1, tokens[:, None], 0.0)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled completion.
+
+    ``completion_ids`` are exactly the generated tokens: EOS included when generated, nothing after it.
+    ``text`` is their decoding with special tokens skipped (for people; the ids are the truth).
+    """
+
+    completion_ids: list[int]
+    text: str
+    finish_reason: Literal["eos", "length"]
+    seed: int
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of a user prompt, with the chat template applied once when the tokenizer has one.
+
+    With a template: the single user message rendered with ``add_generation_prompt=True`` as text, then
+    tokenized with ``add_special_tokens=False`` (the template already holds the special tokens). Without
+    one: ``tokenizer(prompt).input_ids``.
+
+    Raises:
+        ValueError: the prompt is empty or only whitespace, or it encodes to no tokens.
+    """
+    if not prompt.strip():
+        raise ValueError(f"prompt: got {prompt!r}; an empty prompt cannot be sampled from")
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+    else:
+        ids = tokenizer(prompt).input_ids
+    if not ids:
+        raise ValueError(f"prompt: {prompt!r} encodes to no tokens")
+    return list(ids)
+
+
+# GenerationConfig fields that would add a logits processor or change decoding and have no explicit
+# neutral value (None means "unset", which generate() fills from model.generation_config).
+_UNNEUTRALISABLE = (
+    "bad_words_ids",
+    "sequence_bias",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "watermarking_config",
+    "stop_strings",
+    "max_time",
+    "prompt_lookup_num_tokens",
+    "assistant_early_exit",
+)
+
+
+def _generation_config(model: nn.Module, max_new_tokens: int, pad_id: int, eos_id: int) -> GenerationConfig:
+    """Greedy decoding with every processor-adding field set to its neutral value.
+
+    ``generate`` fills unset (None) fields from ``model.generation_config``; explicit values keep the
+    model's own settings (temperature, repetition penalty, …) out. Fields with no neutral value must be
+    unset on the model.
+    """
+    model_config = getattr(model, "generation_config", None)
+    if model_config is not None:
+        found = {f: getattr(model_config, f, None) for f in _UNNEUTRALISABLE}
+        found = {f: v for f, v in found.items() if v is not None}
+        if found:
+            raise ValueError(
+                f"model.generation_config sets {found}; pbrl samples with its own processor and cannot "
+                "neutralise these fields: set them to None on the model's generation_config"
+            )
+    return GenerationConfig(
+        do_sample=False,
+        num_beams=1,
+        num_return_sequences=1,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,  # takes precedence over any min_length (becomes the prompt length)
+        temperature=1.0,
+        top_p=1.0,
+        top_k=50,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        remove_invalid_values=False,
+        renormalize_logits=False,
+        guidance_scale=1.0,
+        use_cache=True,
+        output_scores=False,
+        return_dict_in_generate=False,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+    )
+
+
+def _validate(
+    prompt_ids: Sequence[list[int]],
+    seeds: Sequence[int],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int | None,
+    batch_size: int,
+) -> None:
+    problems = []
+    if len(prompt_ids) != len(seeds):
+        problems.append(f"prompt_ids has {len(prompt_ids)} rows but seeds has {len(seeds)}")
+    problems += [f"prompt_ids[{r}] is empty" for r, p in enumerate(prompt_ids) if len(p) == 0]
+    problems += [
+        f"seeds[{r}]: got {s!r}; must be an int in [0, 2**63)"
+        for r, s in enumerate(seeds)
+        if isinstance(s, bool) or not isinstance(s, Integral) or not 0 <= s < SEED_LIMIT
+    ]
+    if max_new_tokens < 1:
+        problems.append(f"max_new_tokens: got {max_new_tokens!r}; must be >= 1")
+    if not temperature > 0:
+        problems.append(f"temperature: got {temperature!r}; must be > 0")
+    if not 0 < top_p <= 1:
+        problems.append(f"top_p: got {top_p!r}; must be in (0, 1]")
+    if top_k is not None and top_k < 1:
+        problems.append(f"top_k: got {top_k!r}; must be >= 1 or None")
+    if batch_size < 1:
+        problems.append(f"batch_size: got {batch_size!r}; must be >= 1")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def _left_pad(rows: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b, t) input ids and attention mask, rows right-aligned; the mask comes from the lengths."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        attention_mask[i, width - len(row) :] = 1
+    return input_ids, attention_mask
+
+
+def _cut(
+    new_tokens: list[int], eos_id: int, max_new_tokens: int
+) -> tuple[list[int], Literal["eos", "length"]]:
+    """The completion: up to and including the first EOS, else all max_new_tokens tokens."""
+    if eos_id in new_tokens:
+        return new_tokens[: new_tokens.index(eos_id) + 1], "eos"
+    if len(new_tokens) != max_new_tokens:
+        raise RuntimeError(
+            f"generation stopped after {len(new_tokens)} of {max_new_tokens} tokens without EOS {eos_id}"
+        )
+    return new_tokens, "length"
+
+
+def generate(
+    model: nn.Module,
+    tokenizer: Any,
+    prompt_ids: Sequence[list[int]],
+    seeds: Sequence[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int | None,
+    batch_size: int,
+) -> list[Generation]:
+    """Sample one completion per (prompt_ids[r], seeds[r]) row; repeat a prompt for K candidates.
+
+    Rows go through ``model.generate`` in chunks of ``batch_size``, left-padded, with the KV cache, in
+    eval mode under ``torch.inference_mode`` (every submodule's mode is restored afterwards). A row's
+    tokens depend only on its prompt, its seed and the sampling settings, never on the batch it lands in
+    or on global random state (see the module docstring); different batch layouts can differ only where
+    floating-point differences in the logits move a CDF boundary across the row's uniform number.
+    The tokenizer's EOS id stops a row; its pad id (EOS when it has none) fills padding.
+
+    Args:
+        model: a causal LM with ``generate``.
+        tokenizer: the model's tokenizer (for the EOS / pad ids and decoding).
+        prompt_ids: b non-empty token-id lists (see :func:`encode_prompt`).
+        seeds: b ints in [0, 2**63), one per row (e.g. from ``pbrl.seeds.derive_seed``).
+        max_new_tokens: ≥ 1.
+        temperature: > 0. top_p: in (0, 1]. top_k: ≥ 1, or None for no top-k.
+        batch_size: rows per ``generate`` call, ≥ 1.
+
+    Returns:
+        b :class:`Generation` in row order: ``finish_reason`` "eos" when EOS was generated (kept as the
+        last id), else "length" with exactly ``max_new_tokens`` ids.
+
+    Raises:
+        ValueError: bad arguments (all listed at once), a tokenizer without EOS, or a model
+            generation_config field that would alter sampling and has no neutral value.
+    """
+    _validate(prompt_ids, seeds, max_new_tokens, temperature, top_p, top_k, batch_size)
+    eos_id = tokenizer.eos_token_id
+    if eos_id is None:
+        raise ValueError("tokenizer has no eos_token_id; completions could never finish with 'eos'")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    config = _generation_config(model, max_new_tokens, pad_id, eos_id)
+    warpers = build_warpers(temperature, top_p, top_k)
+    device = next(model.parameters()).device
+    results: list[Generation] = []
+    with eval_mode(model), torch.inference_mode():
+        for start in range(0, len(prompt_ids), batch_size):
+            rows = prompt_ids[start : start + batch_size]
+            row_seeds = [int(s) for s in seeds[start : start + batch_size]]
+            input_ids, attention_mask = _left_pad(rows, pad_id)  # (b, t)
+            sampler = SeededSampler(torch.tensor(row_seeds, dtype=torch.int64), input_ids.shape[1], warpers)
+            sequences = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                generation_config=config,
+                logits_processor=LogitsProcessorList([sampler]),
+            )  # (b, t + new)
+            for row, seed in zip(sequences[:, input_ids.shape[1] :].tolist(), row_seeds, strict=True):
+                completion, reason = _cut(row, eos_id, max_new_tokens)
+                text = tokenizer.decode(completion, skip_special_tokens=True)
+                results.append(Generation(completion, text, reason, seed))
+    return results

@@ -1,0 +1,53 @@
+"""What every stage does around its work: resolve the run, and write the manifest last."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pbrl.config import JobConfig
+from pbrl.run import stage_config_hash
+from pbrl.storage import RunPaths, StageManifest, code_version, hash_files, write_manifest
+
+log = logging.getLogger("pbrl.stages")
+
+
+class StageRecord:
+    """Collects a stage's counts, metrics and messages, then writes its manifest (always last)."""
+
+    def __init__(self, stage: str, run_dir: str | Path, round_index: int, job: JobConfig):
+        self.stage, self.round_index, self.job = stage, round_index, job
+        self.paths = RunPaths(run_dir)
+        self.started = time.perf_counter()
+        self.counts: dict[str, int] = {}
+        self.metrics: dict[str, float] = {}
+        self.details: dict[str, Any] = {}
+        self.messages: list[str] = []
+
+    def say(self, message: str) -> None:
+        """A message for people: logged now and kept in the manifest."""
+        log.info("[%s round %d] %s", self.stage, self.round_index, message)
+        self.messages.append(message)
+
+    def finish(self, inputs: Iterable[Path], outputs: Iterable[Path]) -> StageManifest:
+        undefined = sorted(k for k, v in self.metrics.items() if not math.isfinite(v))
+        if undefined:
+            self.say(f"metrics without a finite value (left out): {', '.join(undefined)}")
+        manifest = StageManifest(
+            stage=self.stage,
+            round_index=self.round_index,
+            config_hash=stage_config_hash(self.job),
+            code_version=code_version(),
+            inputs=hash_files(self.paths, list(inputs)),
+            outputs=hash_files(self.paths, list(outputs)),
+            counts=self.counts,
+            metrics={k: v for k, v in self.metrics.items() if math.isfinite(v)},
+            details=self.details,
+            messages=self.messages,
+            seconds=round(time.perf_counter() - self.started, 3),
+        )
+        return write_manifest(self.paths, manifest)

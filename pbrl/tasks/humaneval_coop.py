@@ -1,0 +1,291 @@
+"""``humaneval_coop``: agent 1 writes a helper function ``aux``, agent 2 the problem's entry-point function,
+which may call ``aux``. The joint code is tested in the sandbox (:mod:`pbrl.sandbox`).
+
+Reward in [0, 4] with partial credit for structure (:func:`coop_score`); the task itself (items, split)
+is registered in :mod:`pbrl.tasks.humaneval`. Source of the scheme: the reference's coding reward
+(``execution_reward_aux`` in OpenMLRL/LLM_Collab_Code_Generation), with the tests run out of process.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import secrets
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from pbrl.sandbox import run_python
+from pbrl.tasks import RewardFunc
+from pbrl.tasks.humaneval import check_two_agent_batch, item_field
+
+AUX_NAME = "aux"
+REWARD_RANGE = (0.0, 4.0)
+STRUCTURE_CREDIT = 0.5
+TESTS_CREDIT = 2.0
+RESULT_TAG = "PBRL-TESTS"
+_FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def aux_prompt(item: dict[str, Any]) -> str:
+    """Agent 1's prompt: write only a helper function named ``aux`` useful for the problem."""
+    return (
+        f"Write a helper function named `{AUX_NAME}` in Python that would be useful for implementing the "
+        f"function `{item_field(item, 'entry_point')}` described below. Output only the code of "
+        f"`{AUX_NAME}` (with the imports it needs); no tests, no explanation.\n\n"
+        f"```python\n{item_field(item, 'prompt')}```\n"
+    )
+
+
+def main_prompt(item: dict[str, Any]) -> str:
+    """Agent 2's prompt: implement the entry-point function, which may call the teammate's ``aux``."""
+    entry_point = item_field(item, "entry_point")
+    return (
+        f"Implement the Python function `{entry_point}` described below. A teammate writes a helper "
+        f"function `{AUX_NAME}` for this problem; you may call it. Output only the complete code of "
+        f"`{entry_point}` (signature and body); do not define `{AUX_NAME}`, no tests, no explanation.\n\n"
+        f"```python\n{item_field(item, 'prompt')}```\n"
+    )
+
+
+def strip_fences(text: str) -> str:
+    """The code inside Markdown fences: all fenced blocks joined by a newline (an unclosed fence runs to
+    the end, as in a cut-off generation); the text itself when it has no fence."""
+    blocks = _FENCE.findall(text)
+    return "\n".join(blocks) if blocks else text
+
+
+def problem_preamble(item: dict[str, Any]) -> str:
+    """``item["prompt"]`` without the entry-point function: its imports and the helper functions some
+    problems define (``poly`` in HumanEval/32), which the joint code and the tests need.
+
+    Raises:
+        ValueError: the prompt does not parse (names the item).
+    """
+    prompt = item_field(item, "prompt")
+    entry_point = item_field(item, "entry_point")
+    try:
+        module = ast.parse(prompt)
+    except SyntaxError as exc:
+        raise ValueError(f"item {item.get('item_id')!r}: field 'prompt' does not parse: {exc}") from exc
+    lines = prompt.splitlines(keepends=True)
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == entry_point:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+            del lines[first : node.end_lineno]
+    return "".join(lines)
+
+
+def code_parses(code: str) -> bool:
+    """True when ``code`` is valid Python source."""
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):  # ValueError: source with NUL bytes
+        return False
+    return True
+
+
+def find_function(code: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The top-level function ``name`` of ``code``; None when the code does not parse or lacks it."""
+    try:
+        module = ast.parse(code)
+    except (SyntaxError, ValueError):  # ValueError: source with NUL bytes
+        return None
+    found = None
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            found = node  # the last definition is the one that counts at run time
+    return found
+
+
+def returns_value(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """True when the function body has a ``return <value>``."""
+    return any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(function))
+
+
+def calls_name(function: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
+    """True when the function body calls ``name(...)`` (a plain name, nested functions included)."""
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(function)
+    )
+
+
+def check_units(test_source: str) -> list[tuple[str, bool]]:
+    """The statements of ``check(candidate)`` in ``test_source``, each as (source, counts_as_test).
+
+    A statement counts as a test when it contains an ``assert`` and uses ``candidate`` (``assert True``
+    does not); the other statements (imports, setup assignments) run in order but score nothing.
+
+    Raises:
+        ValueError: the source does not parse or has no top-level ``check`` function.
+    """
+    check = find_function(test_source, "check")
+    if check is None:
+        raise ValueError("test: the source does not parse or defines no function 'check'")
+    units = []
+    for statement in check.body:
+        nodes = list(ast.walk(statement))
+        is_test = any(isinstance(n, ast.Assert) for n in nodes) and any(
+            isinstance(n, ast.Name) and n.id == "candidate" for n in nodes
+        )
+        units.append((ast.unparse(statement), is_test))
+    return units
+
+
+@dataclass(frozen=True)
+class CoopScore:
+    """The parts of one joint response's ``humaneval_coop`` reward (see :func:`coop_score`)."""
+
+    aux_defined: bool
+    main_defined: bool
+    parses: bool
+    tests_passed: int
+    tests_total: int
+    calls_aux: bool
+
+    @property
+    def total(self) -> float:
+        """0.5 aux + 0.5 main + 0.5 parses + 2.0 * passed/total + 0.5 (calls aux and >= 1 test passed)."""
+        share = self.tests_passed / self.tests_total if self.tests_total else 0.0
+        structure = sum((self.aux_defined, self.main_defined, self.parses)) * STRUCTURE_CREDIT
+        cooperation = STRUCTURE_CREDIT if self.calls_aux and self.tests_passed > 0 else 0.0
+        return structure + TESTS_CREDIT * share + cooperation
+
+
+def coop_score(
+    aux_completion: str, main_completion: str, item: dict[str, Any], *, timeout_s: float = 10.0,
+    memory_mb: int = 512,
+) -> CoopScore:  # fmt: skip
+    """Score one joint response of ``humaneval_coop`` (both completions are fence-stripped first).
+
+    Parts (reward = ``CoopScore.total``, in [0, 4]):
+        +0.5 agent 1's code defines a top-level ``aux`` with a ``return <value>``;
+        +0.5 agent 2's code defines a top-level ``item["entry_point"]`` function;
+        +0.5 the joint code (problem preamble + agent 1 + agent 2) parses;
+        +2.0 x share of the problem's tests passed, run in one sandboxed process; only when the joint code
+             parses and agent 2 defined the function; a timeout, or a process that never reports, gives 0;
+        +0.5 agent 2's function calls ``aux``, agent 2 does not define its own ``aux``, and >= 1 test passed.
+
+    The joint code runs with ``__name__ != "__main__"`` (so example blocks under that guard are skipped)
+    and its prints are discarded.
+    """
+    aux_code, main_code = strip_fences(aux_completion), strip_fences(main_completion)
+    entry_point = item_field(item, "entry_point")
+    aux = find_function(aux_code, AUX_NAME)
+    main = find_function(main_code, entry_point)
+    joint = "\n\n".join((problem_preamble(item), aux_code, main_code))
+    parses = code_parses(joint)
+    units = check_units(item_field(item, "test"))
+    total = sum(is_test for _, is_test in units)
+    passed = 0
+    if parses and main is not None:
+        passed = run_tests(joint, item_field(item, "test"), units, entry_point, timeout_s=timeout_s,
+                           memory_mb=memory_mb)  # fmt: skip
+    return CoopScore(
+        aux_defined=aux is not None and returns_value(aux),
+        main_defined=main is not None,
+        parses=parses,
+        tests_passed=min(passed, total),
+        tests_total=total,
+        calls_aux=main is not None and calls_name(main, AUX_NAME) and find_function(main_code, AUX_NAME) is None,
+    )
+
+
+def run_tests(
+    program: str, test_source: str, units: Sequence[tuple[str, bool]], entry_point: str, *,
+    timeout_s: float, memory_mb: int,
+) -> int:  # fmt: skip
+    """Run ``program`` and then each test unit in ONE sandboxed process; return the number passed.
+
+    Each unit runs in its own try/except, so a failing assert costs only itself. The process prints one
+    line ``PBRL-TESTS <nonce> <passed>`` at the end (the nonce keeps the code's own output from posing as
+    the result). Timeout, or no result line (crash, ``os._exit``): 0.
+    """
+    nonce = secrets.token_hex(16)
+    result = run_python(
+        harness_source(program, test_source, units, entry_point, nonce), timeout_s=timeout_s, memory_mb=memory_mb
+    )
+    if result.timed_out:
+        return 0
+    prefix = f"{RESULT_TAG} {nonce} "
+    lines = [line for line in result.stdout.splitlines() if line.startswith(prefix)]
+    if not lines:
+        return 0
+    count = lines[-1][len(prefix) :]
+    return int(count) if count.isdigit() else 0
+
+
+def harness_source(
+    program: str, test_source: str, units: Sequence[tuple[str, bool]], entry_point: str, nonce: str
+) -> str:
+    """The Python source that the sandbox runs for :func:`run_tests` (all inputs embedded as literals)."""
+    return _HARNESS.format(
+        program=repr(program), tests=repr(test_source), units=repr([(s, bool(t)) for s, t in units]),
+        entry_point=repr(entry_point), tag=repr(f"{RESULT_TAG} {nonce} "),
+    )  # fmt: skip
+
+
+# Runs inside the sandbox. Every function it needs after the untrusted code ran is bound before it.
+_HARNESS = """\
+import os
+import sys
+
+
+def _run(program, tests, units, entry_point, tag):
+    write, devnull = os.write, open(os.devnull, "w")
+    sys.stdout = devnull
+    namespace = {{"__name__": "candidate", "__builtins__": __builtins__}}
+    passed = 0
+    try:
+        exec(compile(program, "<joint code>", "exec"), namespace)
+        exec(compile(tests, "<tests>", "exec"), namespace)
+        candidate = namespace[entry_point]
+    except BaseException:
+        candidate = None
+    if candidate is not None:
+        namespace["candidate"] = candidate
+        for source, counts in units:
+            try:
+                exec(compile(source, "<test>", "exec"), namespace)
+            except BaseException:
+                continue
+            passed += counts
+    write(1, ("\\n%s%d\\n" % (tag, passed)).encode("ascii"))
+
+
+_run({program}, {tests}, {units}, {entry_point}, {tag})
+"""
+
+
+def make_coop_reward(*, timeout_s: float = 10.0, memory_mb: int = 512, max_workers: int = 1) -> RewardFunc:
+    """A ``humaneval_coop`` reward function with these sandbox limits, running ``max_workers`` at once.
+
+    The function: ``(aux_completions, main_completions, *, prompts=None, batch_items) -> list[float]``,
+    one :func:`coop_score` total per joint response. Raises ValueError when ``batch_items`` is missing
+    or the lists differ in length.
+    """
+
+    def coop_reward(
+        aux_completions: Sequence[str],
+        main_completions: Sequence[str],
+        *,
+        prompts: Sequence[Sequence[str]] | None = None,
+        batch_items: Sequence[dict[str, Any]] | None = None,
+    ) -> list[float]:
+        items = check_two_agent_batch(aux_completions, main_completions, batch_items)
+
+        def score(j: int) -> float:
+            return coop_score(
+                aux_completions[j], main_completions[j], items[j], timeout_s=timeout_s, memory_mb=memory_mb
+            ).total
+
+        if max_workers <= 1 or len(items) <= 1:
+            return [score(j) for j in range(len(items))]
+        with ThreadPoolExecutor(max_workers=max_workers) as pool:
+            return list(pool.map(score, range(len(items))))
+
+    return coop_reward
+
+
+coop_reward = make_coop_reward()

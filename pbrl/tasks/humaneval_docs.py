@@ -1,0 +1,129 @@
+"""``humaneval_docs``: agent 1 summarises a HumanEval function in one sentence, agent 2 explains it in detail.
+
+The reward is deterministic and bounded in [0, 3] (see :func:`docs_score`). The task itself (items, split)
+is registered in :mod:`pbrl.tasks.humaneval`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from pbrl.tasks.humaneval import check_two_agent_batch, item_field
+
+SUMMARY_WORDS = (3, 60)
+EXPLANATION_WORDS = (15, 400)
+RATIO_ZERO_LOW, RATIO_FULL_LOW, RATIO_FULL_HIGH, RATIO_ZERO_HIGH = 1.0, 2.0, 6.0, 10.0
+REWARD_RANGE = (0.0, 3.0)
+
+
+def summary_prompt(item: dict[str, Any]) -> str:
+    """Agent 1's prompt: a one-sentence summary of the function in ``item["prompt"]``."""
+    return (
+        "Write a one-sentence summary of what the following Python function does. "
+        "Answer with the sentence only.\n\n"
+        f"```python\n{item_field(item, 'prompt')}```\n\nSummary:"
+    )
+
+
+def explanation_prompt(item: dict[str, Any]) -> str:
+    """Agent 2's prompt: a detailed explanation of the function, naming its parameters."""
+    return (
+        f"Explain in detail what the Python function `{item_field(item, 'entry_point')}` below does: its "
+        "parameters (by name), what it returns, and its edge cases. Answer with the explanation only.\n\n"
+        f"```python\n{item_field(item, 'prompt')}```\n\nExplanation:"
+    )
+
+
+def key_identifiers(item: dict[str, Any]) -> list[str]:
+    """The function name ``item["entry_point"]`` then its parameter names, parsed from ``item["prompt"]``.
+
+    Raises:
+        ValueError: the prompt does not parse or defines no top-level function of that name (names the
+            item).
+    """
+    entry_point = item_field(item, "entry_point")
+    try:
+        module = ast.parse(item_field(item, "prompt"))
+    except SyntaxError as exc:
+        raise ValueError(f"item {item.get('item_id')!r}: field 'prompt' does not parse: {exc}") from exc
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == entry_point:
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *([a.vararg] if a.vararg else []), *a.kwonlyargs]
+            params += [a.kwarg] if a.kwarg else []
+            return list(dict.fromkeys([entry_point, *(p.arg for p in params)]))
+    raise ValueError(f"item {item.get('item_id')!r}: field 'prompt' defines no function {entry_point!r}")
+
+
+def ratio_score(ratio: float) -> float:
+    """Credit for ``len(explanation) / len(summary)`` in characters, in [0, 1].
+
+    0 at or below 1.0, linear up to 1 at 2.0, 1 on [2.0, 6.0], linear down to 0 at 10.0, 0 beyond.
+    """
+    if ratio <= RATIO_ZERO_LOW or ratio >= RATIO_ZERO_HIGH:
+        return 0.0
+    if ratio < RATIO_FULL_LOW:
+        return (ratio - RATIO_ZERO_LOW) / (RATIO_FULL_LOW - RATIO_ZERO_LOW)
+    if ratio <= RATIO_FULL_HIGH:
+        return 1.0
+    return (RATIO_ZERO_HIGH - ratio) / (RATIO_ZERO_HIGH - RATIO_FULL_HIGH)
+
+
+def coverage(text: str, identifiers: Sequence[str]) -> float:
+    """Share of ``identifiers`` that appear in ``text`` as whole words (case-sensitive), in [0, 1].
+
+    A whole word is not preceded or followed by a letter, digit or underscore, so ``numbers`` does not
+    count inside ``numbers_list``. Single-letter parameters (``a``, ``n``) match ordinary words too.
+    """
+    if not identifiers:
+        return 0.0
+    found = sum(1 for name in identifiers if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.ASCII))
+    return found / len(identifiers)
+
+
+def docs_score(summary: str, explanation: str, item: dict[str, Any]) -> float:
+    """The ``humaneval_docs`` reward of one joint response, in [0, 3].
+
+    With s = summary.strip(), e = explanation.strip(), words = whitespace-separated tokens:
+
+        0                                    if s or e is empty; otherwise the sum of
+        (a) 1 if 3 <= words(s) <= 60 and 15 <= words(e) <= 400, else 0
+        (b) ratio_score(len(e) / len(s))     (characters; full credit for a ratio in [2, 6])
+        (c) coverage(e, key_identifiers(item))   (function name and parameter names mentioned in e)
+
+    Parts (b) and (c) count even when (a) is 0: a stepwise gate (the reference's writing reward stops at
+    the first failed level) would turn most early outputs into ties and give no preference signal. Each
+    part is at most 1, so an over-long explanation that lists every identifier still scores below a good
+    one.
+    """
+    s, e = summary.strip(), explanation.strip()
+    if not s or not e:
+        return 0.0
+    lengths_ok = _within(len(s.split()), SUMMARY_WORDS) and _within(len(e.split()), EXPLANATION_WORDS)
+    return float(lengths_ok) + ratio_score(len(e) / len(s)) + coverage(e, key_identifiers(item))
+
+
+def docs_reward(
+    summaries: Sequence[str],
+    explanations: Sequence[str],
+    *,
+    prompts: Sequence[Sequence[str]] | None = None,
+    batch_items: Sequence[dict[str, Any]] | None = None,
+) -> list[float]:
+    """Batched :func:`docs_score`: ``summaries[j]`` (agent 1), ``explanations[j]`` (agent 2), ``batch_items[j]``.
+
+    Returns:
+        n rewards in [0, 3].
+
+    Raises:
+        ValueError: ``batch_items`` missing, or the three lists differ in length.
+    """
+    items = check_two_agent_batch(summaries, explanations, batch_items)
+    return [docs_score(s, e, item) for s, e, item in zip(summaries, explanations, items, strict=True)]
+
+
+def _within(count: int, bounds: tuple[int, int]) -> bool:
+    return bounds[0] <= count <= bounds[1]

@@ -1,0 +1,50 @@
+"""Stage 4, store-round: round r's pairs become ``replay/iteration_<rrrr>.json`` and enter the replay index.
+
+The JSON file is the reference library's pair format (readable by its users' tools); the exact token
+ids stay in ``rounds/<r>/pairs.parquet``, which the index points at and replay reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pbrl.config import JobConfig
+from pbrl.replay_store import replay_dir, run_identity, store_round
+from pbrl.schema import PAIRS, read_rows
+from pbrl.stagekit import StageRecord
+from pbrl.storage import RunPaths, StageManifest, sha256_file
+
+NAME = "store-round"
+
+
+def _replay_dir(paths: RunPaths, job: JobConfig) -> Path:
+    return replay_dir(paths, getattr(job, "preference_replay_dir", None))
+
+
+def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
+    return [paths.pairs(round_index)]
+
+
+def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
+    record = StageRecord(NAME, run_dir, round_index, job)
+    paths = record.paths
+    rows = read_rows(paths.pairs(round_index), PAIRS)
+    directory = _replay_dir(paths, job)
+    path, messages = store_round(directory, run_identity(paths), round_index, rows, paths.pairs(round_index), paths)
+    for m in messages:
+        record.say(m)
+    record.counts = {"pairs": len(rows)}
+    record.details = {"replay_dir": str(directory), "file": path.name}
+    # Outputs inside the run folder are hashed; a replay folder elsewhere is recorded by its index.
+    outputs = [path, directory / "index.json"] if _inside(paths.root, directory) else []
+    if not outputs:
+        record.details["file_sha256"] = sha256_file(path)
+    return record.finish(input_files(paths, round_index, job), outputs)
+
+
+def _inside(root: Path, path: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False

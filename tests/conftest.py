@@ -1,0 +1,50 @@
+"""Shared fixtures. Tiers: ``pytest`` alone runs the fast unit and stage tests; ``make test`` (and CI) also
+runs the ``flow`` tests (Prefect test harness, one per session) and the ``slow`` ones (real SmolLM2).
+
+Prefect reads its settings at import, so they are set here, before anything imports it: an isolated
+PREFECT_HOME, no telemetry, no user profile or server (notes/prefect.md §1.5).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_PREFECT_HOME = tempfile.mkdtemp(prefix="pbrl-test-prefect-")
+for _key in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE"):
+    os.environ.pop(_key, None)
+os.environ.update({
+    "PREFECT_HOME": _PREFECT_HOME,
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "pbrl",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+})
+
+import pytest  # noqa: E402
+
+from pbrl.testing import build_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Folder of the tiny Llama model + tokenizer (vocab 320, pad id 0, EOS id 3 ``<|im_end|>``, ChatML)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One Prefect test server for the whole session (opt-in: pure tests never pay for it). The flow
+    heartbeat is off in tests only (it costs ~1 s per flow run)."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}), \
+            prefect_test_harness(server_startup_timeout=90):
+        yield

@@ -1,0 +1,128 @@
+"""One MADPO update on the tiny model: what moves, what does not, and the non-finite guard."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import pbrl.madpo as madpo
+from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+from pbrl.models import LoraSettings, init_lora_adapter, load_policy
+
+PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
+WINNERS = [[70, 71, 72, 3], [80, 81, 3]]
+LOSERS = [[90, 91, 3], [100, 101, 102, 103, 104]]
+
+
+def batch(winners=WINNERS, losers=LOSERS) -> PairBatch:
+    return PairBatch(prompt_ids=[PROMPTS, PROMPTS], winner_ids=[winners, winners], loser_ids=[losers, losers])
+
+
+def policies(model_dir, lora: LoraSettings | None = None, lr: float = 1e-2, adapter_root=None) -> list[TrainablePolicy]:
+    out = []
+    for seed in (0, 1):
+        adapter = init_lora_adapter(model_dir, lora, adapter_root / f"agent_{seed}", seed=seed) if lora else None
+        model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, device="cpu", dtype="float32",
+                            trainable=True)
+        opt = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=0.0)
+        out.append(TrainablePolicy(model, opt, pad_token_id=0))
+    return out
+
+
+def snapshot(policy: TrainablePolicy) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+
+
+def test_every_trainable_parameter_of_every_agent_moves(tiny_model_dir):
+    agents = policies(tiny_model_dir)
+    before = [snapshot(p) for p in agents]
+    stats = madpo_step(agents, batch(), beta=0.1, max_grad_norm=None)
+    assert stats.skipped == (False, False)
+    for p, b in zip(agents, before, strict=True):
+        for name, param in p.model.named_parameters():
+            assert not torch.equal(param, b[name]), f"{name} did not change"
+
+
+def test_lora_moves_adapters_and_never_base_weights(tiny_model_dir, tmp_path):
+    agents = policies(tiny_model_dir, lora=LoraSettings(r=4, target_modules=("q_proj", "v_proj")),
+                      adapter_root=tmp_path)
+    before = [snapshot(p) for p in agents]
+    # lora_B starts at zero, so lora_A's first gradient is exactly zero (dL/dA = B^T ... = 0): A moves from
+    # the second update on. Two updates, then every adapter weight has moved and no base weight has.
+    madpo_step(agents, batch(), beta=0.1, max_grad_norm=1.0)
+    madpo_step(agents, batch(), beta=0.1, max_grad_norm=1.0)
+    for p, b in zip(agents, before, strict=True):
+        for name, param in p.model.named_parameters():
+            if param.requires_grad:
+                assert "lora_" in name and not torch.equal(param, b[name]), name
+            else:
+                assert torch.equal(param, b[name]), f"frozen {name} changed"
+
+
+def test_identical_winner_and_loser_give_log2_and_no_change(tiny_model_dir):
+    agents = policies(tiny_model_dir)
+    before = [snapshot(p) for p in agents]
+    stats = madpo_step(agents, batch(winners=WINNERS, losers=WINNERS), beta=0.1, max_grad_norm=1.0)
+    assert stats.loss == pytest.approx(math.log(2), abs=1e-7)
+    assert torch.equal(stats.margins, torch.zeros(2, 2))
+    for p, b in zip(agents, before, strict=True):
+        assert all(torch.equal(param, b[n]) for n, param in p.model.named_parameters())
+        assert p.optimizer.state_dict()["state"] == {}
+
+
+def test_nan_margin_skips_the_step_and_leaves_state_bitwise(tiny_model_dir, monkeypatch):
+    agents = policies(tiny_model_dir)
+    madpo_step(agents, batch(), beta=0.1, max_grad_norm=1.0)  # optimizer state now exists
+    before = [snapshot(p) for p in agents]
+    opt_before = [
+        {k: {s: v.clone() if torch.is_tensor(v) else v for s, v in st.items()}
+         for k, st in p.optimizer.state_dict()["state"].items()} for p in agents
+    ]
+    real = madpo.agent_margins
+
+    def poisoned(policy, *args):
+        out = real(policy, *args)
+        return out * torch.nan if policy is agents[1] else out
+
+    monkeypatch.setattr(madpo, "agent_margins", poisoned)
+    stats = madpo_step(agents, batch(), beta=0.1, max_grad_norm=1.0)
+    # Agent 1's margin is NaN, so the joint margin is NaN for every agent: both steps are skipped.
+    assert stats.skipped == (True, True)
+    for p, b, ob in zip(agents, before, opt_before, strict=True):
+        assert all(torch.equal(param, b[n]) for n, param in p.model.named_parameters())
+        state = p.optimizer.state_dict()["state"]
+        for k, st in ob.items():
+            for s, v in st.items():
+                assert torch.equal(state[k][s], v) if torch.is_tensor(v) else state[k][s] == v
+
+
+def test_gradient_weight_is_the_joint_margins_for_every_agent(tiny_model_dir):
+    """d loss_i / d Δ_i = −β σ(−β Σ_j Δ_j), the same number for every agent (SPEC §5.5)."""
+    from pbrl.losses import madpo_agent_loss
+
+    agents = policies(tiny_model_dir)
+    own = [madpo.agent_margins(p, PROMPTS, WINNERS, LOSERS) for p in agents]
+    total = sum(m.detach() for m in own)
+    beta = 0.1
+    weights = []
+    for i in range(2):
+        leaf = own[i].detach().clone().requires_grad_(True)
+        madpo_agent_loss(leaf, total - own[i].detach(), beta).sum().backward()
+        weights.append(leaf.grad)
+    expected = -beta * torch.sigmoid(-beta * total)
+    assert torch.allclose(weights[0], expected, atol=1e-7) and torch.allclose(weights[1], expected, atol=1e-7)
+
+
+def test_margins_match_separate_scoring(tiny_model_dir):
+    from pbrl.scoring import sequence_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    policy = TrainablePolicy(model, torch.optim.SGD(model.parameters(), lr=0.0), pad_token_id=0)
+    with torch.no_grad():
+        m = madpo.agent_margins(policy, PROMPTS, WINNERS, LOSERS)
+        w = sequence_logprobs(model, PROMPTS, WINNERS, pad_token_id=0)
+        lo = sequence_logprobs(model, PROMPTS, LOSERS, pad_token_id=0)
+    assert torch.allclose(m, w - lo, atol=1e-5)

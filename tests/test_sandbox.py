@@ -1,0 +1,227 @@
+"""The sandbox for generated code (SPEC §9): limits hold, the parent is unharmed, nothing leaks or lingers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pbrl.sandbox import FILE_SIZE_LIMIT_BYTES, run_in_process_group, run_python, sandbox_env
+from pbrl.tasks.humaneval import load_problems
+from pbrl.tasks.humaneval_coop import make_coop_reward
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox limits are Linux's")
+
+NO_HANG_S = 60.0  # generous bound: proves a call returned, not how fast
+
+
+def live_group_members(pgid: int, wait_s: float = 10.0) -> list[int]:
+    """Pids (not zombies) whose process group is ``pgid``, polled until none are left or ``wait_s`` passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        members = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            state, _ppid, group = stat.rsplit(")", 1)[1].split()[:3]
+            if int(group) == pgid and state != "Z":
+                members.append(int(entry))
+        if not members or time.monotonic() > deadline:
+            return members
+        time.sleep(0.05)
+
+
+def test_runs_code_and_captures_output() -> None:
+    result = run_python('import sys\nprint("hi")\nprint("oops", file=sys.stderr)')
+    assert (result.returncode, result.stdout, result.stderr) == (0, "hi\n", "oops\n")
+    assert result.ok and not result.timed_out and result.killed_signal is None
+
+
+def test_standard_library_imports_work() -> None:
+    code = (
+        "import collections, dataclasses, functools, heapq, itertools, json, math, random, re, string\n"
+        "from typing import List\n"
+        "P = collections.namedtuple('P', 'a b')\n"
+        "@dataclasses.dataclass\nclass D:\n    x: int = 1\n"
+        "print(P(1, 2), D(), json.dumps({'a': [1]}))"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == 'P(a=1, b=2) D(x=1) {"a": [1]}\n'
+
+
+def test_infinite_loop_times_out_and_the_call_returns() -> None:
+    start = time.monotonic()
+    result = run_python("while True:\n    pass", timeout_s=1.0)
+    assert time.monotonic() - start < NO_HANG_S
+    assert result.timed_out and result.returncode is None and result.killed_signal == signal.SIGKILL
+
+
+def test_huge_allocation_fails_cleanly_and_the_parent_goes_on() -> None:
+    result = run_python("x = bytearray(10**10)\nprint('allocated')", memory_mb=256)
+    assert "allocated" not in result.stdout
+    assert "MemoryError" in result.stderr or result.killed_signal is not None
+    assert run_python("print(2 + 2)").stdout == "4\n"
+
+
+def test_fork_loop_is_contained_and_leaves_no_process() -> None:
+    result = run_python("import os\nprint(os.getpid(), flush=True)\nwhile True:\n    os.fork()", timeout_s=5.0)
+    lines = result.stdout.split()
+    assert len(lines) == 1  # only the sandbox process itself ever printed
+    assert result.returncode == 1 and "os.fork is not allowed" in result.stderr
+    assert live_group_members(int(lines[0])) == []
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        ("import subprocess\nsubprocess.run(['sleep', '100'])", "importing _posixsubprocess is not allowed"),
+        ("import os\nos.system('sleep 100')", "os.system is not allowed"),
+        ("import ctypes", "importing ctypes is not allowed"),
+        ("import socket\nsocket.socket()", "socket.__new__ is not allowed"),
+        ("import os\nos.kill(os.getppid(), 0)", "os.kill is not allowed"),  # signal 0 only probes
+        ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))", "resource.setrlimit is not allowed"),
+        ("import os\nos.chdir('/')", "os.chdir is not allowed"),
+        ("import gc\ngc.get_objects()", "gc.get_objects is not allowed"),  # the way to reach the guard
+        ("import sys\ndel sys.modules['_signal']\nimport _signal", "importing _signal is not allowed"),
+    ],
+)
+def test_process_signal_socket_and_limit_changes_are_refused(code: str, message: str) -> None:
+    result = run_python(code, timeout_s=5.0)
+    assert result.returncode == 1 and message in result.stderr
+
+
+def test_device_files_are_refused() -> None:
+    outside = run_python("print(open('/dev/zero', 'rb').read(4))")
+    assert outside.returncode == 1 and "opening the device /dev/zero is not allowed" in outside.stderr
+    # Root may create a device node in the working folder; opening it is still refused.
+    inside = run_python("import os, stat\nos.mknod('disk', stat.S_IFCHR | 0o600, os.makedev(1, 5))\nopen('disk')")
+    assert inside.returncode == 1 and "PermissionError" in inside.stderr
+
+
+def test_cpu_limit_kills_and_file_size_limit_stops_writes() -> None:
+    spin = run_python("while True:\n    pass", timeout_s=30.0, cpu_s=1)
+    assert not spin.timed_out and spin.killed_signal in (signal.SIGXCPU, signal.SIGKILL)
+    # Python ignores SIGXFSZ, so the kernel cuts the write at the limit and the next write fails.
+    code = (
+        "import os\n"
+        f"with open('big', 'wb') as f:\n    f.write(b'x' * {FILE_SIZE_LIMIT_BYTES + 1})\n"
+        "print(os.path.getsize('big'), flush=True)\n"
+        "with open('big', 'ab') as f:\n    f.write(b'y')"
+    )
+    big = run_python(code)
+    assert big.stdout == f"{FILE_SIZE_LIMIT_BYTES}\n"
+    assert big.returncode == 1 and "File too large" in big.stderr
+
+
+def test_process_group_is_killed_on_timeout_and_after_exit() -> None:
+    env = {"PATH": "/usr/bin:/bin"}
+    waited = run_in_process_group(
+        ["/bin/sh", "-c", "echo $$; sleep 100 & sleep 100 & wait"], cwd="/", env=env, timeout_s=1.0,
+        max_output_bytes=100,
+    )  # fmt: skip
+    assert waited.timed_out
+    assert live_group_members(int(waited.stdout.split()[0])) == []
+    # The leader exits at once; its background child (holding stdout open) must not outlive the call.
+    start = time.monotonic()
+    left = run_in_process_group(
+        ["/bin/sh", "-c", "echo $$; sleep 100 & echo started"], cwd="/", env=env, timeout_s=30.0,
+        max_output_bytes=100,
+    )  # fmt: skip
+    assert time.monotonic() - start < NO_HANG_S
+    assert (left.returncode, left.timed_out, left.stdout.split()[1]) == (0, False, "started")
+    assert live_group_members(int(left.stdout.split()[0])) == []
+
+
+def test_working_folder_is_fresh_and_removed_afterwards() -> None:
+    code = (
+        "import os\nprint(os.getcwd())\nprint(os.listdir('.'))\n"
+        "with open('inside.txt', 'w') as f:\n    f.write('kept?')\nprint(os.listdir('.'))"
+    )
+    result = run_python(code)
+    workdir, before, after = result.stdout.splitlines()
+    assert (before, after) == ("[]", "['inside.txt']")
+    assert not Path(workdir).exists()
+    assert sandbox_env(workdir)["HOME"] == workdir
+
+
+def test_writes_and_reads_outside_the_working_folder_are_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    result = run_python(f"open({str(outside)!r}, 'w').write('x')")
+    assert result.returncode == 1 and "is outside the working folder" in result.stderr
+    assert not outside.exists()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top-secret")
+    escape = run_python(f"print(open({str(secret)!r}).read())\nprint(open('../../etc/passwd').read())")
+    assert "top-secret" not in escape.stdout and "is outside the working folder" in escape.stderr
+
+
+def test_environment_does_not_leak_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PBRL_TEST_API_KEY", "secret")
+    result = run_python("import os\nprint(os.environ.get('PBRL_TEST_API_KEY'))\nprint(sorted(os.environ))")
+    value, names = result.stdout.splitlines()
+    assert value == "None"
+    assert names == "['HOME', 'LANG', 'PATH', 'PYTHONHASHSEED', 'PYTHONIOENCODING', 'TMPDIR']"
+
+
+def test_sys_exit_code_comes_back() -> None:
+    result = run_python("import sys\nprint('before')\nsys.exit(3)")
+    assert (result.returncode, result.stdout, result.timed_out, result.killed_signal) == (3, "before\n", False, None)
+
+
+def test_exceptions_and_syntax_errors_come_back_as_results() -> None:
+    assert run_python("raise ValueError('boom')").stderr.strip().endswith("ValueError: boom")
+    broken = run_python("def f(:\n    pass")
+    assert broken.returncode == 1 and "SyntaxError" in broken.stderr
+
+
+def test_output_is_cut_to_the_limit() -> None:
+    result = run_python("print('x' * 100000)", max_output_bytes=1000)
+    assert result.stdout == "x" * 1000
+
+
+def test_hash_seed_is_fixed_so_results_repeat() -> None:
+    code = "print(hash('abc'), list({'x', 'y', 'z', 'w'}))"
+    assert run_python(code).stdout == run_python(code).stdout
+
+
+def test_bad_limits_raise_naming_the_argument() -> None:
+    with pytest.raises(ValueError, match="timeout_s: got 0"):
+        run_python("pass", timeout_s=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        run_python("pass", memory_mb=1)
+
+
+GOOD_AUX = "def aux(numbers):\n    return sorted(numbers)\n"
+BAD_MAINS = {
+    "infinite loop": "def has_close_elements(numbers, threshold):\n    while True:\n        pass\n",
+    "huge allocation": "def has_close_elements(numbers, threshold):\n    x = bytearray(10**10)\n    return True\n",
+    "fork loop": "import os\ndef has_close_elements(numbers, threshold):\n    while True:\n        os.fork()\n",
+    "write outside": "def has_close_elements(numbers, threshold):\n    open('{outside}', 'w').write('x')\n"
+    "    return True\n",
+    "exit at import": "import sys\nsys.exit(3)\ndef has_close_elements(numbers, threshold):\n    return True\n",
+    "hard exit at import": "import os\nos._exit(0)\ndef has_close_elements(numbers, threshold):\n    return True\n",
+    "forged result line": "print('PBRL-TESTS 0 7')\nimport os\nos.write(1, b'\\nPBRL-TESTS 0 7\\n')\n"
+    "def has_close_elements(numbers, threshold):\n    raise ValueError\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_MAINS))
+def test_bad_main_code_gets_structural_credit_only_and_returns(name: str, tmp_path: Path) -> None:
+    problem = load_problems()[0]  # HumanEval/0 has_close_elements, 7 asserts
+    outside = tmp_path / "outside.txt"
+    reward = make_coop_reward(timeout_s=2.0, memory_mb=256)
+    start = time.monotonic()
+    [value] = reward([GOOD_AUX], [BAD_MAINS[name].format(outside=outside)], batch_items=[problem])
+    assert time.monotonic() - start < NO_HANG_S
+    # 0.5 aux defined + 0.5 main defined + 0.5 joint code parses; no test passes, main does not call aux.
+    assert value == 1.5
+    assert not outside.exists()

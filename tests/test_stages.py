@@ -1,0 +1,142 @@
+"""The stages as plain functions on the tiny model and the toy task (no Prefect)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pbrl.run import resolve_task
+from pbrl.schema import CANDIDATES, EVAL, PAIRS, SCORES, SELECTED_PAIRS, read_rows
+from pbrl.scoring import sequence_logprobs
+from pbrl.storage import RunPaths, read_json, read_manifest
+from stages import STAGE_MODULES
+from tests.helpers import new_run
+
+COLLECT = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round"]
+LEARN = ["replay-select", "update-policies", "evaluate"]
+
+
+def run_stages(run_dir, job, names, round_index=1):
+    return {n: STAGE_MODULES[n].run(run_dir, round_index, job) for n in names}
+
+
+@pytest.fixture(scope="module")
+def collected(tiny_model_dir, tmp_path_factory):
+    run_dir, job = new_run(tiny_model_dir, tmp_path_factory.mktemp("runs"))
+    manifests = run_stages(run_dir, job, COLLECT)
+    return run_dir, job, manifests
+
+
+def test_collection_writes_every_file_with_manifest(collected):
+    run_dir, job, manifests = collected
+    paths = RunPaths(run_dir)
+    for name in COLLECT:
+        assert read_manifest(paths, 1, name) == manifests[name]
+    cands = read_rows(paths.candidates(1), CANDIDATES)
+    # 4 items x (3 target + 3 comparator candidates) x 2 agents
+    assert len(cands) == 4 * 6 * 2
+    assert {r["side"] for r in cands} == {"target", "comparator"}
+    assert len(read_rows(paths.scores(1), SCORES)) == 4 * 6
+    assert manifests["sample-candidates"].outputs == {"rounds/0001/candidates.parquet":
+                                                      manifests["score-with-oracle"].inputs["rounds/0001/candidates.parquet"]}
+
+
+def test_completion_ids_are_as_generated(collected, tiny_model_dir):
+    run_dir, _, _ = collected
+    eos = 3  # <|im_end|> of the tiny tokenizer
+    for row in read_rows(RunPaths(run_dir).candidates(1), CANDIDATES):
+        ids = row["completion_ids"]
+        if row["finish_reason"] == "eos":
+            assert ids[-1] == eos and eos not in ids[:-1]
+        else:
+            assert row["finish_reason"] == "length" and len(ids) == 8 and eos not in ids
+
+
+def test_same_seed_same_tokens_and_independent_comparator_stream(collected, tiny_model_dir, tmp_path):
+    run_dir, _, _ = collected
+    other_dir, job2 = new_run(tiny_model_dir, tmp_path)
+    run_stages(other_dir, job2, ["sample-candidates"])
+    a = read_rows(RunPaths(run_dir).candidates(1), CANDIDATES)
+    b = read_rows(RunPaths(other_dir).candidates(1), CANDIDATES)
+    assert [r["completion_ids"] for r in a] == [r["completion_ids"] for r in b]
+    key = lambda r: (r["item_id"], r["candidate_index"], r["agent_index"])  # noqa: E731
+    target = {key(r): r["completion_ids"] for r in a if r["side"] == "target"}
+    comp = {key(r): r["completion_ids"] for r in a if r["side"] == "comparator"}
+    assert sum(target[k] != comp[k] for k in target) > len(target) // 2
+    assert len({r["seed"] for r in a}) == len(a)  # one seed per (side, agent, item, candidate)
+    seeds_by_side = {side: {r["seed"] for r in a if r["side"] == side} for side in ("target", "comparator")}
+    assert not seeds_by_side["target"] & seeds_by_side["comparator"]
+
+
+def test_pair_file_has_reference_record_shape(collected):
+    run_dir, job, manifests = collected
+    data = json.loads((run_dir / "replay" / "iteration_0001.json").read_text())
+    assert list(data) == ["iteration", "num_pairs", "pairs"]
+    assert data["iteration"] == 1 and data["num_pairs"] == len(data["pairs"]) == manifests["build-pairs"].counts["pairs"]
+    assert data["num_pairs"] > 0
+    keys = ["prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward",
+            "candidate_reward_mean", "raw_rewards", "target_raw_reward", "comparator_raw_reward"]
+    for rec in data["pairs"]:
+        assert list(rec)[: len(keys)] == keys
+        assert len(rec["prompts"]) == len(rec["winner_completions"]) == len(rec["loser_completions"]) == 2
+        assert rec["winner_reward"] > rec["loser_reward"]
+        assert isinstance(rec["raw_rewards"], list) and len(rec["raw_rewards"]) == 2
+        assert {rec["target_raw_reward"], rec["comparator_raw_reward"]} == set(rec["raw_rewards"])
+    index = read_json(run_dir / "replay" / "index.json")
+    assert [e["round"] for e in index["rounds"]] == [1] and index["rounds"][0]["num_pairs"] == data["num_pairs"]
+
+
+def test_pairs_keep_exact_ids_and_margins(collected, tiny_model_dir):
+    run_dir, _, _ = collected
+    paths = RunPaths(run_dir)
+    cands = {(r["item_id"], r["side"], r["candidate_index"], r["agent_index"]): r
+             for r in read_rows(paths.candidates(1), CANDIDATES)}
+    pairs = read_rows(paths.pairs(1), PAIRS)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    for p in pairs:
+        for a in range(2):
+            w = cands[(p["item_id"], p["winner_side"], p["winner_index"], a)]
+            lo = cands[(p["item_id"], p["loser_side"], p["loser_index"], a)]
+            assert p["winner_ids"][a] == w["completion_ids"] and p["loser_ids"][a] == lo["completion_ids"]
+            assert p["prompt_ids"][a] == w["prompt_ids"]
+    with torch.no_grad():
+        stored = sequence_logprobs(model, [p["prompt_ids"][0] for p in pairs], [p["winner_ids"][0] for p in pairs],
+                                   pad_token_id=0)
+        fresh = sequence_logprobs(model, [cands[(p["item_id"], p["winner_side"], p["winner_index"], 0)]["prompt_ids"]
+                                          for p in pairs],
+                                  [cands[(p["item_id"], p["winner_side"], p["winner_index"], 0)]["completion_ids"]
+                                   for p in pairs], pad_token_id=0)
+    assert torch.allclose(stored, fresh, atol=1e-6)
+
+
+def test_stored_winner_reproduces_its_reward(collected):
+    run_dir, job, _ = collected
+    task = resolve_task(job, run_dir)
+    for p in read_rows(RunPaths(run_dir).pairs(1), PAIRS):
+        raw = task.reward_func(*[[c] for c in p["winner_completions"]])
+        assert raw[0] == pytest.approx(p["winner_raw_reward"], abs=0)
+        assert p["winner_reward"] == p["winner_raw_reward"]  # identity reward_processor
+
+
+def test_learning_stages_complete_a_round(collected):
+    run_dir, job, _ = collected
+    manifests = run_stages(run_dir, job, LEARN)
+    paths = RunPaths(run_dir)
+    sel = read_rows(paths.selected_pairs(1), SELECTED_PAIRS)
+    assert [r["draw_order"] for r in sel] == list(range(len(sel)))
+    assert [r["pair_id"] for r in sel] == [r["pair_id"] for r in read_rows(paths.pairs(1), PAIRS)]  # current
+    ckpt = paths.round_checkpoint(1)
+    assert (ckpt / "trainer_state.json").is_file()
+    for a in range(2):
+        assert (ckpt / f"agent_{a}" / "optimizer.pt").is_file()
+        assert (ckpt / f"agent_{a}" / "model.safetensors").is_file()
+    m = manifests["update-policies"].metrics
+    for key in ("madpo/loss", "madpo/accuracy", "madpo/margin_mean", "turn_1/reward_mean",
+                "turn_1/expected_return", "madpo/margin_agent_0", "madpo/margin_agent_1", "madpo/skipped_steps"):
+        assert key in m
+    ev = read_rows(paths.eval(1), EVAL)
+    assert len(ev) == 2 and all(len(r["completions"]) == 2 for r in ev)
+    assert "eval/turn_1/reward_mean" in manifests["evaluate"].metrics
