@@ -9,6 +9,9 @@ A manifest on disk whose outputs are missing or changed makes the flow refresh t
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,43 @@ class StageInputs(CachePolicy):
     def compute_key(self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any],
                     **kwargs: Any) -> str | None:
         return stage_key(task_ctx.task.name, inputs["run_dir"], inputs["round_index"], inputs["job"])
+
+
+class RunFolderLockManager(FileSystemLockManager):
+    """Prefect's file lock manager, plus one rule: a lock taken by a process of this host that no longer
+    exists is stale and released. Prefect's locks never expire by default (and name their holder by a
+    transaction id), so a run killed with SIGKILL while a stage held its lock would otherwise block every
+    resume of that stage forever. Each lock file also records the owning host and process id."""
+
+    def acquire_lock(self, key: str, holder: str, acquire_timeout: float | None = None,
+                     hold_timeout: float | None = None) -> bool:
+        if not super().acquire_lock(key, holder, acquire_timeout, hold_timeout):
+            return False
+        path = Path(self._lock_path_for_key(key))
+        info = json.loads(path.read_text())
+        path.write_text(json.dumps({**info, "host": socket.gethostname(), "pid": os.getpid()}))
+        return True
+
+    def is_locked(self, key: str, use_cache: bool = False) -> bool:
+        if not super().is_locked(key, use_cache=use_cache):
+            return False
+        info = self._get_lock_info(key, use_cache=False) or {}
+        pid = info.get("pid")
+        if info.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
+            Path(info["path"]).unlink(missing_ok=True)
+            self._locks.pop(key, None)
+            return False
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _retry_transient(task: Task, task_run: Any, state: Any) -> bool:
@@ -104,7 +144,7 @@ def stage_task(stage: str, run_dir: str, *, force: bool = False) -> Task:
     policy = StageInputs().configure(
         key_storage=cache / "keys",
         isolation_level="SERIALIZABLE",
-        lock_manager=FileSystemLockManager(lock_files_directory=cache / "locks"),
+        lock_manager=RunFolderLockManager(lock_files_directory=cache / "locks"),
     )
     return STAGE_TASKS[stage].with_options(cache_policy=policy, result_storage=cache / "results",
                                            refresh_cache=force)

@@ -33,7 +33,11 @@ def train_flow(config: JobConfig, resume: bool = False) -> dict[str, Any]:
         stages.extend(round_flow(run_dir, config.run_name, r, config))
         write_run_metrics(run_dir)
     write_run_metrics(run_dir)
-    return {"run_dir": run_dir, "stages": [{k: s[k] for k in ("stage", "round", "state")} for s in stages]}
+    messages = [f"round {s['round']} {s['stage']}: {m}" for s in stages for m in s["manifest"].get("messages", [])]
+    for m in messages:
+        print(m)
+    return {"run_dir": run_dir, "messages": messages,
+            "stages": [{k: s[k] for k in ("stage", "round", "state")} for s in stages]}
 
 
 @flow(name="pbrl-add-iteration", flow_run_name="{run_name}-add-iteration", log_prints=True)

@@ -110,6 +110,8 @@ def train(
             raise _fail(exc, 1) from None
         finally:
             unsubscribe()
+    for message in out["messages"]:
+        console.print(f"[yellow]note:[/] {message}")
     _print_rounds(Path(out["run_dir"]))
 
 

@@ -6,7 +6,8 @@ Kernel level (hold whatever the code does):
     * a separate process in its own session and process group; on timeout, and after every run, the
       whole group gets SIGKILL before the leader is reaped (so the group id cannot have been reused);
     * a wall-clock timeout measured by the parent;
-    * ``resource`` limits set in the child before any untrusted line runs: ``RLIMIT_AS`` (memory),
+    * ``resource`` limits set by the child interpreter itself before any untrusted line runs (not in a
+      ``preexec_fn``, which can deadlock when the parent has threads): ``RLIMIT_AS`` (memory),
       ``RLIMIT_CPU`` (SIGXCPU/SIGKILL), ``RLIMIT_FSIZE`` (largest file it may write; Python ignores
       SIGXFSZ, so writes beyond it fail with ``OSError`` EFBIG), ``RLIMIT_NOFILE``,
       ``RLIMIT_CORE`` = 0 and ``RLIMIT_NPROC`` = 0. Linux ignores ``RLIMIT_NPROC`` for the root user, so
@@ -27,11 +28,12 @@ cannot be removed from Python code, but PEP 578 itself says they are not a secur
     * file writes, renames, deletions and permission changes only inside the working folder (and
       ``/dev/null``); no symlinks or hard links;
     * file reads only inside the working folder and the interpreter's standard-library folders (plus
-      ``/dev/null`` and ``/dev/urandom``); no device files anywhere else;
+      ``/dev/null`` and ``/dev/urandom``); no other device file, even one created in the folder;
     * no ``gc`` object walks (the one way to reach the hook function itself).
 
 Not prevented: listing directories, reading file metadata, burning CPU or memory up to the limits,
-and a deliberate attack on the interpreter itself (for example a crash bug) when running as root. For
+and a deliberate attack on the interpreter itself (for example a crash bug). The code runs as the
+parent's user (dropping to ``nobody`` fails where the interpreter lives under a private home). For
 hostile models, run the trainer as an unprivileged user (then ``RLIMIT_NPROC`` = 0 holds in the
 kernel) or in a container.
 

@@ -40,14 +40,23 @@ __all__ = [
 class TrainResult:
     run_dir: Path
     stages: list[dict[str, Any]]
+    messages: list[str]  # what people should know: no pairs, skipped updates, dropped candidates
     rounds: pd.DataFrame  # one row per round: pairs, loss, accuracy, eval reward
 
 
 def _import_path(fn: Callable[..., Any]) -> str | None:
+    """``"module:qualname"`` of a module-level function (None for lambdas, closures and __main__)."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or module == "__main__" or "<" in qualname:
         return None
     return f"{module}:{qualname}"
+
+
+def _as_config_value(value: Any) -> Any:
+    """A config value for ``value`` when it has one (a string, or an importable function), else None."""
+    if isinstance(value, (str, Path)):
+        return str(value)
+    return _import_path(value) if callable(value) else None
 
 
 def _train(
@@ -70,46 +79,43 @@ def _train(
     from pbrl.metrics import round_table
     from pbrl.run import prepare_run, resolve_task
 
-    callables = [f for f in (reward_func, reward_processor, *(formatters or ())) if f is not None and callable(f)]
-    paths = {
-        "reward_func": reward_func if isinstance(reward_func, str) else (_import_path(reward_func) if reward_func else None),
-        "reward_processor": reward_processor if isinstance(reward_processor, str)
-        else (_import_path(reward_processor) if reward_processor else None),
-    }
-    formatter_paths = [f if isinstance(f, str) else _import_path(f) for f in formatters] if formatters else None
+    # What can be written as config values is (so CLI reruns work); callables and in-memory datasets stay
+    # in this process as an attached task.
+    fn_paths = {k: _as_config_value(v) for k, v in (("reward_func", reward_func), ("reward_processor", reward_processor))
+                if v is not None}
+    formatter_paths = [_as_config_value(f) for f in formatters] if formatters else None
     run = {
-        "trainer": trainer,
-        "run_name": run_name or f"{trainer}-{datetime.now(UTC):%Y%m%d-%H%M%S}",
-        "agents": list(agents) if agents else None,
-        "agent_model": agent_model,
-        "task": task,
-        "train_dataset": train_dataset if isinstance(train_dataset, str) else None,
-        "eval_dataset": eval_dataset if isinstance(eval_dataset, str) else None,
+        "trainer": trainer, "run_name": run_name or f"{trainer}-{datetime.now(UTC):%Y%m%d-%H%M%S}",
+        "agents": list(agents) if agents else None, "agent_model": agent_model, "task": task,
+        "train_dataset": _as_config_value(train_dataset) if isinstance(train_dataset, (str, Path)) else None,
+        "eval_dataset": _as_config_value(eval_dataset) if isinstance(eval_dataset, (str, Path)) else None,
         "formatters": formatter_paths if formatter_paths and all(formatter_paths) else None,
         **run_options,
     }
-    if task is None and run["train_dataset"] is None and train_dataset is not None:
-        run["task"] = "python"  # items and callables come from this process (see pbrl.run.attach_task)
-    fields = dict(paths) if all(paths[k] or not f for k, f in (("reward_func", reward_func),
-                                                                 ("reward_processor", reward_processor))) else {}
-    job = make_job(run, config.model_copy(update={k: v for k, v in fields.items() if v}))
-    python_task = None
-    if callables or (train_dataset is not None and not isinstance(train_dataset, str)):
-        base = resolve_task(job.model_copy(update={"task": task}), None) if task else None
-        python_task = Task(
+    in_process = any(callable(v) for v in (reward_func, reward_processor, *(formatters or ()))) or (
+        train_dataset is not None and run["train_dataset"] is None)
+    if in_process and task is None and not (run["train_dataset"] and run["formatters"] and fn_paths.get("reward_func")):
+        run["task"] = "python"  # a label: the task lives in this process (pbrl.run.attach_task)
+    job = make_job(run, config.model_copy(update={k: v for k, v in fn_paths.items() if v}))
+    attached = None
+    if in_process:
+        base = resolve_task(job) if task else None
+        attached = Task(
             name=task or "python",
-            formatters=tuple(f if callable(f) else None for f in formatters) if formatters else base.formatters,
-            reward_func=reward_func if callable(reward_func) else (base.reward_func if base else None),
-            reward_processor=reward_processor if callable(reward_processor) else (base.reward_processor if base else None),
+            formatters=tuple(formatters) if formatters and all(callable(f) for f in formatters)
+            else (base.formatters if base else ()),
+            reward_func=reward_func if callable(reward_func) else base.reward_func,  # type: ignore[union-attr]
+            reward_processor=reward_processor if callable(reward_processor)
+            else (base.reward_processor if base else None),
             train_items=base.train_items if base else (),
             eval_items=base.eval_items if base else (),
         )
-    prepare_run(job, resume=resume, task=python_task,
-                train_items=None if isinstance(train_dataset, str) else train_dataset,
-                eval_items=None if isinstance(eval_dataset, str) else eval_dataset)
+    prepare_run(job, resume=resume, task=attached,
+                train_items=None if isinstance(train_dataset, (str, Path)) else train_dataset,
+                eval_items=None if isinstance(eval_dataset, (str, Path)) else eval_dataset)
     out = orchestration.train(job, resume=True)
     run_dir = Path(out["run_dir"])
-    return TrainResult(run_dir=run_dir, stages=out["stages"], rounds=round_table(run_dir))
+    return TrainResult(run_dir=run_dir, stages=out["stages"], messages=out["messages"], rounds=round_table(run_dir))
 
 
 class MADPOTrainer:

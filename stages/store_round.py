@@ -35,10 +35,10 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         record.say(m)
     record.counts = {"pairs": len(rows)}
     record.details = {"replay_dir": str(directory), "file": path.name}
-    # Outputs inside the run folder are hashed; a replay folder elsewhere is recorded by its index.
-    outputs = [path, directory / "index.json"] if _inside(paths.root, directory) else []
-    if not outputs:
-        record.details["file_sha256"] = sha256_file(path)
+    # The pair file is this stage's output (hashed when inside the run folder). The index is shared by
+    # every round's store-round, so it is not: replay-select checks each entry against its pairs file.
+    outputs = [path] if _inside(paths.root, directory) else []
+    record.details["file_sha256"] = sha256_file(path)
     return record.finish(input_files(paths, round_index, job), outputs)
 
 

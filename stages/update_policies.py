@@ -66,7 +66,11 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     pairs = selected_pairs(paths, round_index)
     start = policy_checkpoint(paths, round_index - 1)
     if not pairs:
-        record.say("no pairs selected: the policies are not updated this round")
+        if job.trainer in ("madpo", "marlhf"):
+            record.say("no preference pairs: every comparison tied or was rejected, so the policies were "
+                       "not updated")
+        else:
+            record.say("no pairs selected: the policies are not updated this round")
         record.counts = {"pairs": 0, "steps": 0, "skipped_steps": 0}
         record.details = {"checkpoint": paths.rel(start), "updated": False}
         return record.finish([paths.selected_pairs(round_index), start], [])

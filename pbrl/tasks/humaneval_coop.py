@@ -2,7 +2,8 @@
 which may call ``aux``. The joint code is tested in the sandbox (:mod:`pbrl.sandbox`).
 
 Reward in [0, 4] with partial credit for structure (:func:`coop_score`); the task itself (items, split)
-is registered in :mod:`pbrl.tasks.humaneval`. Source of the scheme: the reference's coding reward
+is registered in :mod:`pbrl.tasks.humaneval`. ``pbrl.tasks.humaneval_coop:coop_reward`` is the reward with
+the default limits, for users who build their own task. Source of the scheme: the reference's coding reward
 (``execution_reward_aux`` in OpenMLRL/LLM_Collab_Code_Generation), with the tests run out of process.
 """
 
@@ -176,12 +177,12 @@ def coop_score(
     main = find_function(main_code, entry_point)
     joint = "\n\n".join((problem_preamble(item), aux_code, main_code))
     parses = code_parses(joint)
-    units = check_units(item_field(item, "test"))
+    test_source = item_field(item, "test")
+    units = check_units(test_source)
     total = sum(is_test for _, is_test in units)
     passed = 0
     if parses and main is not None:
-        passed = run_tests(joint, item_field(item, "test"), units, entry_point, timeout_s=timeout_s,
-                           memory_mb=memory_mb)  # fmt: skip
+        passed = run_tests(joint, test_source, units, entry_point, timeout_s=timeout_s, memory_mb=memory_mb)
     return CoopScore(
         aux_defined=aux is not None and returns_value(aux),
         main_defined=main is not None,

@@ -1,0 +1,145 @@
+"""Benchmark: batched padded ``sequence_logprobs`` vs scoring one sequence at a time.
+
+16 (prompt, completion) rows of mixed lengths: chat-template prompts of a few questions and completions
+cut from a fixed English text at lengths spread from 1 to 64 tokens, EOS appended to most of them (the
+shape of the rows MADPO scores). ``batched`` scores all rows in one padded forward pass; ``one_by_one``
+calls ``sequence_logprobs`` once per row (no padding); ``sorted_micro`` (information only, not what
+pbrl does) calls it on length-sorted groups of 4 rows, to size a possible change. All run under
+``torch.inference_mode`` (the reference-log-prob use; a training step scores with gradients, which this
+does not time). The values
+must agree within 1e-5 nats: the max absolute difference is recorded, next to a float32 floor (the
+longest row repeated 16 times, no padding, vs alone: a difference there is rounding from the other
+matrix shapes, not a padding error). Target: batched >= 3x faster than one-by-one.
+
+Run: ``.venv/bin/python benchmarks/scoring.py --model tiny-random``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from typing import Any
+
+import torch
+from benchkit import check, interleaved, print_checks, ratio, sizes_for, summary, write_result
+
+from pbrl.models import load_model, load_tokenizer
+from pbrl.sampling import encode_prompt
+from pbrl.scoring import sequence_logprobs
+
+TARGET_SPEEDUP = 3.0
+TOLERANCE = 1e-5
+MICRO_BATCH = 4
+QUESTIONS = (
+    "What is a river?",
+    "Explain how trains run on time.",
+    "Tell me about bees and gardens.",
+    "Why do stars shine at night?",
+)
+TEXT = (
+    "A river is a natural stream of water that flows across the land towards an ocean, a lake or another "
+    "river. Rain and melting snow feed it, and over thousands of years it carves valleys, carries sand and "
+    "stones downstream, and builds wide plains where farms and towns grow. People have always settled near "
+    "rivers because they give water for drinking and crops, fish for food, and a road for boats. Bees visit "
+    "the flowers on the banks, and at night the stars shine on the quiet water."
+)
+
+
+def make_rows(tokenizer: Any, count: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    """``count`` prompts and completions of mixed lengths (completion lengths spread over 1..64)."""
+    rng = random.Random(seed)
+    text_ids = tokenizer(TEXT, add_special_tokens=False).input_ids
+    prompts = [encode_prompt(tokenizer, QUESTIONS[i % len(QUESTIONS)]) for i in range(count)]
+    lengths = [1 + (63 * i) // max(count - 1, 1) for i in range(count)]  # 1 .. 64, evenly spread
+    rng.shuffle(lengths)
+    completions = []
+    for i, n in enumerate(lengths):
+        start = rng.randrange(0, max(len(text_ids) - n, 1))
+        body = text_ids[start : start + n]
+        completions.append(body[:-1] + [tokenizer.eos_token_id] if i % 4 else body)  # 3 of 4 end in EOS
+    return prompts, completions
+
+
+def float32_floor(model: Any, prompts: list[list[int]], completions: list[list[int]], pad: int,
+                  alone: torch.Tensor) -> float:
+    """Max |value in a batch - value alone| for the longest row repeated len(prompts) times: no padding
+    at all, so any difference is float32 rounding from the other matrix shapes (the floor that padded
+    batching cannot beat)."""
+    i = max(range(len(prompts)), key=lambda r: len(prompts[r]) + len(completions[r]))
+    with torch.inference_mode():
+        dup = sequence_logprobs(model, [prompts[i]] * len(prompts), [completions[i]] * len(prompts),
+                                pad_token_id=pad)  # (b,)
+    return float((dup - alone[i]).abs().max())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-random", help="packaged alias or model folder")
+    args = parser.parse_args()
+    size = sizes_for(args.model)
+    model = load_model(args.model)
+    tokenizer = load_tokenizer(args.model)
+    prompts, completions = make_rows(tokenizer, size.score_sequences)
+    pad = tokenizer.pad_token_id
+    values: dict[str, torch.Tensor] = {}
+
+    def batched() -> None:
+        with torch.inference_mode():
+            values["batched"] = sequence_logprobs(model, prompts, completions, pad_token_id=pad)  # (b,)
+
+    def one_by_one() -> None:
+        with torch.inference_mode():
+            values["one_by_one"] = torch.cat([
+                sequence_logprobs(model, [p], [c], pad_token_id=pad) for p, c in zip(prompts, completions)
+            ])  # (b,)
+
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
+
+    def sorted_micro() -> None:
+        # Not what pbrl does today: the same function on length-sorted groups of MICRO_BATCH rows
+        # (less padding), recorded to size a possible change.
+        got = torch.empty(len(prompts), dtype=torch.float64)
+        with torch.inference_mode():
+            for start in range(0, len(order), MICRO_BATCH):
+                idx = order[start : start + MICRO_BATCH]
+                got[idx] = sequence_logprobs(model, [prompts[i] for i in idx], [completions[i] for i in idx],
+                                             pad_token_id=pad)
+        values["sorted_micro"] = got
+
+    times = interleaved({"batched": batched, "one_by_one": one_by_one, "sorted_micro": sorted_micro},
+                        size.score_repeats)
+    out = {name: summary(t) for name, t in times.items()}
+    speedup = ratio(out["one_by_one"]["median_s"], out["batched"]["median_s"])
+    diff = (values["batched"] - values["one_by_one"]).abs()
+    max_diff = float(diff.max())
+    floor = float32_floor(model, prompts, completions, pad, values["one_by_one"])
+    checks = [check("scoring: batched speed-up over one-by-one", speedup, TARGET_SPEEDUP),
+              check("scoring: max |batched - one-by-one| (nats)", max_diff, TOLERANCE,
+                    higher_is_better=False),
+              check("scoring: float32 floor, unpadded duplicates (nats)", floor, None),
+              check(f"scoring: sorted micro-batches of {MICRO_BATCH} speed-up over one-by-one",
+                    ratio(out["one_by_one"]["median_s"], out["sorted_micro"]["median_s"]), None)]
+    tokens = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    path = write_result("scoring", args.model, {
+        "workload": {"sequences": len(prompts), "prompt_tokens": [len(p) for p in prompts],
+                     "completion_tokens": [len(c) for c in completions], "total_tokens": sum(tokens),
+                     "padded_tokens": len(tokens) * max(tokens), "padding_side": "left",
+                     "grad": "off (torch.inference_mode)", "dtype": "float32"},
+        "repeats": size.score_repeats, "warmup_calls": 1, "timer": "time.perf_counter, median of repeats",
+        "cases": out, "speedup": speedup,
+        "values": {"batched": values["batched"].tolist(), "one_by_one": values["one_by_one"].tolist(),
+                   "abs_diff": diff.tolist(), "max_abs_diff": max_diff, "tolerance": TOLERANCE,
+                   "max_rel_diff": float((diff / values["one_by_one"].abs().clamp(min=1e-12)).max()),
+                   "float32_floor_unpadded_duplicates": floor,
+                   "sorted_micro_max_abs_diff":
+                       float((values["sorted_micro"] - values["one_by_one"]).abs().max())},
+        "checks": checks,
+    })
+    print(f"[scoring] batched {out['batched']['median_s']:.4f} s, "
+          f"one-by-one {out['one_by_one']['median_s']:.4f} s, "
+          f"speed-up {speedup}x, max |diff| {max_diff:.3g}")
+    print_checks("scoring", checks, path)
+
+
+if __name__ == "__main__":
+    main()
