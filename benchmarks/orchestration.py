@@ -151,7 +151,7 @@ def measure(job: JobConfig, warmup_job: JobConfig, out: Path, repeats: int, cach
             (flows if kind == "flow" else directs).append(fn(job, out, f"{kind}-{r}"))
     cached = [cached_round(flows[0]["run_dir"], flows[0]["job"]) for _ in range(cached_repeats)]
 
-    overheads = [f["gap_s"] - d["gap_s"] for f, d in zip(flows, directs)]
+    overheads = [f["gap_s"] - d["gap_s"] for f, d in zip(flows, directs, strict=False)]
     overhead = statistics.median(overheads)
     flow_wall = statistics.median(f["wall_s"] for f in flows)
     direct_wall = statistics.median(d["wall_s"] for d in directs)

@@ -49,8 +49,8 @@ def table(rows: list[dict[str, Any]]) -> str:
               "-" if r["target"] is None else f"{r['direction']} {_fmt(r['target'])}", verdict_of(r))
              for r in rows]
     widths = [max(len(x[i]) for x in [header, *lines]) for i in range(4)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)), "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)) for line in lines]
     return "\n".join(out)
 
 

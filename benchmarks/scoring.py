@@ -90,7 +90,7 @@ def main() -> None:
     def one_by_one() -> None:
         with torch.inference_mode():
             values["one_by_one"] = torch.cat([
-                sequence_logprobs(model, [p], [c], pad_token_id=pad) for p, c in zip(prompts, completions)
+                sequence_logprobs(model, [p], [c], pad_token_id=pad) for p, c in zip(prompts, completions, strict=False)
             ])  # (b,)
 
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
@@ -119,7 +119,7 @@ def main() -> None:
               check("scoring: float32 floor, unpadded duplicates (nats)", floor, None),
               check(f"scoring: sorted micro-batches of {MICRO_BATCH} speed-up over one-by-one",
                     ratio(out["one_by_one"]["median_s"], out["sorted_micro"]["median_s"]), None)]
-    tokens = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    tokens = [len(p) + len(c) for p, c in zip(prompts, completions, strict=False)]
     path = write_result("scoring", args.model, {
         "workload": {"sequences": len(prompts), "prompt_tokens": [len(p) for p in prompts],
                      "completion_tokens": [len(c) for c in completions], "total_tokens": sum(tokens),

@@ -17,7 +17,7 @@ app = typer.Typer(help="pbrl: train cooperating LLM agents from preferences betw
 models_app = typer.Typer(help="Packaged models (converted once under storage/models/).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config option: key=value (repeatable).")]
 
@@ -71,7 +71,9 @@ def _print_rounds(run_dir: Path) -> None:
 def train(
     config: Annotated[Path | None, typer.Argument(help="YAML config (flat: run and trainer options).")] = None,
     set_: SetOption = None,
-    run_name: Annotated[str | None, typer.Option(help="Run folder name (default: the config's run_name, else its file name).")] = None,
+    run_name: Annotated[
+        str | None, typer.Option(help="Run folder name (default: the config's run_name, else its file name).")
+    ] = None,
     resume: Annotated[bool, typer.Option(help="Continue an existing run from its last complete stage.")] = False,
     run: Annotated[Path | None, typer.Option(help="Resume this run folder (with --resume, instead of CONFIG).")] = None,
 ) -> None:
@@ -121,7 +123,9 @@ def stage(
     run: Annotated[Path, typer.Option(help="Run folder.")],
     round_: Annotated[int, typer.Option("--round", help="Round number (0 = baseline evaluation).")],
     force: Annotated[bool, typer.Option(help="Recompute even when cached.")] = False,
-    no_prefect: Annotated[bool, typer.Option(help="Run the plain stage function (no cache, no retries, no UI).")] = False,
+    no_prefect: Annotated[
+        bool, typer.Option(help="Run the plain stage function (no cache, no retries, no UI).")
+    ] = False,
 ) -> None:
     """Rerun one stage of a run as a one-task flow; later stages notice changed inputs on the next resume.
 

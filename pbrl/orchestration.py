@@ -12,8 +12,12 @@ from pbrl.config import JobConfig
 
 
 def _prepare_logging() -> None:
-    # Stage code logs with the stdlib under "pbrl"; Prefect forwards it to the run's logs (notes §7).
+    # Set before Prefect is first imported (it reads settings at import). Stage code logs with the stdlib
+    # under "pbrl"; Prefect forwards it to the run's logs (notes/prefect.md §7).
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "pbrl")
+    # The ephemeral server's default 20 s start-up limit is too short on a busy 2-core machine (13.5 s
+    # measured cold, more under load).
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     logging.getLogger("pbrl").setLevel(logging.INFO)
 
 

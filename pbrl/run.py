@@ -168,7 +168,8 @@ def write_items(paths: RunPaths, train: list[dict], eval_: list[dict]) -> None:
             try:
                 data = json.dumps(item, sort_keys=True, default=_json_default)
             except TypeError as exc:
-                raise ConfigError([Problem(f"{split}_dataset[{pos}]", item_id, f"not JSON-serialisable: {exc}")]) from exc
+                problem = Problem(f"{split}_dataset[{pos}]", item_id, f"not JSON-serialisable: {exc}")
+                raise ConfigError([problem]) from exc
             rows.append({"item_id": item_id, "split": split, "position": pos, "data": data})
     write_table(paths.items, rows, ITEMS)
 
@@ -268,8 +269,9 @@ def prepare_run(
     paths = RunPaths(run_dir)
     if paths.run_json.is_file():
         if not resume:
-            raise ConfigError([Problem("run_name", job.run_name, f"run folder {run_dir} already exists; pass "
-                                       "--resume to continue it, or choose another run name")])
+            raise ConfigError([Problem("run_name", job.run_name, f"run folder {run_dir} already exists; continue "
+                                       "it with --resume (CLI) or resume=True (Python API), or choose another "
+                                       "run name")])
         check_resumable(paths, job)
     if task is not None:
         attach_task(run_dir, task)

@@ -81,8 +81,8 @@ def _train(
 
     # What can be written as config values is (so CLI reruns work); callables and in-memory datasets stay
     # in this process as an attached task.
-    fn_paths = {k: _as_config_value(v) for k, v in (("reward_func", reward_func), ("reward_processor", reward_processor))
-                if v is not None}
+    given = {"reward_func": reward_func, "reward_processor": reward_processor}
+    fn_paths = {k: _as_config_value(v) for k, v in given.items() if v is not None}
     formatter_paths = [_as_config_value(f) for f in formatters] if formatters else None
     run = {
         "trainer": trainer, "run_name": run_name or f"{trainer}-{datetime.now(UTC):%Y%m%d-%H%M%S}",

@@ -8,7 +8,6 @@ killed mid-update leaves no checkpoint that a later stage would read. A round wi
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 import torch

@@ -6,7 +6,6 @@ All tests share one Prefect test server (the session fixture ``prefect_api``).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pyarrow.parquet as pq

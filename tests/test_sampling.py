@@ -150,7 +150,7 @@ def test_a_row_does_not_depend_on_its_batch(model, tokenizer, prompts) -> None:
     seeds = [2**62 + 17 * i for i in range(8)]
     alone = [
         generate(model, tokenizer, [p], [s], max_new_tokens=16, batch_size=1, **SAMPLING)[0]
-        for p, s in zip(rows, seeds)
+        for p, s in zip(rows, seeds, strict=False)
     ]
     whole = generate(model, tokenizer, rows, seeds, max_new_tokens=16, batch_size=8, **SAMPLING)
     chunked = generate(

@@ -44,7 +44,7 @@ def test_equals_brute_force_per_token_sum(model: LlamaForCausalLM) -> None:
     prompts = [_random_ids(rng, 1, 10) for _ in range(6)]
     completions = [_random_ids(rng, 1, 10) + [EOS] for _ in range(6)]
     expected = torch.tensor(
-        [_brute_force(model, p, c) for p, c in zip(prompts, completions)], dtype=torch.float64
+        [_brute_force(model, p, c) for p, c in zip(prompts, completions, strict=False)], dtype=torch.float64
     )
     for side in ("left", "right"):
         got = _score(model, prompts, completions, padding_side=side)
@@ -106,7 +106,7 @@ def test_sixteen_mixed_length_rows_equal_one_at_a_time(model: LlamaForCausalLM) 
     prompts = [_random_ids(rng, 1, 40) for _ in range(16)]
     completions = [_random_ids(rng, 0, 40) for _ in range(16)]
     batched = _score(model, prompts, completions)
-    one_by_one = torch.cat([_score(model, [p], [c]) for p, c in zip(prompts, completions)])
+    one_by_one = torch.cat([_score(model, [p], [c]) for p, c in zip(prompts, completions, strict=False)])
     torch.testing.assert_close(batched, one_by_one, atol=ATOL, rtol=0)
 
 

@@ -75,7 +75,8 @@ def test_pair_file_has_reference_record_shape(collected):
     run_dir, job, manifests = collected
     data = json.loads((run_dir / "replay" / "iteration_0001.json").read_text())
     assert list(data) == ["iteration", "num_pairs", "pairs"]
-    assert data["iteration"] == 1 and data["num_pairs"] == len(data["pairs"]) == manifests["build-pairs"].counts["pairs"]
+    assert data["iteration"] == 1
+    assert data["num_pairs"] == len(data["pairs"]) == manifests["build-pairs"].counts["pairs"]
     assert data["num_pairs"] > 0
     keys = ["prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward",
             "candidate_reward_mean", "raw_rewards", "target_raw_reward", "comparator_raw_reward"]
@@ -140,3 +141,30 @@ def test_learning_stages_complete_a_round(collected):
     ev = read_rows(paths.eval(1), EVAL)
     assert len(ev) == 2 and all(len(r["completions"]) == 2 for r in ev)
     assert "eval/turn_1/reward_mean" in manifests["evaluate"].metrics
+
+
+def test_replay_folder_of_another_run_is_refused(tiny_model_dir, tmp_path):
+    from pbrl.errors import ConfigError
+
+    shared = tmp_path / "shared-replay"
+    run_a, job_a = new_run(tiny_model_dir, tmp_path / "a", preference_replay_dir=str(shared))
+    run_stages(run_a, job_a, COLLECT)
+    assert (shared / "iteration_0001.json").is_file()
+    before = (shared / "iteration_0001.json").read_bytes()
+    with pytest.raises(ConfigError, match="preference_replay_dir.*another run"):
+        new_run(tiny_model_dir, tmp_path / "b", preference_replay_dir=str(shared))
+    # Round files without an index (e.g. copied from elsewhere) are refused too, and never overwritten.
+    (shared / "index.json").unlink()
+    with pytest.raises(ConfigError, match="already holds round files"):
+        new_run(tiny_model_dir, tmp_path / "c", preference_replay_dir=str(shared))
+    assert (shared / "iteration_0001.json").read_bytes() == before
+
+
+def test_replay_select_never_uses_later_rounds_on_disk(tiny_model_dir, tmp_path):
+    run_dir, job = new_run(tiny_model_dir, tmp_path, preference_replay_mode="all_history")
+    for r in (1, 2, 3):
+        run_stages(run_dir, job, COLLECT + ["replay-select", "update-policies"], round_index=r)
+    # Rerunning round 2's selection (e.g. after resuming from round 2) sees rounds 1-2 only.
+    again = STAGE_MODULES["replay-select"].run(run_dir, 2, job)
+    assert again.details["eligible_rounds"] == [1, 2]
+    assert {r["source_round"] for r in read_rows(RunPaths(run_dir).selected_pairs(2), SELECTED_PAIRS)} <= {1, 2}

@@ -1,0 +1,35 @@
+"""One tiny round of the main job's configuration on the real SmolLM2 model and real HumanEval items."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pbrl import orchestration
+from pbrl.config import load_job
+from pbrl.metrics import round_table
+from pbrl.schema import CANDIDATES, read_rows
+from pbrl.storage import RunPaths
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
+
+DEMO = Path(__file__).resolve().parents[1] / "flows" / "configs" / "demo.yaml"
+
+
+def test_demo_config_runs_one_round_on_smollm2(tmp_path):
+    job = load_job(DEMO, [
+        f"output_dir={tmp_path}", "run_name=demo-smoke", "num_iterations=1", "preference_num_candidates=2",
+        "max_new_tokens=12", "task_options={num_train_items: 2, num_eval_items: 2}", "eval_num_samples=2",
+        "num_train_epochs=1",
+    ])
+    out = orchestration.train(job)
+    run_dir = Path(out["run_dir"])
+    paths = RunPaths(run_dir)
+    rows = read_rows(paths.candidates(1), CANDIDATES)
+    assert {r["item_id"] for r in rows} == {"HumanEval/16", "HumanEval/17"}  # the first train problems
+    assert len(rows) == 2 * (2 + 2) * 2  # items x (target + comparator candidates) x agents
+    assert any(r["completion"].strip() for r in rows)  # a real model writes text
+    table = round_table(run_dir)
+    assert list(table.index) == [0, 1] and table["eval_reward"].notna().all()
+    assert 0.0 <= table.loc[0, "eval_reward"] <= 3.0
