@@ -1,0 +1,101 @@
+"""The oracle: batched calls, per-response failures with reasons, transient errors propagate."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+
+from pbrl.errors import OracleError, TransientError
+from pbrl.oracle import RewardContractError, call_reward_func, score_batch
+from stages import STAGE_MODULES
+from tests.helpers import new_run
+
+
+def test_called_once_per_batch_with_optional_keywords():
+    calls = []
+
+    def reward(a, b, *, prompts=None, batch_items=None):
+        calls.append((list(a), list(b), prompts, batch_items))
+        return [len(x) + len(y) for x, y in zip(a, b, strict=True)]
+
+    out = score_batch(reward, lambda r: r / 2, [["x", "yy"], ["zzz", ""]], prompts=[["p1", "q1"], ["p2", "q2"]],
+                      batch_items=[{"i": 1}, {"i": 2}])
+    assert [(s.raw, s.reward) for s in out] == [(4.0, 2.0), (2.0, 1.0)]
+    assert len(calls) == 1 and calls[0][2] == [["p1", "q1"], ["p2", "q2"]] and calls[0][3] == [{"i": 1}, {"i": 2}]
+
+
+def test_keywords_only_passed_when_accepted():
+    assert call_reward_func(lambda a, b: [1.0] * len(a), [["x"], ["y"]], prompts=[["p", "q"]]) == [1.0]
+
+
+def test_bad_values_drop_only_their_response_with_a_reason():
+    def reward(a, b):
+        table = {"nan": math.nan, "none": None, "str": "high", "inf": math.inf, "ok": 0.5, "bool": True}
+        return [table[x] for x in a]
+
+    out = score_batch(reward, None, [["ok", "nan", "none", "str", "inf", "bool"], [""] * 6])
+    assert out[0].ok and out[0].reward == 0.5
+    assert [s.ok for s in out[1:]] == [False] * 5
+    assert "not finite" in out[1].failure and "not a number" in out[2].failure
+
+
+def test_a_raising_batch_is_split_to_find_the_failing_response():
+    def reward(a, b):
+        if "boom" in a:
+            raise KeyError("missing field")
+        return [1.0] * len(a)
+
+    out = score_batch(reward, None, [["a", "boom", "c"], ["", "", ""]])
+    assert [s.ok for s in out] == [True, False, True]
+    assert "KeyError" in out[1].failure
+
+
+@pytest.mark.parametrize("exc", [TransientError("rate limited"),
+                                 httpx.ReadTimeout("slow judge"),
+                                 httpx.HTTPStatusError("503", request=httpx.Request("POST", "http://x"),
+                                                       response=httpx.Response(503))])
+def test_transient_errors_propagate_for_retry(exc):
+    def reward(a, b):
+        raise exc
+
+    with pytest.raises(type(exc)):
+        score_batch(reward, None, [["a"], ["b"]])
+
+
+def test_wrong_number_of_values_is_a_contract_error():
+    with pytest.raises(RewardContractError, match="returned 1 values for 2"):
+        score_batch(lambda a, b: [1.0], None, [["a", "b"], ["c", "d"]])
+
+
+def _attach_failing_task(run_dir):
+    from pbrl.run import attach_task
+    from pbrl.tasks import Task, get_task
+
+    toy = get_task("toy", num_items=4)
+
+    def failing(*completions, batch_items=None):
+        return [math.nan if item["item_id"] == "toy-001" else 1.0 for item in batch_items]
+
+    attach_task(run_dir, Task(name="toy", formatters=toy.formatters, reward_func=failing))
+
+
+def test_round_stops_past_the_failure_share_naming_items(tiny_model_dir, tmp_path):
+    run_dir, job = new_run(tiny_model_dir, tmp_path, oracle_max_failure_share=0.2)
+    STAGE_MODULES["sample-candidates"].run(run_dir, 1, job)
+    _attach_failing_task(run_dir)
+    # toy-001's 6 joint responses (3 target + 3 comparator) of 24 fail: 25 % > 20 %.
+    with pytest.raises(OracleError, match=r"6 of 24 .*toy-001 \(6\)"):
+        STAGE_MODULES["score-with-oracle"].run(run_dir, 1, job)
+
+
+def test_failures_under_the_share_are_dropped_and_counted(tiny_model_dir, tmp_path):
+    run_dir, job = new_run(tiny_model_dir, tmp_path, oracle_max_failure_share=0.3)
+    STAGE_MODULES["sample-candidates"].run(run_dir, 1, job)
+    _attach_failing_task(run_dir)
+    manifest = STAGE_MODULES["score-with-oracle"].run(run_dir, 1, job)
+    assert manifest.counts == {"joint_responses": 24, "failed": 6}
+    assert any("6 joint response(s) dropped: reward is not finite" in m for m in manifest.messages)
+    pairs = STAGE_MODULES["build-pairs"].run(run_dir, 1, job)
+    assert pairs.counts["items_without_pairs"] >= 1  # toy-001 has no scored candidates left
