@@ -52,6 +52,9 @@ def validate(config: Path, set_: SetOption = None) -> None:
     console.print(f"OK: {config} ({job.trainer}, {job.num_agents} agents)")
 
 
+HEADERS = {"train_pairs": "train", "accuracy": "acc", "eval_reward": "eval", "eval_vs_round0": "vs r0"}
+
+
 def _print_rounds(run_dir: Path) -> None:
     from pbrl.metrics import round_table
     from pbrl.report import write_report_png
@@ -60,9 +63,9 @@ def _print_rounds(run_dir: Path) -> None:
     t = Table(title=f"{run_dir.name}: rounds")
     t.add_column("round")
     for col in table.columns:
-        t.add_column(col.replace("_", " "), justify="right")
+        t.add_column(HEADERS.get(col, col), justify="right")
     for r, row in table.iterrows():
-        t.add_row(str(r), *("–" if v != v else f"{v:.4g}" for v in row.values))
+        t.add_row(str(r), *("–" if v != v else f"{v:.3g}" for v in row.values))
     console.print(t)
     console.print(f"report: {write_report_png(run_dir, table)}")
 

@@ -217,9 +217,14 @@ def outputs_intact(paths: RunPaths, manifest: StageManifest) -> bool:
     return True
 
 
+# Front-end modules that never change what a stage writes: editing them must not invalidate stage caches.
+_FRONT_END = {"cli.py", "report.py", "trainers.py", "orchestration.py", "progress.py", "metrics.py"}
+
+
 @functools.cache
 def code_version() -> str:
-    """Package version + a hash of the library and stage sources (helpers invisible to Prefect's TASK_SOURCE)."""
+    """Package version + a hash of the library and stage sources that stages run (Prefect's TASK_SOURCE
+    sees only a task's own function, not the helpers it calls)."""
     import pbrl
     import stages
 
@@ -227,6 +232,8 @@ def code_version() -> str:
     for pkg in (pbrl, stages):
         base = Path(pkg.__file__).parent
         for f in sorted(base.rglob("*.py")):
+            if pkg is pbrl and f.relative_to(base).as_posix() in _FRONT_END:
+                continue
             h.update(f.relative_to(base).as_posix().encode() + f.read_bytes())
     return f"{pbrl.__version__}+{h.hexdigest()[:12]}"
 

@@ -31,6 +31,7 @@ def test_round_caching_follows_file_contents(tiny_model_dir, tmp_path):
     first = round_flow(str(run_dir), "run", 1, job)
     assert executed(first) == {"sample-candidates", "score-with-oracle", "build-pairs", "store-round",
                                "replay-select", "update-policies", "evaluate"}
+    _assert_round_artifacts(round_index=1)
     # Same round again: nothing executes.
     assert executed(round_flow(str(run_dir), "run", 1, job)) == set()
     # A deleted output reruns its stage; the rebuilt file is identical, so nothing downstream runs.
@@ -51,6 +52,19 @@ def test_round_caching_follows_file_contents(tiny_model_dir, tmp_path):
     save_file(tensors, weights, metadata={"format": "pt"})
     again = round_flow(str(run_dir), "run", 2, job)
     assert "sample-candidates" in executed(again)
+
+
+def _assert_round_artifacts(round_index: int) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        table = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["round-metrics"])))
+        summary = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["round-summary"])))
+    assert table and table[-1].type == "table" and f"round {round_index}" in table[-1].description
+    rows = json.loads(table[-1].data) if isinstance(table[-1].data, str) else table[-1].data
+    assert {"madpo/loss", "pairs/count"} <= {r["metric"] for r in rows}
+    assert summary and "Run folder" in summary[-1].data and "update-policies" in summary[-1].data
 
 
 def test_changed_train_item_reruns_every_downstream_stage(tiny_model_dir, tmp_path):
