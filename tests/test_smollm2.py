@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from pbrl import models
+from pbrl import models, packaged
 
 pytestmark = pytest.mark.slow
 
@@ -16,11 +16,11 @@ NAME = "smollm2-135m-instruct"
 
 def test_smollm2_greedy_answer_names_paris() -> None:
     started = time.perf_counter()
-    folder = models.prepare_packaged_model(NAME)  # under $PBRL_STORAGE or ./storage; reused once converted
+    folder = packaged.prepare_packaged_model(NAME)  # under $PBRL_STORAGE or ./storage; reused once converted
     prepared = time.perf_counter()
-    marker = models.read_marker(folder)
+    marker = packaged.read_marker(folder)
     assert marker is not None and marker["source_size"] == 98_362_432
-    assert models.list_packaged_models(folder.parent.parent) == [(NAME, True, folder)]
+    assert (NAME, True, folder) in packaged.list_packaged_models(folder.parent.parent)
 
     tok = models.load_tokenizer(NAME)
     model = models.load_model(NAME)
