@@ -25,3 +25,12 @@ def tiny_job(model_dir: Path, output_dir: Path, **overrides: Any) -> JobConfig:
 def new_run(model_dir: Path, output_dir: Path, **overrides: Any) -> tuple[Path, JobConfig]:
     job = tiny_job(model_dir, output_dir, **overrides)
     return prepare_run(job, resume=False), job
+
+
+def short_prompt(item: dict) -> str:
+    """A formatter importable as ``tests.helpers:short_prompt`` (config import-path tests)."""
+    return f"Say one word about {item['topic']}."
+
+
+def long_prompt(item: dict) -> str:
+    return f"Say two sentences about {item['topic']}."

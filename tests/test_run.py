@@ -1,0 +1,103 @@
+"""Run folders: items from every source with stable ids, tasks from import paths, run.json, resume rules."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pbrl.config import parse_job
+from pbrl.errors import ConfigError
+from pbrl.run import load_item_source, prepare_run, read_items, resolve_task
+from pbrl.schema import SCORES, read_rows
+from pbrl.storage import RunPaths
+from stages import STAGE_MODULES
+from tests.helpers import tiny_job
+
+ITEMS = [{"topic": "rain"}, {"topic": "bees", "item_id": "custom-1"}, {"topic": "tides"}]
+
+
+def test_items_from_list_jsonl_parquet_and_dataset_agree(tmp_path):
+    jsonl = tmp_path / "items.jsonl"
+    jsonl.write_text("\n".join(json.dumps(x) for x in ITEMS) + "\n\n")
+    parquet = tmp_path / "items.parquet"
+    pq.write_table(pa.Table.from_pylist([{"topic": x["topic"], "item_id": x.get("item_id")} for x in ITEMS]),
+                   parquet)
+    from_list = load_item_source(ITEMS, field="train_dataset")
+    assert load_item_source(jsonl, field="train_dataset") == from_list
+    assert load_item_source(datasets.Dataset.from_list(
+        [{"topic": x["topic"], "item_id": x.get("item_id")} for x in ITEMS]), field="train_dataset") == [
+        {"topic": x["topic"], "item_id": x.get("item_id")} for x in ITEMS]
+    assert [x["topic"] for x in load_item_source(parquet, field="train_dataset")] == ["rain", "bees", "tides"]
+
+
+@pytest.mark.parametrize(("content", "match"), [
+    ('{"topic": "a"}\n{not json\n', r"items.jsonl:2.*malformed JSON"),
+    ('{"topic": "a"}\n[1, 2]\n', r"train_dataset\[1\].*mapping"),
+])
+def test_bad_item_files_name_the_line_or_item(tmp_path, content, match):
+    path = tmp_path / "items.jsonl"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=match):
+        load_item_source(path, field="train_dataset")
+
+
+def test_missing_and_unknown_item_files(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_item_source(tmp_path / "nope.jsonl", field="train_dataset")
+    (tmp_path / "items.csv").write_text("topic\nrain\n")
+    with pytest.raises(ConfigError, match=r"\.jsonl or \.parquet"):
+        load_item_source(tmp_path / "items.csv", field="train_dataset")
+
+
+def test_stable_item_ids_and_duplicates(tiny_model_dir, tmp_path):
+    path = tmp_path / "items.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in ITEMS))
+    job = parse_job({"trainer": "madpo_iter", "agent_model": str(tiny_model_dir), "run_name": "r",
+                     "output_dir": str(tmp_path), "train_dataset": str(path),
+                     "formatters": ["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
+                     "reward_func": "pbrl.tasks.toy:toy_reward"})
+    run_dir = prepare_run(job, resume=False)
+    assert [x["item_id"] for x in read_items(RunPaths(run_dir), "train")] == ["item-00000", "custom-1", "item-00002"]
+    # No eval dataset: evaluation uses the train items under their own ids.
+    assert [x["topic"] for x in read_items(RunPaths(run_dir), "eval")] == ["rain", "bees", "tides"]
+    # The task from import paths samples and scores.
+    STAGE_MODULES["sample-candidates"].run(run_dir, 1, job.model_copy(update={"preference_num_candidates": 2,
+                                                                                "max_new_tokens": 4}))
+    STAGE_MODULES["score-with-oracle"].run(run_dir, 1, job)
+    assert len(read_rows(RunPaths(run_dir).scores(1), SCORES)) == 3 * 4
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"item_id": "x"}\n{"item_id": "x"}\n')
+    with pytest.raises(ConfigError, match=r"train_dataset\[1\]\.item_id.*unique"):
+        prepare_run(job.model_copy(update={"train_dataset": str(dup), "run_name": "dup"}), resume=False)
+
+
+def test_bad_import_paths_are_config_errors(tiny_model_dir, tmp_path):
+    job = tiny_job(tiny_model_dir, tmp_path, task=None, task_options={}, train_dataset=str(tmp_path / "x.jsonl"),
+                   formatters=["tests.helpers:short_prompt", "tests.helpers:nope"], reward_func="no.such:module")
+    with pytest.raises(ConfigError) as err:
+        resolve_task(job)
+    text = str(err.value)
+    assert "formatters" in text and "tests.helpers:nope" in text and "reward_func" in text
+
+
+def test_run_json_holds_no_secret_and_resume_rules(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("MY_JUDGE_KEY", "sk-very-secret")
+    job = tiny_job(tiny_model_dir, tmp_path)
+    run_dir = prepare_run(job, resume=False)
+    assert "sk-very-secret" not in RunPaths(run_dir).run_json.read_text()
+    with pytest.raises(ConfigError, match="already exists"):
+        prepare_run(job, resume=False)
+    assert prepare_run(job.model_copy(update={"num_iterations": 5}), resume=True) == run_dir  # may grow
+    with pytest.raises(ConfigError, match="dpo_beta.*differs from the stored run"):
+        prepare_run(job.model_copy(update={"dpo_beta": 0.5}), resume=True)
+
+
+def test_marlhf_trainers_are_refused_at_start(tiny_model_dir, tmp_path):
+    job = tiny_job(tiny_model_dir, tmp_path, trainer="marlhf_iter")
+    with pytest.raises(ConfigError, match="MARLHF .* not available"):
+        prepare_run(job, resume=False)
+    assert not (tmp_path / "run").exists()
