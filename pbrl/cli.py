@@ -98,6 +98,13 @@ def train(
     except (ConfigError, ArtifactError) as exc:
         raise _fail(exc) from None
 
+    from pbrl.run import preflight
+
+    try:
+        preflight(job)  # before Prefect starts: a bad model path or import path is one clear message
+    except ConfigError as exc:
+        raise _fail(exc) from None
+
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} stages"),
                   TimeElapsedColumn(), console=console) as bar:
         task_id = bar.add_task(f"{job.run_name}: starting", total=None)

@@ -241,6 +241,46 @@ def existing_rounds(paths: RunPaths) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- prepare
+def preflight(job: JobConfig, *, task: Task | None = None) -> Task:
+    """Check what a config cannot check on its own, before any run folder is touched or Prefect started:
+    the trainer is available, the task and its import paths resolve, every model source exists offline
+    (a packaged model is converted here, once), and the comparator policy is available.
+
+    Returns:
+        The resolved task.
+
+    Raises:
+        ConfigError: every problem found, at once.
+    """
+    from pbrl.comparators import COMPARATORS
+    from pbrl.models import resolve_model_source
+    from pbrl.policies import agent_sources
+
+    problems: list[Problem] = []
+    if job.trainer not in ("madpo", "madpo_iter"):
+        problems.append(Problem("trainer", job.trainer, "MARLHF reward-model fitting and RL policy learning are "
+                                "not available in this version; available trainers: madpo, madpo_iter"))
+    if is_iterative(job.trainer) and job.comparator_policy not in COMPARATORS:
+        problems.append(Problem("comparator_policy", job.comparator_policy,
+                                f"not available in this version; available: {', '.join(COMPARATORS)}"))
+    if is_iterative(job.trainer) and job.comparator_generation_mode != "decentralized":
+        problems.append(Problem("comparator_generation_mode", job.comparator_generation_mode,
+                                "not available in this version; available: decentralized"))
+    try:
+        task = task or resolve_task(job)
+    except ConfigError as exc:
+        problems += exc.problems
+    field = "agents" if job.agents else "agent_model"
+    for source in dict.fromkeys(agent_sources(job)):
+        try:
+            resolve_model_source(source, field=field)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    return task  # type: ignore[return-value]
+
+
 def prepare_run(
     job: JobConfig,
     *,
@@ -262,9 +302,6 @@ def prepare_run(
     from pbrl.policies import write_initial_checkpoints
     from pbrl.replay_store import check_owned, replay_dir, run_identity
 
-    if job.trainer not in ("madpo", "madpo_iter"):
-        raise ConfigError([Problem("trainer", job.trainer, "MARLHF reward-model fitting and RL policy learning "
-                                   "are not available in this version; available trainers: madpo, madpo_iter")])
     run_dir = run_dir_for(job)
     paths = RunPaths(run_dir)
     if paths.run_json.is_file():
@@ -273,9 +310,8 @@ def prepare_run(
                                        "it with --resume (CLI) or resume=True (Python API), or choose another "
                                        "run name")])
         check_resumable(paths, job)
-    if task is not None:
-        attach_task(run_dir, task)
-    task = resolve_task(job, run_dir)
+    task = preflight(job, task=task)  # nothing is written before the whole job checks out
+    attach_task(run_dir, task)
     if not paths.items.is_file():
         train = load_item_source(train_items if train_items is not None else (job.train_dataset or task.train_items),
                                  field="train_dataset")

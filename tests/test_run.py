@@ -101,3 +101,24 @@ def test_marlhf_trainers_are_refused_at_start(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="MARLHF .* not available"):
         prepare_run(job, resume=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_preflight_reports_every_problem_before_anything_is_written(tiny_model_dir, tmp_path):
+    job = tiny_job(tiny_model_dir, tmp_path, agent_model=str(tmp_path / "no-model"), comparator_policy="history",
+                   task="no_such_task", task_options={})
+    with pytest.raises(ConfigError) as err:
+        prepare_run(job, resume=False)
+    text = str(err.value)
+    assert "agent_model" in text and "no such model folder" in text and "task" in text
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_train_with_a_bad_model_fails_fast_without_traceback(tmp_path):
+    from typer.testing import CliRunner
+
+    from pbrl.cli import app
+
+    out = CliRunner().invoke(app, ["train", "flows/configs/tiny-madpo-iter.yaml", "--set", f"output_dir={tmp_path}",
+                                   "--set", "agent_model=/no/such/model"])
+    assert out.exit_code == 2 and "agent_model" in out.output and "Traceback" not in out.output
+    assert not any(tmp_path.iterdir())
