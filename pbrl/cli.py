@@ -45,8 +45,11 @@ def validate(config: Path, set_: SetOption = None) -> None:
 
     Example: pbrl validate flows/configs/tiny-madpo-iter.yaml --set dpo_beta=0.2
     """
+    from pbrl.run import preflight
+
     try:
         job = _load(config, set_)
+        preflight(job, prepare_models=False)  # task, import paths, datasets and models exist
     except ConfigError as exc:
         raise _fail(exc) from None
     console.print(f"OK: {config} ({job.trainer}, {job.num_agents} agents)")
@@ -56,9 +59,10 @@ HEADERS = {"train_pairs": "train", "accuracy": "acc", "eval_reward": "eval", "ev
 
 
 def _print_rounds(run_dir: Path) -> None:
-    from pbrl.metrics import round_table
+    from pbrl.metrics import round_table, write_run_metrics
     from pbrl.report import write_report_png
 
+    write_run_metrics(run_dir)  # rebuilt from the manifests: also right for an interrupted run
     table = round_table(run_dir)
     t = Table(title=f"{run_dir.name}: rounds")
     t.add_column("round")
@@ -148,6 +152,13 @@ def stage(
         raise _fail(ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGE_MODULES)}"))
     if not (run / "run.json").is_file():
         raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
+    from flows.training import num_rounds
+    from pbrl.run import open_job
+
+    last = num_rounds(open_job(run))
+    lowest = 0 if name == "evaluate" else 1
+    if not lowest <= round_ <= last:
+        raise _fail(ValueError(f"--round: got {round_}; this run has rounds {lowest}..{last} for {name}"))
     try:
         if no_prefect:
             out = orchestration.run_stage_plain(name, run, round_)
@@ -194,6 +205,8 @@ def status(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
 @app.command()
 def report(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
     """Print the round table (pairs, loss, accuracy, eval reward vs round 0) and write report.png."""
+    if not (run / "run.json").is_file():
+        raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
     try:
         _print_rounds(run)
     except ArtifactError as exc:

@@ -101,7 +101,8 @@ def _to_score(value: Any, processor: Callable[[float], float] | None) -> OracleS
     except Exception as exc:
         if is_transient(exc):
             raise
-        return OracleScore(raw, None, f"reward_processor raised {type(exc).__name__}: {exc}"[:200])
+        # Only the exception type is stored: its message may quote data or secrets (files are shared).
+        return OracleScore(raw, None, f"reward_processor raised {type(exc).__name__}")
     if isinstance(processed, bool) or not isinstance(processed, (int, float)) or not math.isfinite(processed):
         return OracleScore(raw, None, f"reward_processor returned {processed!r}"[:200])
     return OracleScore(raw, float(processed))
@@ -137,7 +138,7 @@ def score_batch(
     if values is not None:
         return [_to_score(v, reward_processor) for v in values]
     if n == 1:
-        return [OracleScore(None, None, f"reward_func raised {type(batch_error).__name__}: {batch_error}"[:200])]
+        return [OracleScore(None, None, f"reward_func raised {type(batch_error).__name__}")]
     # The batch call raised: call one joint response at a time to find which ones fail.
     out: list[OracleScore] = []
     for j in range(n):

@@ -18,6 +18,10 @@ def _prepare_logging() -> None:
     # The ephemeral server's default 20 s start-up limit is too short on a busy 2-core machine (13.5 s
     # measured cold, more under load).
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    # Nothing leaves the machine by default: no SDK analytics, no server telemetry (which also logs an
+    # ERROR on every start when offline).
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     logging.getLogger("pbrl").setLevel(logging.INFO)
 
 

@@ -241,7 +241,7 @@ def existing_rounds(paths: RunPaths) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- prepare
-def preflight(job: JobConfig, *, task: Task | None = None) -> Task:
+def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool = True) -> Task:
     """Check what a config cannot check on its own, before any run folder is touched or Prefect started:
     the trainer is available, the task and its import paths resolve, every model source exists offline
     (a packaged model is converted here, once), and the comparator policy is available.
@@ -254,6 +254,7 @@ def preflight(job: JobConfig, *, task: Task | None = None) -> Task:
     """
     from pbrl.comparators import COMPARATORS
     from pbrl.models import resolve_model_source
+    from pbrl.packaged import PACKAGED_MODELS, locate_packaged_file
     from pbrl.policies import agent_sources
 
     problems: list[Problem] = []
@@ -270,12 +271,21 @@ def preflight(job: JobConfig, *, task: Task | None = None) -> Task:
         task = task or resolve_task(job)
     except ConfigError as exc:
         problems += exc.problems
+    for name in ("train_dataset", "eval_dataset"):
+        path = getattr(job, name)
+        if path and not Path(path).is_file():
+            problems.append(Problem(name, path, "file not found"))
     field = "agents" if job.agents else "agent_model"
     for source in dict.fromkeys(agent_sources(job)):
         try:
-            resolve_model_source(source, field=field)
+            if not prepare_models and source in PACKAGED_MODELS:
+                locate_packaged_file(source)  # the packaged file is there; conversion waits for training
+            else:
+                resolve_model_source(source, field=field)
         except ConfigError as exc:
             problems += exc.problems
+        except ArtifactError as exc:
+            problems.append(Problem(field, source, str(exc)))
     if problems:
         raise ConfigError(problems)
     return task  # type: ignore[return-value]

@@ -70,3 +70,27 @@ def test_stage_rejects_unknown_stage_and_non_run_folder(tmp_path):
 def test_models_list_names_the_packaged_models():
     out = runner.invoke(app, ["models", "list"])
     assert out.exit_code == 0 and "smollm2-135m-instruct" in out.output and "tiny-random" in out.output
+
+
+def test_validate_checks_what_training_needs(tmp_path):
+    cfg = tmp_path / "paths.yaml"
+    cfg.write_text(
+        "trainer: madpo_iter\nagent_model: /no/such/model\n"
+        f"train_dataset: {tmp_path / 'missing.jsonl'}\n"
+        "formatters: ['tests.helpers:short_prompt', 'tests.helpers:long_prompt']\n"
+        "reward_func: 'no_such_module:reward'\n"
+    )
+    out = runner.invoke(app, ["validate", str(cfg)])
+    assert out.exit_code == 2
+    for field in ("agent_model", "train_dataset", "reward_func"):
+        assert field in out.output, field
+
+
+def test_stage_round_must_exist(tiny_model_dir, tmp_path):
+    from tests.helpers import new_run
+
+    run_dir, _ = new_run(tiny_model_dir, tmp_path)  # 2 rounds
+    for bad in ("5", "-1", "0"):
+        out = runner.invoke(app, ["stage", "build-pairs", "--run", str(run_dir), "--round", bad])
+        assert out.exit_code == 2 and "--round" in out.output, bad
+    assert not (run_dir / "rounds").exists()
