@@ -174,7 +174,7 @@ def stage(
 
 @app.command()
 def status(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
-    """Each round's stages: done / cached / stale / failed / missing, with counts and seconds."""
+    """Each round's stages: done / cached / failed / missing, with counts and seconds."""
     from pbrl.run import existing_rounds
     from pbrl.storage import STAGES, RunPaths, read_manifest, read_states
 
