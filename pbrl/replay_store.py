@@ -22,9 +22,10 @@ EXTRA_KEYS = ("pair_id", "item_id", "winner_side", "winner_index", "loser_side",
 _ROUND_FILE = re.compile(r"iteration_(\d{4})\.json")
 
 
-def replay_dir(paths: RunPaths, preference_replay_dir: str | None) -> Path:
-    """``preference_replay_dir`` if set, else ``<run>/replay``."""
-    return Path(preference_replay_dir) if preference_replay_dir else paths.root / "replay"
+def replay_dir(paths: RunPaths, job: Any) -> Path:
+    """The job's ``preference_replay_dir`` if set (iterative trainers), else ``<run>/replay``."""
+    configured = getattr(job, "preference_replay_dir", None)  # base trainers have no such option
+    return Path(configured) if configured else paths.root / "replay"
 
 
 def run_identity(paths: RunPaths) -> str:

@@ -332,6 +332,6 @@ def prepare_run(
         evals = eval_items if eval_items is not None else (job.eval_dataset or task.eval_items or train)
         write_items(paths, train, load_item_source(evals, field="eval_dataset"))
     write_run_json(paths, job)
-    check_owned(replay_dir(paths, getattr(job, "preference_replay_dir", None)), run_identity(paths))
+    check_owned(replay_dir(paths, job), run_identity(paths))
     write_initial_checkpoints(paths, job)
     return run_dir

@@ -23,7 +23,7 @@ NAME = "replay-select"
 
 
 def _entries(paths: RunPaths, round_index: int, job: JobConfig) -> list[dict]:
-    directory = replay_dir(paths, getattr(job, "preference_replay_dir", None))
+    directory = replay_dir(paths, job)
     return stored_rounds(directory, run_identity(paths), round_index)
 
 

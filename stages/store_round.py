@@ -17,10 +17,6 @@ from pbrl.storage import RunPaths, StageManifest, sha256_file
 NAME = "store-round"
 
 
-def _replay_dir(paths: RunPaths, job: JobConfig) -> Path:
-    return replay_dir(paths, getattr(job, "preference_replay_dir", None))
-
-
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
     return [paths.pairs(round_index)]
 
@@ -29,7 +25,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
     rows = read_rows(paths.pairs(round_index), PAIRS)
-    directory = _replay_dir(paths, job)
+    directory = replay_dir(paths, job)
     path, messages = store_round(directory, run_identity(paths), round_index, rows, paths.pairs(round_index), paths)
     for m in messages:
         record.say(m)

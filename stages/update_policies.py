@@ -8,6 +8,7 @@ killed mid-update leaves no checkpoint that a later stage would read. A round wi
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -110,7 +111,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         for agent, policy in enumerate(policies):
             save_agent(policy.model, tmp / f"agent_{agent}")
             save_optimizer(policy.optimizer, tmp / f"agent_{agent}" / "optimizer.pt")
-        directory = replay_dir(paths, getattr(job, "preference_replay_dir", None))
+        directory = replay_dir(paths, job)
         write_json(tmp / TRAINER_STATE, {
             "round": round_index,
             "started_from": paths.rel(start),
@@ -118,7 +119,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
             "replay_index": stored_rounds(directory, run_identity(paths), round_index),
         })
 
-    finite_losses = [x for x in losses if x == x and abs(x) != float("inf")]
+    finite_losses = [x for x in losses if math.isfinite(x)]
     reward_mean = sum(p["candidate_reward_mean"] for p in pairs) / len(pairs)
     record.metrics = {
         "madpo/loss": sum(finite_losses) / len(finite_losses) if finite_losses else float("nan"),
