@@ -36,7 +36,7 @@ from benchkit import check, interleaved, print_checks, ratio, sizes_for, summary
 from transformers import GenerationConfig
 
 from pbrl.models import load_model, load_tokenizer
-from pbrl.sampling import encode_prompt, generate
+from pbrl.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.seeds import derive_seed
 
 TEMPERATURE, TOP_P, TOP_K = 0.7, 0.9, 50
@@ -108,8 +108,9 @@ def make_cases(model: Any, tokenizer: Any, prompt_ids: list[list[int]], k: int, 
     last: dict[str, Work] = {}
 
     def ours() -> Work:
-        gens = generate(model, tokenizer, rows, seeds, max_new_tokens=new_tokens, temperature=TEMPERATURE,
-                        top_p=TOP_P, top_k=TOP_K, batch_size=len(rows))
+        settings = SamplingSettings(max_new_tokens=new_tokens, temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K,
+                                    batch_size=len(rows))
+        gens = generate(model, tokenizer, rows, seeds, settings)
         steps = max(len(g.completion_ids) for g in gens)
         last["ours"] = Work(len(rows), sum(len(g.completion_ids) for g in gens), steps, len(rows) * steps)
         return last["ours"]

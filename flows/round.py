@@ -7,21 +7,22 @@ from typing import Any
 from prefect import flow
 
 from flows.artifacts import publish_round
-from flows.cache import on_disk_valid, stage_task
+from flows.cache import run_stage_task
 from pbrl.config import JobConfig
 from pbrl.progress import publish
+from pbrl.reward_model import is_marlhf
 from pbrl.storage import record_state
 
 
 def call_stage(stage: str, run_dir: str, round_index: int, job: JobConfig, *, force: bool = False) -> dict[str, Any]:
-    """Run one stage task; it is refreshed when forced or when its files on disk are stale.
+    """Run one stage task: Cached when its manifest records a run with the current key and its outputs are
+    intact, else (or when forced) it runs.
 
     Returns:
         ``{"stage", "round", "state", "manifest"}`` where state is Prefect's ("Completed" or "Cached").
     """
-    refresh = force or not on_disk_valid(stage, run_dir, round_index, job)
     publish({"event": "start", "stage": stage, "round": round_index})
-    state = stage_task(stage, run_dir, force=refresh)(run_dir, round_index, job, return_state=True)
+    state = run_stage_task(stage, run_dir, round_index, job, force=force)
     record_state(run_dir, round_index, stage, state.name, None if state.is_completed() else str(state.message))
     manifest = state.result()  # re-raises the stage's error: the round fails, later stages do not run
     publish({"event": "done", "stage": stage, "round": round_index, "state": state.name})
@@ -42,8 +43,10 @@ def round_flow(run_dir: str, run_name: str, round_index: int, job: JobConfig) ->
         call_stage("build-pairs", run_dir, round_index, job),
         call_stage("store-round", run_dir, round_index, job),
         call_stage("replay-select", run_dir, round_index, job),
-        call_stage("update-policies", run_dir, round_index, job),
     ]
+    if is_marlhf(job.trainer):
+        done.append(call_stage("fit-reward-model", run_dir, round_index, job))
+    done.append(call_stage("update-policies", run_dir, round_index, job))
     if evaluation_due(job, round_index):
         done.append(call_stage("evaluate", run_dir, round_index, job))
     publish_round(run_dir, round_index, done)

@@ -1,5 +1,13 @@
-"""Deployments for a running Prefect server: the training flow (its parameter form is the config model)
-and a nightly "one more iteration" deployment on a UTC cron schedule, at most one run at a time."""
+"""Deployments for a running Prefect server (SPEC §6): a form per trainer, a config file, the JSON job, and
+a nightly "one more iteration" deployment on a UTC cron schedule; each at most one run at a time.
+
+| deployment | parameters (the form in the Prefect UI) |
+|---|---|
+| ``pbrl-train/madpo``, ``madpo-iter``, ``marlhf``, ``marlhf-iter`` | the trainer's options, one field each |
+| ``pbrl-train/config-file`` | a YAML config path, ``key=value`` overrides, run name, resume |
+| ``pbrl-train/train`` | the whole job as one JSON object (for scripts and the API) |
+| ``pbrl-add-iteration/nightly`` | the run to extend (only with ``nightly_run``) |
+"""
 
 from __future__ import annotations
 
@@ -9,16 +17,27 @@ from prefect import serve
 from prefect.schedules import Cron
 
 from flows.training import add_iteration_flow, train_flow
+from flows.ui import DEPLOYMENT_NAMES, GROUPS, TRAINER_FLOWS, config_file
 
 DEFAULT_CRON = "0 2 * * *"  # 02:00 UTC every night (UTC avoids daylight-saving gaps)
 
 
 def build_deployments(*, nightly_run: str | None = None, output_dir: str = "storage/runs",
                       cron: str = DEFAULT_CRON) -> list[Any]:
-    """The deployments: ``pbrl-train/train`` always; ``pbrl-add-iteration/nightly`` when a run is named."""
-    deployments = [train_flow.to_deployment(
-        name="train", description="Train a run from a pbrl config (the form is the config model).",
-        tags=["pbrl"], concurrency_limit=1)]
+    """The deployments of the table above; ``pbrl-add-iteration/nightly`` only when a run is named."""
+    deployments = [
+        TRAINER_FLOWS[trainer].to_deployment(
+            name=name, description=f"Train a {trainer!r} run from a form of its options, each with its default and "
+            "description, grouped: " + ", ".join(group for group, _ in GROUPS) + ".", tags=["pbrl", "form"],
+            concurrency_limit=1)
+        for trainer, name in DEPLOYMENT_NAMES.items()]
+    deployments.append(config_file.to_deployment(
+        name="config-file", description="Train from a YAML config file plus key=value overrides, as `pbrl train "
+        "CONFIG --set ...` (same validation, same run folder).", tags=["pbrl"], concurrency_limit=1))
+    deployments.append(train_flow.to_deployment(
+        name="train", description="Train a run from a whole pbrl job given as one JSON object (for scripts and "
+        "the API; the forms are pbrl-train/madpo ... and pbrl-train/config-file).", tags=["pbrl"],
+        concurrency_limit=1))
     if nightly_run:
         deployments.append(add_iteration_flow.to_deployment(
             name="nightly", description=f"Add one iteration to run {nightly_run!r} every night.",
@@ -27,9 +46,13 @@ def build_deployments(*, nightly_run: str | None = None, output_dir: str = "stor
     return deployments
 
 
-def register_deployments(**kwargs: Any) -> list[Any]:
-    """Create or update the deployments on the server named by PREFECT_API_URL; returns their ids."""
-    return [d.apply() for d in build_deployments(**kwargs)]
+def register_deployments(**kwargs: Any) -> dict[str, Any]:
+    """Create or update the deployments on the server named by PREFECT_API_URL.
+
+    Returns:
+        ``{"<flow>/<deployment>": deployment id}``, e.g. ``ids["pbrl-train/madpo-iter"]``.
+    """
+    return {f"{d.flow_name}/{d.name}": d.apply() for d in build_deployments(**kwargs)}
 
 
 def serve_deployments(**kwargs: Any) -> None:

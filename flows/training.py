@@ -10,7 +10,7 @@ from prefect import flow
 from flows.round import call_stage, evaluation_due, round_flow
 from pbrl.config import JobConfig, is_iterative
 from pbrl.metrics import write_run_metrics
-from pbrl.run import open_job, prepare_run
+from pbrl.run import open_job, prepare_run, with_run_name
 
 
 def num_rounds(job: JobConfig) -> int:
@@ -18,14 +18,35 @@ def num_rounds(job: JobConfig) -> int:
     return job.num_iterations if is_iterative(job.trainer) else 1
 
 
-@flow(name="pbrl-train", flow_run_name="{config.run_name}", log_prints=True)
-def train_flow(config: JobConfig, resume: bool = False) -> dict[str, Any]:
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    config = flow_run.parameters.get("config")
+    name = getattr(config, "run_name", None) or (config.get("run_name") if isinstance(config, dict) else None)
+    return name or "unnamed-run"
+
+
+@flow(name="pbrl-train", flow_run_name=_flow_run_name, log_prints=True)
+def train_flow(config: JobConfig, resume: bool = False, run_dir: str | None = None) -> dict[str, Any]:
     """Train cooperating agents from preferences between their joint responses (MADPO / MADPO-iterative).
 
     With ``resume`` an existing run continues: stages whose inputs and outputs are unchanged come back
-    Cached and only what is missing or stale runs.
+    Cached and only what is missing or stale runs. A config without ``run_name`` (a run started from the
+    UI) gets a generated one, ``<trainer>-<UTC time>``. ``run_dir`` is the run folder to use (a run that was
+    moved or copied is resumed where it is now); by default ``<output_dir>/<run_name>``.
     """
-    run_dir = str(prepare_run(config, resume=resume))
+    return run_training(config, resume=resume, run_dir=run_dir)
+
+
+def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None = None) -> dict[str, Any]:
+    """The body of every training flow (``pbrl-train/train``, the per-trainer forms and the config-file
+    deployment of :mod:`flows.ui`): prepare or resume the run, the round-0 baseline, then the rounds.
+
+    Returns:
+        ``{"run_dir", "messages", "stages": [{"stage", "round", "state"}]}``.
+    """
+    config = with_run_name(config)
+    run_dir = str(prepare_run(config, resume=resume, run_dir=Path(run_dir) if run_dir else None))
     stages: list[dict[str, Any]] = []
     if evaluation_due(config, 0):
         stages.append(call_stage("evaluate", run_dir, 0, config))

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from pbrl.errors import ArtifactError, ConfigError, OracleError
+from pbrl.errors import expected_error
+
+if TYPE_CHECKING:
+    from pbrl.config import JobConfig
 
 app = typer.Typer(help="pbrl: train cooperating LLM agents from preferences between their joint responses.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -22,18 +28,51 @@ err = Console(stderr=True, soft_wrap=True)
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a config option: key=value (repeatable).")]
 
 
+# Exit codes: 2 = the input is wrong and nothing ran (config, options, run folder); 1 = a run failed;
+# 130 = stopped by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED = 130
+
+
 def _fail(exc: Exception, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}")
+    err.print(f"[bold red]error:[/] {escape(str(exc))}")
     return typer.Exit(code)
 
 
+@contextmanager
+def _expected_errors(code: int) -> Iterator[None]:
+    """Every expected error (``pbrl.errors.EXPECTED_ERRORS``, also when Prefect re-raised or wrapped it)
+    becomes one ``error:`` line and exit ``code``; anything else is a bug and keeps its traceback."""
+    try:
+        yield
+    except Exception as exc:
+        found = expected_error(exc)
+        if found is None:
+            raise
+        raise _fail(found, code) from None
+
+
+def _stopped(hint: str) -> typer.Exit:
+    err.print(f"stopped; {escape(hint)}")
+    return typer.Exit(INTERRUPTED)
+
+
 def _load(config: Path, overrides: list[str] | None, run_name: str | None = None):
+    import warnings
+
     from pbrl.config import load_job
+    from pbrl.config_notices import ConfigNotice
 
     extra = [*(overrides or [])]
     if run_name:
         extra.append(f"run_name={run_name}")
-    job = load_job(config, extra)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigNotice)
+        job = load_job(config, extra)
+    for notice in caught:  # options that change nothing here, said once as a plain line
+        if issubclass(notice.category, ConfigNotice):
+            err.print(f"[yellow]warning:[/] {escape(str(notice.message))}")
+        else:
+            warnings.warn_explicit(notice.message, notice.category, notice.filename, notice.lineno)
     if not job.run_name:
         job = job.model_copy(update={"run_name": config.stem})
     return job
@@ -47,11 +86,9 @@ def validate(config: Path, set_: SetOption = None) -> None:
     """
     from pbrl.run import preflight
 
-    try:
+    with _expected_errors(2):
         job = _load(config, set_)
         preflight(job, prepare_models=False)  # task, import paths, datasets and models exist
-    except ConfigError as exc:
-        raise _fail(exc) from None
     console.print(f"OK: {config} ({job.trainer}, {job.num_agents} agents)")
 
 
@@ -74,6 +111,29 @@ def _print_rounds(run_dir: Path) -> None:
     console.print(f"report: {write_report_png(run_dir, table)}")
 
 
+def _train_with_progress(job: JobConfig, resume: bool) -> dict[str, Any]:
+    """Run the training flow under a one-line progress display (stage events from :mod:`pbrl.progress`)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pbrl import orchestration, progress
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} stages"),
+                  TimeElapsedColumn(), console=console) as bar:
+        task_id = bar.add_task(f"{job.run_name}: starting", total=None)
+
+        def on_event(event: dict) -> None:
+            if event["event"] == "start":
+                bar.update(task_id, description=f"{job.run_name}: round {event['round']} {event['stage']}")
+            else:
+                bar.advance(task_id)
+
+        unsubscribe = progress.subscribe(on_event)
+        try:
+            return orchestration.train(job, resume=resume)
+        finally:
+            unsubscribe()
+
+
 @app.command()
 def train(
     config: Annotated[Path | None, typer.Argument(help="YAML config (flat: run and trainer options).")] = None,
@@ -88,47 +148,33 @@ def train(
 
     Example: pbrl train flows/configs/tiny-madpo-iter.yaml --set num_iterations=3 --run-name try-1
     """
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from pbrl import orchestration, progress
-    from pbrl.run import open_job
+    from pbrl import orchestration
+    from pbrl.run import open_job, preflight, run_dir_for
 
     if run is not None and not resume:
         raise _fail(ValueError("--run continues an existing run: add --resume"))
     if run is None and config is None:
         raise _fail(ValueError("give a CONFIG file, or --run RUN --resume"))
+    orchestration.quiet_libraries()  # before preflight, which may build or convert a packaged model
+    folder: Path | None = run
     try:
-        job = open_job(run) if run is not None else _load(config, set_, run_name)
-    except (ConfigError, ArtifactError) as exc:
-        raise _fail(exc) from None
-
-    from pbrl.run import preflight
-
-    try:
-        preflight(job)  # before Prefect starts: a bad model path or import path is one clear message
-    except ConfigError as exc:
-        raise _fail(exc) from None
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} stages"),
-                  TimeElapsedColumn(), console=console) as bar:
-        task_id = bar.add_task(f"{job.run_name}: starting", total=None)
-
-        def on_event(event: dict) -> None:
-            if event["event"] == "start":
-                bar.update(task_id, description=f"{job.run_name}: round {event['round']} {event['stage']}")
-            else:
-                bar.advance(task_id)
-
-        unsubscribe = progress.subscribe(on_event)
-        try:
-            out = orchestration.train(job, resume=resume)
-        except (ConfigError, ArtifactError, OracleError) as exc:
-            raise _fail(exc, 1) from None
-        finally:
-            unsubscribe()
+        with _expected_errors(2):
+            job = open_job(run) if run is not None else _load(config, set_, run_name)
+            folder = run if run is not None else run_dir_for(job)
+            # A resumed run reads its stored items; a new one's items are loaded and formatted here.
+            stored = folder / "items.parquet"
+            preflight(job, check_items=not (resume and stored.is_file()))  # before Prefect: one clear message
+        with _expected_errors(1):
+            out = _train_with_progress(job, resume)
+    except KeyboardInterrupt:
+        # Ctrl-C: Prefect has recorded the run as crashed; finished stages are kept and come back cached.
+        if folder is not None and (folder / "run.json").is_file():
+            raise _stopped(f"resume with `pbrl train --run {folder} --resume`") from None
+        raise _stopped("nothing was stored; start the run again") from None
     for message in out["messages"]:
-        console.print(f"[yellow]note:[/] {message}")
-    _print_rounds(Path(out["run_dir"]))
+        console.print(f"[yellow]note:[/] {escape(message)}")
+    with _expected_errors(1):
+        _print_rounds(Path(out["run_dir"]))
 
 
 @app.command()
@@ -146,6 +192,8 @@ def stage(
     Example: pbrl stage score-with-oracle --run storage/runs/tiny-madpo-iter --round 1
     """
     from pbrl import orchestration
+
+    orchestration.quiet_libraries()  # before the stages import transformers
     from stages import STAGE_MODULES
 
     if name not in STAGE_MODULES:
@@ -155,17 +203,19 @@ def stage(
     from flows.training import num_rounds
     from pbrl.run import open_job
 
-    last = num_rounds(open_job(run))
+    with _expected_errors(2):
+        last = num_rounds(open_job(run))
     lowest = 0 if name == "evaluate" else 1
     if not lowest <= round_ <= last:
         raise _fail(ValueError(f"--round: got {round_}; this run has rounds {lowest}..{last} for {name}"))
     try:
-        if no_prefect:
-            out = orchestration.run_stage_plain(name, run, round_)
-        else:
-            out = orchestration.rerun_stage(name, run, round_, force=force)
-    except (ConfigError, ArtifactError, OracleError) as exc:
-        raise _fail(exc, 1) from None
+        with _expected_errors(1):
+            if no_prefect:
+                out = orchestration.run_stage_plain(name, run, round_)
+            else:
+                out = orchestration.rerun_stage(name, run, round_, force=force)
+    except KeyboardInterrupt:
+        raise _stopped(f"run it again with `pbrl stage {name} --run {run} --round {round_}`") from None
     state = out["state"]
     word = "cached (nothing recomputed)" if state == "Cached" else "recomputed"
     console.print(f"{name} round {round_}: {state} — {word}")
@@ -181,24 +231,25 @@ def status(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
     paths = RunPaths(run)
     if not paths.run_json.is_file():
         raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
-    t = Table(title=f"{paths.root.name}: status")
-    for col in ("round", "stage", "status", "counts", "seconds"):
-        t.add_column(col)
-    for r in existing_rounds(paths):
-        states = read_states(run, r)
-        for s in STAGES:
-            m = read_manifest(paths, r, s)
-            last = states.get(s, {}).get("state")
-            if last == "Failed":
-                label = "[red]failed[/]"
-            elif m is None:
-                if s not in states:
-                    continue
-                label = "missing"
-            else:
-                label = "cached" if last == "Cached" else "done"
-            counts = ", ".join(f"{k}={v}" for k, v in (m.counts if m else {}).items())
-            t.add_row(str(r), s, label, counts, f"{m.seconds:.1f}" if m else "")
+    with _expected_errors(2):  # a malformed manifest or state file is named
+        t = Table(title=f"{paths.root.name}: status")
+        for col in ("round", "stage", "status", "counts", "seconds"):
+            t.add_column(col)
+        for r in existing_rounds(paths):
+            states = read_states(run, r)
+            for s in STAGES:
+                m = read_manifest(paths, r, s)
+                last = states.get(s, {}).get("state")
+                if last == "Failed":
+                    label = "[red]failed[/]"
+                elif m is None:
+                    if s not in states:
+                        continue
+                    label = "missing"
+                else:
+                    label = "cached" if last == "Cached" else "done"
+                counts = ", ".join(f"{k}={v}" for k, v in (m.counts if m else {}).items())
+                t.add_row(str(r), s, label, counts, f"{m.seconds:.1f}" if m else "")
     console.print(t)
 
 
@@ -207,10 +258,8 @@ def report(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
     """Print the round table (pairs, loss, accuracy, eval reward vs round 0) and write report.png."""
     if not (run / "run.json").is_file():
         raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
-    try:
+    with _expected_errors(2):
         _print_rounds(run)
-    except ArtifactError as exc:
-        raise _fail(exc) from None
 
 
 @app.command()
@@ -225,6 +274,13 @@ def serve(
     """
     import os
 
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:  # before any server is contacted; the same check as the server's (Prefect's vendored croniter)
+        CronSchedule(cron=cron, timezone="UTC")
+    except ValueError:  # pydantic's ValidationError
+        raise _fail(ValueError(f"--cron: got {cron!r}; expected a 5-field cron expression in UTC "
+                               "(minute hour day-of-month month day-of-week), e.g. '0 2 * * *'")) from None
     if not os.environ.get("PREFECT_API_URL"):
         raise _fail(ValueError("PREFECT_API_URL is not set: start `prefect server start` and export "
                                "PREFECT_API_URL=http://127.0.0.1:4200/api"))

@@ -1,28 +1,22 @@
-"""Cross-field rules of the pbrl configuration (SPEC §2) and the translation of pydantic errors.
+"""Cross-field rules of the pbrl configuration (SPEC §2).
 
 Each rule is a plain function over a mapping of field values that returns a list of :class:`Problem`.
 A :class:`Rule` also names the fields it reads, so that a rule is skipped when one of its inputs already
 failed type validation (one mistake gives one problem, not a cascade). Range and type checks of single
-fields live on the pydantic fields (``Field(ge=...)``, ``Literal``), where the Prefect UI form sees them;
-:func:`field_problems` turns pydantic's errors into the same ``Problem`` wording as the rules.
+fields live on the pydantic fields (:mod:`pbrl.config_fields`: ``Field(ge=...)``, ``Literal``), where the
+Prefect UI form sees them; :mod:`pbrl.config_errors` gives their errors the same ``Problem`` wording.
 """
 
 from __future__ import annotations
 
 import re
-import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any
 
-import annotated_types
-from pydantic import ValidationError
-from pydantic.fields import FieldInfo
-
-from pbrl.errors import ConfigError, Problem
+from pbrl.errors import Problem
 
 Values = Mapping[str, Any]
-Notice = Callable[[Values], list[str]]
 
 HIDDEN = "<hidden>"
 SECRET_MESSAGE = (
@@ -35,8 +29,17 @@ _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-
 _DEVICE = re.compile(r"^(cpu|cuda|mps|xpu)(:\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_MEMORY_SIZE = re.compile(r"^\d+(\.\d+)?(GiB|MiB|KiB|GB|MB|KB)$", re.IGNORECASE)  # accelerate's sizes
+_MEMORY_DEVICES = ("cpu", "mps", "disk")
+AUTO = "auto"
+# Device options that may be 'auto', by trainer field set (each is read only where that trainer has it).
+_AUTO_FIELDS = ("agent_devices", "comparator_devices", "reference_devices", "reward_model_device", "critic_devices")
 _GROUP_BASELINE = ("magrpo", "mareinforce", "marloo", "maremax")
 _ACTOR_CRITIC = ("maac", "iac")
+# Comparator policies that load a separate copy of some policy on comparator_devices.
+_SEPARATE_COMPARATORS = ("current_copy", "model", "history")
+# Headers that carry an API key: never a config value (the key comes from comparator_api_key_env).
+_KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "proxy-authorization"})
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,14 @@ def import_path_problems(field: str, value: str | list[str] | None) -> list[Prob
 
 
 def device_problems(field: str, spec: str | list[str] | None, num_agents: int | None) -> list[Problem]:
-    """Problems of a device spec: None, one device for all agents, or a list of 1 or ``num_agents`` devices."""
-    if spec is None:
+    """Problems of a device spec: None, one device for all agents, ``'auto'`` (accelerate's device map, given
+    alone), or a list of 1 or ``num_agents`` devices."""
+    if spec is None or spec == AUTO:
         return []
     devices = [spec] if isinstance(spec, str) else list(spec)
+    if AUTO in devices:
+        return [Problem(field, spec, "'auto' places every model with accelerate's device map: give it alone "
+                        f"({field}: auto), not in a list")]
     problems = []
     if any(not _DEVICE.match(d) for d in devices):
         problems.append(Problem(field, spec, "devices look like 'cpu', 'cuda', 'cuda:1' or 'mps'"))
@@ -120,8 +127,11 @@ def _reward_paths(v: Values) -> list[Problem]:
         "reward_processor", v["reward_processor"])
 
 
-@_rule(COMMON_RULES, "reference_devices", "num_agents")
+@_rule(COMMON_RULES, "reference_devices", "num_agents", "reference_kl_enabled")
 def _reference_devices(v: Values) -> list[Problem]:
+    # As in the reference (validate_reference_kl_config): the devices matter only when the KL is on.
+    if not v["reference_kl_enabled"]:
+        return []
     return device_problems("reference_devices", v["reference_devices"], v["num_agents"])
 
 
@@ -145,9 +155,20 @@ def _comparator_models(v: Values) -> list[Problem]:
     if name is None and agents is None:
         return [Problem("comparator_model_name", None, "comparator_policy='model' needs comparator_model_name "
                         "(one model for all agents) or comparator_agents (one per agent)")]
-    if name is not None and agents is not None:
-        return [Problem("comparator_agents", agents, "give comparator_model_name or comparator_agents, not both")]
-    return []
+    return same_model_problems("comparator_agents", agents, "comparator_model_name", name)
+
+
+def same_model_problems(list_field: str, models: list[str] | None, one_field: str, one: str | None) -> list[Problem]:
+    """Both a one-for-all model and a per-agent list may be given only when the list repeats that model (the
+    reference's ``resolve_model_sources``): ``agents: [m, m]`` with ``agent_model: m`` is fine, ``[m, n]`` not."""
+    if models is None or one is None:
+        return []
+    others = sorted({m for m in models if m != one})
+    if not others:
+        return []
+    return [Problem(list_field, models, f"conflicts with {one_field}={one!r} (also names "
+                    f"{', '.join(repr(m) for m in others)}); give {one_field} or {list_field}, or list "
+                    f"{one_field} once per agent")]
 
 
 @_rule(ITERATIVE_RULES, "comparator_policy", "comparator_agents", "num_agents")
@@ -158,10 +179,11 @@ def _comparator_agent_count(v: Values) -> list[Problem]:
     return []
 
 
-@_rule(ITERATIVE_RULES, "comparator_centralized_agent_index", "num_agents")
+@_rule(ITERATIVE_RULES, "comparator_centralized_agent_index", "num_agents", "comparator_generation_mode")
 def _centralized_index(v: Values) -> list[Problem]:
+    # As in the reference: the index is read (and checked) only in centralized comparator generation.
     index, n = v["comparator_centralized_agent_index"], v["num_agents"]
-    if 0 <= index < n:
+    if v["comparator_generation_mode"] != "centralized" or 0 <= index < n:
         return []
     return [Problem("comparator_centralized_agent_index", index, f"must be in [0, num_agents) = [0, {n})")]
 
@@ -195,9 +217,23 @@ def _api_key_env(v: Values) -> list[Problem]:
                     "(letters, digits and '_', e.g. OPENAI_API_KEY), not the key itself")]
 
 
-@_rule(ITERATIVE_RULES, "comparator_devices", "num_agents")
+@_rule(ITERATIVE_RULES, "comparator_devices", "num_agents", "comparator_policy")
 def _comparator_devices(v: Values) -> list[Problem]:
+    # Read only where a separate comparator policy is loaded ('current' samples the live agents).
+    if v["comparator_policy"] not in _SEPARATE_COMPARATORS:
+        return []
     return device_problems("comparator_devices", v["comparator_devices"], v["num_agents"])
+
+
+@_rule(ITERATIVE_RULES, "comparator_api_headers")
+def _api_headers(v: Values) -> list[Problem]:
+    headers = v["comparator_api_headers"] or {}
+    keyed = sorted(h for h in headers if h.strip().lower() in _KEY_HEADERS)
+    if not keyed:
+        return []
+    # The value would be the key: never echo it.
+    return [Problem("comparator_api_headers", HIDDEN, f"header(s) {', '.join(keyed)} would put an API key in the "
+                    "configuration; " + SECRET_MESSAGE)]
 
 
 @_rule(ITERATIVE_RULES, "preference_replay_mode", "preference_replay_k")
@@ -253,6 +289,19 @@ def _critic_fields(v: Values) -> list[Problem]:
             for f in ("critic_model_name", "critic_learning_rate") if v[f] is not None]
 
 
+@_rule(MARLHF_RULES, "rl_algorithm", "critic_devices", "num_agents")
+def _critic_devices(v: Values) -> list[Problem]:
+    if v["rl_algorithm"] not in _ACTOR_CRITIC:
+        return []
+    return device_problems("critic_devices", v["critic_devices"], v["num_agents"])
+
+
+@_rule(MARLHF_RULES, "reward_model_device")
+def _reward_model_device(v: Values) -> list[Problem]:
+    device = v["reward_model_device"]
+    return [] if device is None else device_problems("reward_model_device", device, None)
+
+
 TRAINER_RULES: dict[str, tuple[Rule, ...]] = {
     "madpo": tuple(COMMON_RULES),
     "marlhf": tuple(COMMON_RULES + MARLHF_RULES),
@@ -278,9 +327,7 @@ def _agent_source(v: Values) -> list[Problem]:
     if v["agent_model"] is None and v["agents"] is None:
         return [Problem("agent_model", None, "missing; give agent_model (one model for all agents) or agents "
                         "(one per agent)")]
-    if v["agent_model"] is not None and v["agents"] is not None:
-        return [Problem("agents", v["agents"], "give agent_model or agents, not both")]
-    return []
+    return same_model_problems("agents", v["agents"], "agent_model", v["agent_model"])
 
 
 @_rule(RUN_RULES, "formatters")
@@ -293,6 +340,24 @@ def _agent_devices(v: Values) -> list[Problem]:
     return device_problems("agent_devices", v["agent_devices"], None)
 
 
+@_rule(RUN_RULES, "max_memory")
+def _max_memory(v: Values) -> list[Problem]:
+    memory = v["max_memory"]
+    if memory is None:
+        return []
+    bad_keys = [k for k in memory if not (isinstance(k, int) and k >= 0) and k not in _MEMORY_DEVICES]
+    bad_sizes = [k for k, size in memory.items()
+                 if (isinstance(size, int) and size <= 0) or (isinstance(size, str) and not _MEMORY_SIZE.match(size))]
+    problems = []
+    if bad_keys:
+        problems.append(Problem("max_memory", memory, f"key(s) {', '.join(repr(k) for k in bad_keys)}: keys are a "
+                                "GPU index (0, 1, ...), 'cpu', 'mps' or 'disk' (accelerate's max_memory)"))
+    if bad_sizes:
+        problems.append(Problem("max_memory", memory, f"size(s) of {', '.join(repr(k) for k in bad_sizes)}: sizes "
+                                "are bytes > 0 or a number with a unit: GiB, MiB, KiB, GB, MB, KB (e.g. '2GiB')"))
+    return problems
+
+
 @_rule(RUN_RULES, "lora_r", "lora_target_modules")
 def _lora_modules(v: Values) -> list[Problem]:
     if v["lora_r"] is None and v["lora_target_modules"] is not None:
@@ -303,7 +368,7 @@ def _lora_modules(v: Values) -> list[Problem]:
 @_rule(RUN_RULES, "train_dataset", "eval_dataset")
 def _dataset_suffix(v: Values) -> list[Problem]:
     return [Problem(f, v[f], "must be a .jsonl or .parquet file") for f in ("train_dataset", "eval_dataset")
-            if v[f] is not None and not v[f].lower().endswith((".jsonl", ".parquet"))]
+            if isinstance(v[f], str) and not v[f].lower().endswith((".jsonl", ".parquet"))]
 
 
 @_rule(RUN_RULES, "task", "task_options")
@@ -341,6 +406,23 @@ def _agent_device_count(v: Values) -> list[Problem]:
     return []
 
 
+@_rule(JOB_RULES, "parallel_training", "agent_devices")
+def _parallel_devices(v: Values) -> list[Problem]:
+    if v["parallel_training"] == "mp" and v["agent_devices"] is None:
+        return [Problem("agent_devices", None, "required with parallel_training='mp' (agent i runs on device i); "
+                        "give one device per agent")]
+    return []
+
+
+@_rule(JOB_RULES, "max_memory", "agent_devices")
+def _max_memory_needs_auto(v: Values) -> list[Problem]:
+    # max_memory only bounds accelerate's device map: without an 'auto' device option it would change nothing.
+    if v["max_memory"] is None or any(v.get(f) == AUTO for f in _AUTO_FIELDS):
+        return []
+    return [_only_with("max_memory", v["max_memory"], "a device option set to 'auto' (agent_devices, "
+                       "comparator_devices, reference_devices or reward_model_device)")]
+
+
 @_rule(JOB_RULES, "task", "train_dataset", "formatters", "reward_func")
 def _task_source(v: Values) -> list[Problem]:
     if v["task"] is not None:
@@ -357,116 +439,3 @@ def _task_source(v: Values) -> list[Problem]:
 def job_rules(trainer: str) -> tuple[Rule, ...]:
     """Every rule of a flat job of ``trainer``: the trainer's, the run's and the ones that join them."""
     return TRAINER_RULES[trainer] + tuple(RUN_RULES) + tuple(JOB_RULES)
-
-
-def madpo_kl_notice(v: Values) -> list[str]:
-    """The warning for MADPO configs with ``reference_kl_enabled=True`` (valid, but it adds nothing)."""
-    if not v["reference_kl_enabled"]:
-        return []
-    return [("reference_kl_enabled=True has no effect on MADPO: MADPO is reference-free in pbrl (no reference "
-            "model is loaded), so reference_kl_coef and reference_devices add nothing")]
-
-
-# --------------------------------------------------------------------------- pydantic errors -> Problems
-_BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
-
-
-def field_problems(err: ValidationError, fields: Mapping[str, FieldInfo], data: Values) -> list[Problem]:
-    """One :class:`Problem` per field from pydantic's errors (plus the problems of a wrapped ConfigError).
-
-    The value shown is the raw value given for the field; the message names the allowed values or range
-    (read from the field's annotation and constraints), never pydantic's wording.
-    """
-    grouped: dict[str, list[dict[str, Any]]] = {}
-    problems: list[Problem] = []
-    for error in err.errors():
-        wrapped = (error.get("ctx") or {}).get("error")
-        if isinstance(wrapped, ConfigError):
-            problems.extend(wrapped.problems)
-        else:
-            name = str(error["loc"][0]) if error["loc"] else "config"
-            grouped.setdefault(name, []).append(error)
-    for name, errors in grouped.items():
-        info = fields.get(name)
-        value = data.get(name)  # the raw value given (None when missing)
-        problems.append(Problem(name, value, _message(errors, info)))
-    return problems
-
-
-def _message(errors: list[dict[str, Any]], info: FieldInfo | None) -> str:
-    kinds = {e["type"] for e in errors}
-    if info is None:
-        return "; ".join(e["msg"] for e in errors)
-    if "missing" in kinds:
-        return "missing; this option is required"
-    if "literal_error" in kinds:
-        return "allowed: " + ", ".join(str(c) for c in _literal_choices(info.annotation))
-    if kinds & set(_BOUNDS):
-        return bounds_text(info)
-    if "finite_number" in kinds:
-        return "must be a finite number"
-    if kinds & {"too_short", "string_too_short"}:
-        error = next(e for e in errors if e["type"] in ("too_short", "string_too_short"))
-        return f"item {error['loc'][1]} must not be empty" if len(error["loc"]) > 1 else "must not be empty"
-    return "must be " + describe_type(info.annotation)
-
-
-def bounds_text(info: FieldInfo) -> str:
-    """``'must be > 0'``, ``'must be in [0, 1)'``, ``'must be >= 1 or None'`` from a field's constraints."""
-    low = high = None
-    for m in info.metadata:
-        if isinstance(m, annotated_types.Gt):
-            low = f"> {m.gt}", "(", m.gt
-        elif isinstance(m, annotated_types.Ge):
-            low = f">= {m.ge}", "[", m.ge
-        elif isinstance(m, annotated_types.Lt):
-            high = f"< {m.lt}", ")", m.lt
-        elif isinstance(m, annotated_types.Le):
-            high = f"<= {m.le}", "]", m.le
-    if low and high:
-        text = f"must be in {low[1]}{low[2]}, {high[2]}{high[1]}"
-    else:
-        text = "must be " + (low or high or ("a valid value", "", ""))[0]
-    return text + " or None" if _allows_none(info.annotation) else text
-
-
-def _union_args(tp: Any) -> tuple[Any, ...]:
-    origin = get_origin(tp)
-    if origin is Annotated:
-        return _union_args(get_args(tp)[0])
-    if origin in (Union, types.UnionType):
-        return get_args(tp)
-    return (tp,)
-
-
-def _allows_none(tp: Any) -> bool:
-    return type(None) in _union_args(tp)
-
-
-def _literal_choices(tp: Any) -> list[Any]:
-    choices: list[Any] = []
-    for arg in _union_args(tp):
-        if get_origin(arg) is Literal:
-            choices.extend(get_args(arg))
-    return choices
-
-
-def describe_type(tp: Any) -> str:
-    """Words for an annotation: ``str | list[str] | None`` -> ``'a string, a list of strings or None'``."""
-    parts = [_describe_one(a) for a in _union_args(tp)]
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
-
-
-def _describe_one(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Annotated:
-        return _describe_one(get_args(tp)[0])
-    if origin is list:
-        inner = _describe_one(get_args(tp)[0]) if get_args(tp) else "a value"
-        return "a list of strings" if inner == "a string" else "a list"
-    if origin is dict or tp is dict:
-        return "a mapping"
-    if origin is Literal:
-        return "one of " + ", ".join(str(c) for c in get_args(tp))
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "None"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))

@@ -36,3 +36,31 @@ class OracleError(RuntimeError):
 
 class TransientError(RuntimeError):
     """A failure worth retrying (timeouts, rate limits, 5xx). Anything else is not retried."""
+
+
+class RewardContractError(ValueError):
+    """reward_func broke its contract (e.g. a wrong number of values): a bug in the task, never retried or dropped."""
+
+
+class SamplingError(RuntimeError):
+    """Sampling cannot go on (non-finite logits or probabilities); the message names the agent and item rows."""
+
+
+# Every error above, in one place: the front ends (CLI, Prefect log filter) show these as one `error:` line
+# with no traceback, because their message already says what, where and how to fix. A class added to this
+# module belongs here too; anything else is a bug and keeps its traceback.
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError, ArtifactError, OracleError, TransientError, RewardContractError, SamplingError,
+)
+
+
+def expected_error(exc: BaseException | None) -> Exception | None:
+    """The expected error behind ``exc``: itself, or the nearest one in its ``__cause__``/``__context__``
+    chain (Prefect may re-raise or wrap what a task raised). None when there is none."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, EXPECTED_ERRORS):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -23,6 +23,12 @@ COUNT_METRICS = {  # manifest counts worth a metric row: (stage, count) -> metri
 }
 
 
+EVAL_INTERVAL_COLUMNS = {  # evaluate's interval metrics -> round-table columns
+    "eval/reward_ci_low": "eval_lo", "eval/reward_ci_high": "eval_hi", "eval/paired_diff_mean": "paired",
+    "eval/paired_diff_ci_low": "paired_lo", "eval/paired_diff_ci_high": "paired_hi",
+}
+
+
 def round_rows(paths: RunPaths, round_index: int) -> list[dict]:
     """Metric rows of one round from its manifests (metrics, selected counts and stage seconds)."""
     rows = []
@@ -54,18 +60,24 @@ def metrics_frame(run_dir: str | Path) -> pd.DataFrame:
 
 
 def round_table(run_dir: str | Path) -> pd.DataFrame:
-    """One row per round: pairs, loss, accuracy, eval reward (and its change vs round 0)."""
+    """One row per round: pairs, loss, accuracy, eval reward with its 95 % interval (``eval_lo``, ``eval_hi``),
+    its change vs round 0, and the paired difference to round 0 on the same draws with its interval
+    (``paired``, ``paired_lo``, ``paired_hi``; :mod:`pbrl.stats`). Runs evaluated before the intervals existed
+    show the eval reward from ``eval/turn_1/reward_mean`` and no intervals."""
     df = metrics_frame(run_dir)
     wide = df.pivot_table(index="round_index", columns="metric", values="value", aggfunc="last")
     cols = {
         "pairs/count": "pairs", "iter/train_preference_pairs": "train_pairs", "madpo/loss": "loss",
         "madpo/accuracy": "accuracy", "madpo/margin_mean": "margin", "madpo/skipped_steps": "skipped",
-        "eval/turn_1/reward_mean": "eval_reward",
+        "eval/turn_1/reward_mean": "eval_reward", **EVAL_INTERVAL_COLUMNS,
     }
     table = pd.DataFrame(index=wide.index)
     for src, dst in cols.items():
         table[dst] = wide[src] if src in wide else float("nan")
+    if "eval/reward_mean" in wide:  # the interval's centre: the mean of item means (equal without failures)
+        table["eval_reward"] = wide["eval/reward_mean"].fillna(table["eval_reward"])
     if 0 in table.index and pd.notna(table.loc[0, "eval_reward"]):
-        table["eval_vs_round0"] = table["eval_reward"] - table.loc[0, "eval_reward"]
+        table.insert(table.columns.get_loc("eval_reward") + 1, "eval_vs_round0",
+                     table["eval_reward"] - table.loc[0, "eval_reward"])
     table.index.name = "round"
     return table

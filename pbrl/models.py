@@ -13,7 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import tempfile
 import uuid
+import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ import torch
 
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.packaged import PACKAGED_MODELS, prepare_packaged_model
+from pbrl.placement import AUTO, auto_device_map
 from pbrl.storage import atomic_dir
 
 log = logging.getLogger(__name__)
@@ -128,8 +133,15 @@ def load_model(
     adapter_dir: Path | None = None,
     trainable: bool = False,
     seed: int | None = None,
+    max_memory: Mapping[int | str, int | str] | None = None,
 ) -> Any:
     """Load a causal LM offline from safetensors, optionally with a LoRA adapter; move it to ``device``.
+
+    ``device="auto"`` places it with accelerate's device map instead (:func:`pbrl.placement.auto_device_map`,
+    within ``max_memory``, accelerate's format ``{0: "10GiB", "cpu": "30GiB"}``; None = all free memory): split
+    over the GPUs, frozen weights offloaded to CPU or to a temporary folder on disk (deleted with the model).
+    Trainable parameters, LoRA-wrapped modules and the embeddings are never offloaded; inputs go to
+    ``placement.main_device(model.hf_device_map)``.
 
     Without ``lora``: every parameter is trainable iff ``trainable``. With ``lora`` and ``adapter_dir``:
     the base is frozen and the stored adapter (its settings must equal ``lora``) is trainable iff
@@ -138,26 +150,50 @@ def load_model(
     mode iff ``trainable``. Missing ``config.pad_token_id`` / ``generation_config.pad_token_id`` are
     filled from the tokenizer (pad, else EOS).
 
+    ``dtype`` is the dtype of *frozen* weights. Trainable parameters are always float32 master weights
+    (a fully fine-tuned model is loaded in float32; a LoRA adapter is float32 over a base in ``dtype``).
+    bfloat16 keeps 8 significant bits, so an AdamW step of about lr = 5e-6 on a bfloat16 weight larger
+    than about 1.3e-3 rounds back to the same value: trained in bfloat16, most weights and every norm
+    weight (≈ 1.0, spacing 2^-7) stayed unchanged after a round.
+
     Raises:
         ValueError: ``adapter_dir`` without ``lora``; a fresh adapter without ``seed``; unknown ``dtype``.
         ArtifactError: the adapter folder is missing or was built with other LoRA settings.
+        ConfigError: ``device="auto"`` would offload weights of a fully fine-tuned trainable model.
     """
     from transformers import AutoModelForCausalLM
 
     if adapter_dir is not None and lora is None:
         raise ValueError(f"adapter_dir={adapter_dir} given without LoRA settings (lora_r)")
     src = _local(source)
+    weights_dtype = torch_dtype(dtype)
+    if trainable and lora is None:
+        weights_dtype = torch.float32  # every weight is trainable: all of them are master weights
+    placement: dict[str, Any] = {}
+    if device == AUTO:
+        device_map = auto_device_map(src, dtype=weights_dtype, max_memory=max_memory, trainable=trainable,
+                                     lora_targets=None if lora is None else tuple(lora.target_modules))
+        placement["device_map"] = device_map
+        if "disk" in device_map.values():
+            placement["offload_folder"] = tempfile.mkdtemp(prefix="pbrl-offload-")
     with torch.random.fork_rng(devices=[]):
         model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=torch_dtype(dtype), local_files_only=True, use_safetensors=True
+            src, dtype=weights_dtype, local_files_only=True, use_safetensors=True, **placement
         )
+        if "offload_folder" in placement:
+            weakref.finalize(model, shutil.rmtree, placement["offload_folder"], True)
+        if device == AUTO and getattr(model, "hf_device_map", None) is None:
+            model.hf_device_map = dict(placement["device_map"])  # transformers omits a one-device map
         _fill_pad_ids(model, src)
         if lora is None:
             model.requires_grad_(trainable)
         else:
             model = _with_lora(model, lora, adapter_dir, trainable=trainable, seed=seed)
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()  # float32 master weights for whatever trains
     model.train(trainable)
-    return model.to(device)
+    return model if device == AUTO else model.to(device)
 
 
 def _fill_pad_ids(model: Any, src: Path) -> None:
@@ -178,7 +214,23 @@ def _with_lora(
 
     if adapter_dir is not None:
         _check_adapter(Path(adapter_dir), lora)
-        return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
+        if getattr(model, "hf_device_map", None) is None:
+            return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
+        # Placed by accelerate (device="auto"): PeftModel.from_pretrained would re-dispatch the model with a
+        # device map of its own, offloading the adapted modules too; wrap it in place and load the weights.
+        from peft import PeftConfig, load_peft_weights, set_peft_model_state_dict
+
+        peft_model = get_peft_model(model, PeftConfig.from_pretrained(str(adapter_dir)))
+        result = set_peft_model_state_dict(peft_model, load_peft_weights(str(adapter_dir), device="cpu"))
+        missing = [k for k in result.missing_keys if "lora_" in k]
+        if missing or result.unexpected_keys:
+            raise ArtifactError(f"{adapter_dir}: adapter weights do not fit the model (missing {missing[:3]}, "
+                                f"unexpected {list(result.unexpected_keys)[:3]})")
+        peft_model.requires_grad_(False)
+        if trainable:
+            for name, param in peft_model.named_parameters():
+                param.requires_grad_("lora_" in name)
+        return peft_model
     if seed is None:
         raise ValueError(
             "a fresh LoRA adapter needs a seed; or pass adapter_dir written by init_lora_adapter"
@@ -195,6 +247,50 @@ def _with_lora(
     if not trainable:
         peft_model.requires_grad_(False)
     return peft_model
+
+
+def lora_module_names(model: torch.nn.Module) -> set[str]:
+    """Names a LoRA ``target_modules`` entry may use for ``model``: every module that peft can adapt
+    (``nn.Linear``, ``nn.Embedding``, ``nn.Conv1d/2d/3d``, transformers ``Conv1D``), by its full dotted
+    name and by each dotted suffix of it (peft matches an entry ``e`` to a module named ``n`` when
+    ``n == e`` or ``n`` ends with ``"." + e``).
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    adaptable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
+    names: set[str] = set()
+    for name, module in model.named_modules():
+        if name and isinstance(module, adaptable):
+            parts = name.split(".")
+            names.update(".".join(parts[i:]) for i in range(len(parts)))
+    return names
+
+
+def check_lora_target_modules(model_source: str | Path, target_modules: list[str] | tuple[str, ...]) -> list[str]:
+    """The entries of ``target_modules`` (``lora_target_modules``) that name no adaptable module of the
+    model, in the given order, each once. An empty list means every entry adapts at least one module.
+
+    peft raises on an entry only when *no* entry matches, and silently ignores the unknown ones otherwise
+    (``[q_proj, q_projx]`` adapts ``q_proj`` only); this check catches both before training starts.
+    Only the config is read: the model is built on the meta device (``accelerate.init_empty_weights``),
+    so no weights are loaded and it takes well under a second even for large models.
+
+    Args:
+        model_source: anything :func:`resolve_model_source` accepts (a packaged model is converted if it
+            has not been yet).
+        target_modules: module names, e.g. ``["q_proj", "v_proj"]`` or ``["layers.0.self_attn.q_proj"]``.
+
+    Raises:
+        ConfigError: the source cannot be resolved (see :func:`resolve_model_source`).
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(_local(model_source), local_files_only=True)
+    with torch.random.fork_rng(devices=[]), init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    known = lora_module_names(model)
+    return [name for name in dict.fromkeys(target_modules) if name not in known]
 
 
 def _check_adapter(adapter_dir: Path, lora: LoraSettings) -> None:
@@ -252,8 +348,10 @@ def load_policy(
     device: str = "cpu",
     dtype: str = "float32",
     trainable: bool = False,
+    max_memory: Mapping[int | str, int | str] | None = None,
 ) -> Any:
     """Load agent weights: "agent i at round r" is the base source plus a checkpoint folder.
+    ``device`` and ``max_memory`` as in :func:`load_model` (``"auto"``: accelerate's device map).
 
     - no LoRA, ``checkpoint_dir`` None: the base weights;
     - no LoRA, ``checkpoint_dir``: a full ``save_pretrained`` folder written by :func:`save_agent`;
@@ -266,13 +364,13 @@ def load_policy(
     """
     if lora is None:
         if checkpoint_dir is None:
-            return load_model(base_source, device=device, dtype=dtype, trainable=trainable)
+            return load_model(base_source, device=device, dtype=dtype, trainable=trainable, max_memory=max_memory)
         checkpoint_dir = Path(checkpoint_dir)
         if (checkpoint_dir / "adapter_config.json").is_file():
             raise ArtifactError(f"{checkpoint_dir}: holds a LoRA adapter, but LoRA is off (lora_r unset)")
         if not (checkpoint_dir / "config.json").is_file():
             raise ArtifactError(f"{checkpoint_dir / 'config.json'}: missing; not a full model checkpoint")
-        return load_model(checkpoint_dir, device=device, dtype=dtype, trainable=trainable)
+        return load_model(checkpoint_dir, device=device, dtype=dtype, trainable=trainable, max_memory=max_memory)
     if checkpoint_dir is None:
         raise ValueError(
             "a LoRA policy loads from an adapter folder; pass the one written by init_lora_adapter"
@@ -284,6 +382,7 @@ def load_policy(
         lora=lora,
         adapter_dir=Path(checkpoint_dir),
         trainable=trainable,
+        max_memory=max_memory,
     )
 
 
@@ -295,7 +394,8 @@ def resolve_devices(spec: str | list[str] | None, n: int, *, field: str = "agent
     """One torch device string per agent (``n`` of them).
 
     None -> ``"cuda:0"`` if CUDA is available else ``"cpu"`` for all; a string -> the same for all; a
-    one-element list -> broadcast; an ``n``-element list -> one per agent.
+    one-element list -> broadcast; an ``n``-element list -> one per agent. ``"auto"`` stays ``"auto"``
+    (:func:`load_model` places the model with accelerate's device map).
 
     Raises:
         ValueError: naming ``field``, for another list length or a string torch cannot parse as a device.
@@ -308,6 +408,8 @@ def resolve_devices(spec: str | list[str] | None, n: int, *, field: str = "agent
     if len(devices) != n:
         raise ValueError(f"{field}: got {len(devices)} devices {devices!r}; give 1 or num_agents={n}")
     for i, device in enumerate(devices):
+        if device == AUTO:
+            continue
         try:
             torch.device(device)
         except (RuntimeError, TypeError) as exc:

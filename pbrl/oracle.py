@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import numpy as np
 
-from pbrl.errors import TransientError
+from pbrl.errors import RewardContractError, TransientError
 
-
-class RewardContractError(ValueError):
-    """reward_func broke its contract (wrong number of values): a bug in the task, never retried or dropped."""
+__all__ = ["OracleScore", "RewardContractError", "as_real", "call_reward_func", "is_transient", "score_batch"]
 
 
 @dataclass(frozen=True)
@@ -88,24 +88,51 @@ def call_reward_func(
     return list(out)
 
 
+def as_real(value: Any) -> float | None:
+    """``value`` as a Python float when it is a real number, else None.
+
+    Accepted: Python ``int``/``float``, every ``numbers.Real`` (numpy scalars such as ``np.float32(0.5)`` and
+    ``np.int64(1)`` register there), and 0-d arrays or tensors holding one (``np.array(0.5)``,
+    ``torch.tensor(0.5)``). Booleans (``True``, ``np.bool_``) are refused on purpose: a pass/fail verdict
+    returned as a reward is usually a bug in the reward function; return ``float(passed)`` to mean 0/1.
+    Complex numbers, strings, ``None`` and arrays with more than one element are refused.
+    """
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()  # 0-d numpy array / torch tensor -> Python scalar
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return None
+
+
+def _not_a_number(what: str, value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)) or getattr(value, "dtype", None) == np.bool_:
+        return f"{what} is a bool ({value!r}); return a number, e.g. float(passed)"
+    return f"{what} is not a real number: {value!r}"[:200]
+
+
 def _to_score(value: Any, processor: Callable[[float], float] | None) -> OracleScore:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return OracleScore(None, None, f"reward is not a number: {value!r}"[:200])
-    raw = float(value)
+    raw = as_real(value)
+    if raw is None:
+        return OracleScore(None, None, _not_a_number("reward", value))
     if not math.isfinite(raw):
         return OracleScore(None, None, f"reward is not finite: {raw!r}")
     if processor is None:
         return OracleScore(raw, raw)
     try:
-        processed = processor(raw)
+        out = processor(raw)
     except Exception as exc:
         if is_transient(exc):
             raise
         # Only the exception type is stored: its message may quote data or secrets (files are shared).
         return OracleScore(raw, None, f"reward_processor raised {type(exc).__name__}")
-    if isinstance(processed, bool) or not isinstance(processed, (int, float)) or not math.isfinite(processed):
-        return OracleScore(raw, None, f"reward_processor returned {processed!r}"[:200])
-    return OracleScore(raw, float(processed))
+    processed = as_real(out)
+    if processed is None:
+        return OracleScore(raw, None, _not_a_number("reward_processor result", out))
+    if not math.isfinite(processed):
+        return OracleScore(raw, None, f"reward_processor returned a non-finite value: {processed!r}")
+    return OracleScore(raw, processed)
 
 
 def score_batch(

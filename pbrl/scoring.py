@@ -11,6 +11,7 @@ Shape legend: b batch (sequences), t tokens, c completion positions kept (the lo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
@@ -64,6 +65,7 @@ def sequence_logprobs(
     *,
     pad_token_id: int,
     padding_side: Literal["left", "right"] = "left",
+    dropout: bool = False,
 ) -> torch.Tensor:
     """Sum of the log-probs of every completion token given the prompt and the earlier completion tokens.
 
@@ -72,7 +74,9 @@ def sequence_logprobs(
     ``pad_token_id`` only fills the padding (the masks come from the lengths, so it may equal the EOS id).
     Position ids are ``cumsum(attention_mask) − 1`` (clamped at 0), so a padded row sees the same
     positions as when scored alone. Dropout is off for the call (every submodule is put in eval mode and
-    restored afterwards); gradients flow when called with grad enabled, so training can use it. Logits are
+    restored afterwards) unless ``dropout`` is true, when the modules keep the modes the caller set (a
+    training forward: :func:`pbrl.madpo.training_forward` seeds the masks); gradients flow when called
+    with grad enabled, so training can use it. Logits are
     computed only at the positions that predict completion tokens (the model's ``logits_to_keep``, as a
     (b, c) tensor of positions, supported by transformers ≥ 5 causal LMs), never over the prompt.
 
@@ -83,6 +87,7 @@ def sequence_logprobs(
         completion_ids: b token-id lists; may be empty.
         pad_token_id: the id written into padding positions (any valid id; never used to infer masks).
         padding_side: ``"left"`` (all rows end at the last column) or ``"right"``; the values agree.
+        dropout: keep the model's own train/eval modes instead of forcing eval mode.
 
     Returns:
         (b,) float64 tensor on the model's device, in nats (≤ 0): per-token log-probs in float32, summed
@@ -122,7 +127,7 @@ def sequence_logprobs(
     targets = input_ids.gather(1, keep + 1)  # (b, c)
     valid = steps[None, :] < completion_lens[:, None]  # (b, c)
 
-    with eval_mode(model):
+    with contextlib.nullcontext() if dropout else eval_mode(model):
         logits = model(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),

@@ -1,4 +1,8 @@
-"""What every stage does around its work: resolve the run, and write the manifest last."""
+"""What every stage does around its work: resolve the run, and write the manifest last.
+
+The code version and cache key of the run are added to the manifest by whoever ran the stage under a key
+(``flows.cache.run_recorded``): the code version is computed where the stages are known.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 
 from pbrl.config import JobConfig
 from pbrl.run import stage_config_hash
-from pbrl.storage import RunPaths, StageManifest, code_version, hash_files, write_manifest
+from pbrl.storage import RunPaths, StageManifest, hash_files, write_manifest
 
 log = logging.getLogger("pbrl.stages")
 
@@ -41,7 +45,6 @@ class StageRecord:
             stage=self.stage,
             round_index=self.round_index,
             config_hash=stage_config_hash(self.job),
-            code_version=code_version(),
             inputs=hash_files(self.paths, list(inputs)),
             outputs=hash_files(self.paths, list(outputs)),
             counts=self.counts,
@@ -51,3 +54,10 @@ class StageRecord:
             seconds=round(time.perf_counter() - self.started, 3),
         )
         return write_manifest(self.paths, manifest)
+
+
+def job_replay_dir(paths: RunPaths, job: JobConfig) -> Path:
+    """The replay folder of ``job``'s run: ``preference_replay_dir`` (iterative trainers) or ``<run>/replay``."""
+    from pbrl.replay_store import replay_dir
+
+    return replay_dir(paths.root, getattr(job, "preference_replay_dir", None))  # base trainers lack the option

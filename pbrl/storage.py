@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -128,6 +127,29 @@ def hash_path(path: Path) -> str:
     return h.hexdigest()
 
 
+def remove_stale_temporaries(paths: RunPaths) -> list[str]:
+    """Delete the ``.tmp-*`` files and folders (and ``.old-*`` folders of :func:`replace_dir`) anywhere in the
+    run folder: a process killed between creating one and its rename leaves it behind, and nothing reads it.
+
+    Call only when the run is reopened (no other process writes into it then).
+
+    Returns:
+        The run-relative paths removed, sorted.
+    """
+    removed = []
+    for dirpath, dirnames, filenames in os.walk(paths.root):
+        base = Path(dirpath)
+        for name in [d for d in dirnames if d.startswith((".tmp-", ".old-"))]:
+            shutil.rmtree(base / name, ignore_errors=True)
+            dirnames.remove(name)  # not walked into: it is gone
+            removed.append((base / name).relative_to(paths.root).as_posix())
+        for name in filenames:
+            if name.startswith(".tmp-"):
+                (base / name).unlink(missing_ok=True)
+                removed.append((base / name).relative_to(paths.root).as_posix())
+    return sorted(removed)
+
+
 # ---------------------------------------------------------------------------------------------- layout
 class RunPaths:
     """The fixed layout of one run folder (SPEC §3). Paths only; nothing is read or created."""
@@ -170,6 +192,19 @@ class RunPaths:
         return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
 
 
+def read_run_id(paths: RunPaths) -> str:
+    """The run's identity: the UUID in run.json (SPEC §3). A folder moved or copied keeps it; no path is
+    part of it.
+
+    Raises:
+        ArtifactError: run.json is missing or malformed, or has no ``run_id`` (a resume writes one).
+    """
+    run_id = read_json(paths.run_json).get("run_id")
+    if not isinstance(run_id, str) or not run_id:
+        raise ArtifactError(f"{paths.run_json}: no run_id (resume the run once to give it one)")
+    return run_id
+
+
 # ---------------------------------------------------------------------------------------------- manifests
 class StageManifest(BaseModel):
     """What a stage did: written last, so a stage folder without its manifest is incomplete."""
@@ -179,7 +214,8 @@ class StageManifest(BaseModel):
     stage: str
     round_index: int
     config_hash: str
-    code_version: str
+    code_version: str = Field("", description="pbrl version + hash of the sources that stages run")
+    cache_key: str = Field("", description="the stage run's cache key (flows/cache.py); empty: never valid")
     inputs: dict[str, str] = Field(default_factory=dict, description="run-relative path -> content hash")
     outputs: dict[str, str] = Field(default_factory=dict, description="run-relative path -> content hash")
     counts: dict[str, int] = Field(default_factory=dict)
@@ -220,27 +256,6 @@ def outputs_intact(paths: RunPaths, manifest: StageManifest) -> bool:
         if not p.exists() or hash_path(p) != digest:
             return False
     return True
-
-
-# Front-end modules that never change what a stage writes: editing them must not invalidate stage caches.
-_FRONT_END = {"cli.py", "report.py", "trainers.py", "orchestration.py", "progress.py", "metrics.py"}
-
-
-@functools.cache
-def code_version() -> str:
-    """Package version + a hash of the library and stage sources that stages run (Prefect's TASK_SOURCE
-    sees only a task's own function, not the helpers it calls)."""
-    import pbrl
-    import stages
-
-    h = hashlib.sha256(pbrl.__version__.encode())
-    for pkg in (pbrl, stages):
-        base = Path(pkg.__file__).parent
-        for f in sorted(base.rglob("*.py")):
-            if pkg is pbrl and f.relative_to(base).as_posix() in _FRONT_END:
-                continue
-            h.update(f.relative_to(base).as_posix().encode() + f.read_bytes())
-    return f"{pbrl.__version__}+{h.hexdigest()[:12]}"
 
 
 def record_state(run_dir: str | Path, round_index: int, stage: str, state: str, message: str | None) -> None:

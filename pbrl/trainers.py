@@ -12,9 +12,8 @@ module-level functions are also recorded by import path so that ``pbrl stage`` c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,11 @@ from pbrl.config import (
     TrainerConfig,
     make_job,
 )
+from pbrl.item_sources import DatasetSpec
 from pbrl.tasks import Task
 
 __all__ = [
-    "MADPOConfig", "MADPOIterConfig", "MARLHFConfig", "MARLHFIterConfig",
+    "MADPOConfig", "MADPOIterConfig", "MARLHFConfig", "MARLHFIterConfig", "DatasetSpec",
     "MADPOTrainer", "MADPOIterTrainer", "MARLHFTrainer", "MARLHFIterTrainer", "TrainResult",
 ]
 
@@ -59,6 +59,17 @@ def _as_config_value(value: Any) -> Any:
     return _import_path(value) if callable(value) else None
 
 
+def _dataset_config_value(value: Any) -> Any:
+    """The config value of a ``train_dataset`` / ``eval_dataset`` argument: a path as text, a dataset spec
+    (:class:`~pbrl.item_sources.DatasetSpec` or a mapping of its fields, validated with the config), else
+    None: in-memory items (a list of dicts, a ``datasets.Dataset``) stay in this process."""
+    if isinstance(value, (str, Path)):
+        return str(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value if isinstance(value, DatasetSpec) else None
+
+
 def _train(
     trainer: str,
     config: TrainerConfig,
@@ -77,7 +88,7 @@ def _train(
 ) -> TrainResult:
     from pbrl import orchestration
     from pbrl.metrics import round_table
-    from pbrl.run import prepare_run, resolve_task
+    from pbrl.run import IN_PROCESS_TASK, generated_run_name, prepare_run, resolve_task
 
     # What can be written as config values is (so CLI reruns work); callables and in-memory datasets stay
     # in this process as an attached task.
@@ -85,17 +96,17 @@ def _train(
     fn_paths = {k: _as_config_value(v) for k, v in given.items() if v is not None}
     formatter_paths = [_as_config_value(f) for f in formatters] if formatters else None
     run = {
-        "trainer": trainer, "run_name": run_name or f"{trainer}-{datetime.now(UTC):%Y%m%d-%H%M%S}",
+        "trainer": trainer, "run_name": run_name or generated_run_name(trainer),
         "agents": list(agents) if agents else None, "agent_model": agent_model, "task": task,
-        "train_dataset": _as_config_value(train_dataset) if isinstance(train_dataset, (str, Path)) else None,
-        "eval_dataset": _as_config_value(eval_dataset) if isinstance(eval_dataset, (str, Path)) else None,
+        "train_dataset": _dataset_config_value(train_dataset),
+        "eval_dataset": _dataset_config_value(eval_dataset),
         "formatters": formatter_paths if formatter_paths and all(formatter_paths) else None,
         **run_options,
     }
     in_process = any(callable(v) for v in (reward_func, reward_processor, *(formatters or ()))) or (
         train_dataset is not None and run["train_dataset"] is None)
     if in_process and task is None and not (run["train_dataset"] and run["formatters"] and fn_paths.get("reward_func")):
-        run["task"] = "python"  # a label: the task lives in this process (pbrl.run.attach_task)
+        run["task"] = IN_PROCESS_TASK  # a label: the task lives in this process (pbrl.run.attach_task)
     job = make_job(run, config.model_copy(update={k: v for k, v in fn_paths.items() if v}))
     attached = None
     if in_process:
@@ -111,8 +122,8 @@ def _train(
             eval_items=base.eval_items if base else (),
         )
     prepare_run(job, resume=resume, task=attached,
-                train_items=None if isinstance(train_dataset, (str, Path)) else train_dataset,
-                eval_items=None if isinstance(eval_dataset, (str, Path)) else eval_dataset)
+                train_items=train_dataset if run["train_dataset"] is None else None,
+                eval_items=eval_dataset if run["eval_dataset"] is None else None)
     out = orchestration.train(job, resume=True)
     run_dir = Path(out["run_dir"])
     return TrainResult(run_dir=run_dir, stages=out["stages"], messages=out["messages"], rounds=round_table(run_dir))

@@ -11,6 +11,7 @@ from types import ModuleType
 from stages import (
     build_pairs,
     evaluate,
+    fit_reward_model,
     replay_select,
     sample_candidates,
     score_with_oracle,
@@ -20,6 +21,6 @@ from stages import (
 
 STAGE_MODULES: dict[str, ModuleType] = {
     m.NAME: m
-    for m in (sample_candidates, score_with_oracle, build_pairs, store_round, replay_select, update_policies,
-              evaluate)
+    for m in (sample_candidates, score_with_oracle, build_pairs, store_round, replay_select, fit_reward_model,
+              update_policies, evaluate)
 }

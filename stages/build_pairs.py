@@ -12,7 +12,9 @@ from pathlib import Path
 
 from pbrl.config import JobConfig, is_iterative
 from pbrl.pairs import Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
-from pbrl.schema import PAIRS, SCORES, read_joint_responses, read_rows, write_table
+from pbrl.policies import PolicySource
+from pbrl.reward_model import is_marlhf, joint_template_for, pair_joint_ids_path, pair_joint_rows
+from pbrl.schema import PAIR_JOINT_IDS, PAIRS, SCORES, read_joint_responses, read_rows, write_table
 from pbrl.seeds import numpy_rng
 from pbrl.stagekit import StageRecord
 from pbrl.storage import RunPaths, StageManifest
@@ -61,11 +63,26 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     write_table(paths.pairs(round_index), rows, PAIRS)
     record.counts = {"pairs": len(rows), "rejected_empty": rejected, "items_without_pairs": no_pair_items,
                      "items": len(item_order)}
+    outputs = [paths.pairs(round_index)]
+    if is_marlhf(job.trainer):  # the reward model's joint input ids, stored with the pairs (SPEC §5.6)
+        outputs.append(_write_joint_ids(paths, round_index, job, rows, record))
     if rejected:
         record.say(f"{rejected} pair(s) rejected: a winner or loser has an empty completion")
     if not rows:
         record.say("no preference pairs this round: every comparison tied or was rejected")
-    return record.finish(input_files(paths, round_index, job), [paths.pairs(round_index)])
+    return record.finish(input_files(paths, round_index, job), outputs)
+
+
+def _write_joint_ids(paths: RunPaths, round_index: int, job: JobConfig, rows: list[dict], record: StageRecord
+                     ) -> Path:
+    source = PolicySource.from_job(job)
+    template, _ = joint_template_for(job.reward_model_name or source.models[0], source.models)
+    joint = pair_joint_rows(rows, template, job.reward_max_length)
+    path = pair_joint_ids_path(paths.round_dir(round_index))
+    write_table(path, joint, PAIR_JOINT_IDS)
+    record.counts["joint_ids_dropped_too_long"] = sum(j["dropped"] is not None for j in joint)
+    record.counts["joint_prompt_tokens_cut"] = sum(j["prompt_tokens_cut"] for j in joint)
+    return path
 
 
 def _has_empty(joint: dict, item_id: str, pair: Pair) -> bool:

@@ -1,29 +1,77 @@
 """Stage 8, evaluate: the current policies on the first ``eval_num_samples`` evaluation items (SPEC §4.8).
 
-One sampled completion per agent per item (its own seed stream), scored with the task reward
-(``reward_func`` + ``reward_processor``), never with a learned reward model. Round 0 is the baseline of
-the initial policies; round r evaluates the policy after round r's update.
+``eval_samples_per_item`` sampled completions per agent per item, each draw with its own seed from
+``(run seed, stage, agent, item, sample)`` and *not* from the round, so every round samples with the same
+seeds and round r is compared with round 0 on the same draws (common random numbers: the uniforms are
+shared, only the policy differs). ``eval_batch_size`` rows per generate call, as the reference's eval
+dataloader batch, which does not change the sampled tokens. Each joint response is scored with the task
+reward (``reward_func`` + ``reward_processor``), never with a learned reward model. Round 0 is the baseline
+of the initial policies; round r evaluates the policy after round r's update.
+
+Rows of ``eval.parquet`` are item-major: the s-th row of an item is its sample s (:func:`sample_keys`).
+Metrics (:mod:`pbrl.stats`, item-level bootstrap): ``eval/reward_mean`` with ``eval/reward_ci_low/high``, and
+from round 1 on, when round 0 was evaluated, the paired difference to round 0 over the shared draws,
+``eval/paired_diff_mean`` with ``eval/paired_diff_ci_low/high``. The manifest counts the evaluation items that
+also occur among the training items (same content, ids aside): held-out evaluation needs 0.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from pbrl.config import JobConfig
 from pbrl.oracle import score_batch
-from pbrl.policies import load_agent, policy_checkpoint
+from pbrl.policies import PolicySource, load_agent, policy_checkpoint
 from pbrl.run import format_prompts, read_items, resolve_task
-from pbrl.sampling import encode_prompt, generate
-from pbrl.schema import EVAL, write_table
+from pbrl.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.schema import EVAL, read_rows, write_table
 from pbrl.seeds import derive_seed
 from pbrl.stagekit import StageRecord
+from pbrl.stats import SampleKey, mean_interval, paired_difference
 from pbrl.storage import RunPaths, StageManifest
 
 NAME = "evaluate"
+BASELINE_ROUND = 0
 
 
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
-    return [paths.items, policy_checkpoint(paths, round_index)]
+    files = [paths.items, policy_checkpoint(paths, round_index)]
+    if round_index > BASELINE_ROUND and paths.eval(BASELINE_ROUND).is_file():  # the paired baseline
+        files.append(paths.eval(BASELINE_ROUND))
+    return files
+
+
+def eval_seed(seed: int, agent: int, item_id: str, sample: int) -> int:
+    """The sampling seed of one evaluation draw: the same in every round (round 0's key is used throughout)."""
+    return derive_seed(seed, round_index=BASELINE_ROUND, stage=NAME, side="eval", agent=agent, item=item_id,
+                       index=sample)
+
+
+def sample_keys(item_ids: Sequence[str]) -> list[SampleKey]:
+    """``(item_id, s)`` of each row, s = how many earlier rows have the same item (rows are item-major)."""
+    seen: dict[str, int] = {}
+    keys = []
+    for item_id in item_ids:
+        keys.append((item_id, seen.get(item_id, 0)))
+        seen[item_id] = seen.get(item_id, 0) + 1
+    return keys
+
+
+def items_seen_in_training(eval_items: Sequence[dict], train_items: Sequence[dict]) -> list[str]:
+    """Ids of the evaluation items whose content (every field but ``item_id``) equals a training item's."""
+    def content(item: dict) -> str:
+        return json.dumps({k: v for k, v in item.items() if k != "item_id"}, sort_keys=True, default=str)
+
+    train = {content(item) for item in train_items}
+    return [item["item_id"] for item in eval_items if content(item) in train]
+
+
+def rewards_by_draw(rows: Sequence[dict]) -> dict[SampleKey, float]:
+    """``{(item_id, s): reward}`` of an eval table's rows whose reward did not fail."""
+    keys = sample_keys([row["item_id"] for row in rows])
+    return {key: row["reward"] for key, row in zip(keys, rows, strict=True) if row["failure"] is None}
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
@@ -31,40 +79,64 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     paths = record.paths
     task = resolve_task(job, paths.root)
     items = read_items(paths, "eval")[: job.eval_num_samples]
+    draws = [(item, s) for item in items for s in range(job.eval_samples_per_item)]  # item-major rows
     checkpoint = policy_checkpoint(paths, round_index)
+    settings = SamplingSettings(max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
+                                top_k=job.top_k, batch_size=job.eval_batch_size)  # rows per generate call
     prompts, completions = [], []
     for agent in range(job.num_agents):
-        agent_prompts = format_prompts(task.formatters[agent], items, agent)
-        policy = load_agent(job, paths, agent, checkpoint, trainable=False)
-        seeds = [derive_seed(job.seed, round_index=round_index, stage=NAME, side="eval", agent=agent,
-                             item=item["item_id"]) for item in items]
-        gens = generate(
-            policy.model, policy.tokenizer, [encode_prompt(policy.tokenizer, p) for p in agent_prompts], seeds,
-            max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p, top_k=job.top_k,
-            batch_size=job.generation_batch_size,
-        )
+        agent_prompts = format_prompts(task.formatters[agent], [item for item, _ in draws], agent)
+        policy = load_agent(PolicySource.from_job(job), agent, checkpoint, trainable=False)
+        seeds = [eval_seed(job.seed, agent, item["item_id"], s) for item, s in draws]
+        names = [f"agent {agent}, eval item {item['item_id']!r}, sample {s}" for item, s in draws]
+        gens = generate(policy.model, policy.tokenizer, [encode_prompt(policy.tokenizer, p) for p in agent_prompts],
+                        seeds, settings, row_names=names)
         prompts.append(agent_prompts)
         completions.append(gens)
         del policy
     scores = score_batch(
         task.reward_func, task.reward_processor, [[g.text for g in gens] for gens in completions],
-        prompts=[[prompts[a][j] for a in range(job.num_agents)] for j in range(len(items))],
-        batch_items=items,
-    ) if items else []
+        prompts=[[prompts[a][j] for a in range(job.num_agents)] for j in range(len(draws))],
+        batch_items=[item for item, _ in draws],
+    ) if draws else []
     rows = [
         {"item_id": item["item_id"], "prompts": [prompts[a][j] for a in range(job.num_agents)],
          "completions": [completions[a][j].text for a in range(job.num_agents)],
          "completion_ids": [completions[a][j].completion_ids for a in range(job.num_agents)],
          "finish_reasons": [completions[a][j].finish_reason for a in range(job.num_agents)],
+         "stop_token_ids": [completions[a][j].stop_token_id for a in range(job.num_agents)],
          "raw_reward": s.raw, "reward": s.reward, "failure": s.failure}
-        for j, (item, s) in enumerate(zip(items, scores, strict=True))
+        for j, ((item, _), s) in enumerate(zip(draws, scores, strict=True))
     ]
     write_table(paths.eval(round_index), rows, EVAL)
-    rewards = [s.reward for s in scores if s.ok]
-    record.counts = {"items": len(items), "failed": len(items) - len(rewards)}
-    if rewards:
-        mean = sum(rewards) / len(rewards)
-        # Single turn: the expected return equals the mean reward (the reference logs both).
-        record.metrics = {"eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean}
-    record.details = {"checkpoint": paths.rel(checkpoint)}
+    seen = items_seen_in_training(items, read_items(paths, "train"))
+    rewards = rewards_by_draw(rows)
+    record.counts = {"items": len(items), "samples": len(rows), "failed": len(rows) - len(rewards),
+                     "items_seen_in_training": len(seen)}
+    if seen:
+        record.say(f"{len(seen)} of {len(items)} evaluation items are also training items (e.g. {seen[0]!r}): "
+                   "this evaluation is not held out; give eval_dataset or a task with its own eval items")
+    record.metrics = summary_metrics(paths, round_index, job.seed, rewards)
+    record.details = {"checkpoint": paths.rel(checkpoint), "samples_per_item": job.eval_samples_per_item}
     return record.finish(input_files(paths, round_index, job), [paths.eval(round_index)])
+
+
+def summary_metrics(paths: RunPaths, round_index: int, seed: int, rewards: dict[SampleKey, float]
+                    ) -> dict[str, float]:
+    """Mean reward with its interval, and the paired difference to round 0 from round 1 on ({} without rewards)."""
+    if not rewards:
+        return {}
+    boot_seed = derive_seed(seed, round_index=round_index, stage=NAME, side="bootstrap")
+    now = mean_interval(rewards, seed=boot_seed)
+    plain = sum(rewards.values()) / len(rewards)
+    # Single turn: the expected return equals the mean reward (the reference logs both; mean over draws).
+    metrics = {"eval/turn_1/reward_mean": plain, "eval/turn_1/expected_return": plain,
+               "eval/reward_mean": now.mean, "eval/reward_ci_low": now.low, "eval/reward_ci_high": now.high}
+    baseline_file = paths.eval(BASELINE_ROUND)
+    if round_index > BASELINE_ROUND and baseline_file.is_file():
+        baseline = rewards_by_draw(read_rows(baseline_file, EVAL))
+        if any(key in baseline for key in rewards):  # else round 0 drew other items (e.g. fewer samples)
+            diff = paired_difference(rewards, baseline, seed=boot_seed)
+            metrics |= {"eval/paired_diff_mean": diff.mean, "eval/paired_diff_ci_low": diff.low,
+                        "eval/paired_diff_ci_high": diff.high, "eval/paired_items": float(diff.n)}
+    return metrics

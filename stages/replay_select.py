@@ -3,6 +3,11 @@
 Eligible rounds come from the replay index, restricted to rounds <= r, so a resumed run never uses a
 later round left on disk by an earlier attempt. The selection is a list of (source round, pair index)
 draws; update-policies reads the stored token ids of those pairs from each round's pairs.parquet.
+
+With ``log_reward_distribution`` (iterative trainers, as in the reference) the stage also writes
+``reward_distribution.json`` (the reference's ``reward_distributions/iteration_<k>.json`` record: histograms of
+the round's raw candidate rewards per side and of the selected pairs' target/comparator raw rewards over the
+task's reward range) and ``reward_distribution.png``, and adds the reference's scalar metrics.
 """
 
 from __future__ import annotations
@@ -13,22 +18,48 @@ from pathlib import Path
 from pbrl.config import JobConfig
 from pbrl.errors import ArtifactError
 from pbrl.replay import ReplayDataset, select_replay
-from pbrl.replay_store import replay_dir, run_identity, stored_rounds
-from pbrl.schema import SELECTED_PAIRS, write_table
+from pbrl.replay_store import run_identity, stored_rounds
+from pbrl.reward_hist import check_reward_range, distribution_metrics, distribution_record, plot_distribution
+from pbrl.run import resolve_task
+from pbrl.schema import PAIRS, SCORES, SELECTED_PAIRS, read_rows, write_table
 from pbrl.seeds import numpy_rng
-from pbrl.stagekit import StageRecord
-from pbrl.storage import RunPaths, StageManifest, hash_path
+from pbrl.stagekit import StageRecord, job_replay_dir
+from pbrl.storage import RunPaths, StageManifest, hash_path, write_json
 
 NAME = "replay-select"
 
 
 def _entries(paths: RunPaths, round_index: int, job: JobConfig) -> list[dict]:
-    directory = replay_dir(paths, job)
+    directory = job_replay_dir(paths, job)
     return stored_rounds(directory, run_identity(paths), round_index)
 
 
+def _logs_distribution(job: JobConfig) -> bool:
+    return bool(getattr(job, "log_reward_distribution", False))  # an option of the iterative trainers
+
+
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
-    return [paths.root / e["pairs_file"] for e in _entries(paths, round_index, job)]
+    files = [paths.root / e["pairs_file"] for e in _entries(paths, round_index, job)]
+    if _logs_distribution(job):
+        rounds = [e["round"] for e in _entries(paths, round_index, job)]
+        files += [paths.scores(round_index), *(paths.pairs(r) for r in rounds)]
+    return files
+
+
+def _distribution(paths: RunPaths, round_index: int, job: JobConfig, rows: list[dict]) -> dict:
+    """The reward-distribution record of this round (raw rewards; failed responses left out)."""
+    task = resolve_task(job, paths.root)
+    low, high = check_reward_range(getattr(task.reward_func, "reward_range", None) or task.reward_range,
+                                   source=task.name)
+    scores = read_rows(paths.scores(round_index), SCORES)
+    side = {s: [r["raw_reward"] for r in scores if r["side"] == s and r["raw_reward"] is not None]
+            for s in ("target", "comparator")}
+    pairs = {r: read_rows(paths.pairs(r), PAIRS) for r in sorted({row["source_round"] for row in rows})}
+    chosen = [pairs[row["source_round"]][row["pair_index"]] for row in rows]
+    return distribution_record(
+        round_index, low, high, target=side["target"], comparator=side["comparator"],
+        selected_target=[p["target_raw_reward"] for p in chosen if p["target_raw_reward"] is not None],
+        selected_comparator=[p["comparator_raw_reward"] for p in chosen if p["comparator_raw_reward"] is not None])
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
@@ -67,4 +98,12 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         record.metrics[f"iter/selection_share/round_{r:04d}"] = shares[r] / len(rows) if rows else 0.0
     record.details = {"mode": mode, "eligible_rounds": selection.eligible_rounds,
                       "weights": [float(w) for w in selection.weights], "sample_size": selection.sample_size}
-    return record.finish(input_files(paths, round_index, job), [paths.selected_pairs(round_index)])
+    outputs = [paths.selected_pairs(round_index)]
+    if _logs_distribution(job):
+        distribution = _distribution(paths, round_index, job, rows)
+        json_path = paths.round_dir(round_index) / "reward_distribution.json"
+        write_json(json_path, distribution)
+        png = plot_distribution(distribution, paths.round_dir(round_index) / "reward_distribution.png")
+        record.metrics.update(distribution_metrics(distribution))
+        outputs += [json_path, png]
+    return record.finish(input_files(paths, round_index, job), outputs)

@@ -1,8 +1,10 @@
 """Stage 1, sample-candidates: every agent samples its candidates for every train item (SPEC §4.1).
 
-Round r samples from the policy after round r-1. Iterative trainers also sample the comparator side
-(SPEC §5.3) on its own seed stream. Rows are batched across items and candidates; each row's tokens
-depend only on its seed ``(seed, round, side, agent, item, candidate)``.
+Round r samples from the policy after round r-1. Iterative trainers also collect the comparator side
+(SPEC §5.3) through one :class:`pbrl.comparators.Comparator`, whatever its kind. Checkpoint sides are
+batched across items and candidates; each row's tokens depend only on its seed
+``(seed, round, side, agent, item, candidate)``. Comparator completions are stored in each target agent's
+vocabulary (text from another tokenizer, an API or a centralized response is encoded once, here).
 """
 
 from __future__ import annotations
@@ -10,30 +12,99 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from pbrl.comparators import SamplingSide, comparator_side, target_side
+from pbrl.api_comparator import ApiSettings
+from pbrl.centralized import ADAPTER_FIELD, load_adapter
+from pbrl.comparators import (
+    CandidateRow,
+    Comparator,
+    ComparatorRequest,
+    ComparatorSettings,
+    Devices,
+    SamplingSide,
+    build_comparator,
+    target_side,
+)
 from pbrl.config import JobConfig, is_iterative
-from pbrl.policies import load_agent
+from pbrl.policies import PolicySource, load_agent
 from pbrl.run import format_prompts, read_items, resolve_task
-from pbrl.sampling import encode_prompt, generate
+from pbrl.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.schema import CANDIDATES, write_table
 from pbrl.seeds import derive_seed
 from pbrl.stagekit import StageRecord
 from pbrl.storage import RunPaths, StageManifest
 
 NAME = "sample-candidates"
+API_STORE = "comparator_api"  # rounds/<r>/comparator_api/: API answers kept as they arrive (resume)
 
 
-def sides(paths: RunPaths, round_index: int, job: JobConfig) -> list[SamplingSide]:
-    """The target side, plus the comparator side for iterative trainers."""
-    out = [target_side(paths, round_index, job)]
-    if is_iterative(job.trainer):
-        out.append(comparator_side(paths, round_index, job))
+def api_settings(job: JobConfig) -> ApiSettings:
+    """The job's ``comparator_api_*`` fields as plain values (the key variable's NAME only)."""
+    return ApiSettings(
+        api_format=job.comparator_api_format, url=str(job.comparator_api_url), model=job.comparator_api_model,
+        key_env=job.comparator_api_key_env, key_header=job.comparator_api_key_header,
+        key_prefix=job.comparator_api_key_prefix, headers=dict(job.comparator_api_headers or {}),
+        extra_body=dict(job.comparator_api_extra_body or {}), max_n_per_request=job.comparator_api_max_n_per_request,
+        response_field=job.comparator_api_response_field, timeout=job.comparator_api_timeout,
+        max_concurrency=job.comparator_api_max_concurrency,
+    )
+
+
+def comparator_settings(job: JobConfig, paths: RunPaths | None = None, round_index: int = 0) -> ComparatorSettings:
+    """The job's comparator fields as plain values (unset counts and k take their documented defaults)."""
+    if job.comparator_agents:
+        models = tuple(job.comparator_agents)
+    elif job.comparator_model_name:
+        models = (job.comparator_model_name,) * job.num_agents
+    else:
+        models = ()
+    centralized = job.comparator_generation_mode == "centralized"
+    return ComparatorSettings(
+        policy=job.comparator_policy,
+        num_candidates=job.comparator_num_candidates or job.preference_num_candidates,
+        history_k=job.comparator_history_k or 1,
+        agent_devices=job.agent_devices,
+        comparator_devices=job.comparator_devices,
+        model_sources=models,
+        dtype=job.torch_dtype,
+        api=api_settings(job) if job.comparator_policy == "api" else None,
+        centralized_adapter=load_adapter(getattr(job, ADAPTER_FIELD, None)) if centralized else None,
+        centralized_index=job.comparator_centralized_agent_index,
+        store_dir=paths.round_dir(round_index) / API_STORE if paths is not None else None,
+    )
+
+
+def sampling_settings(job: JobConfig) -> SamplingSettings:
+    """The job's sampling fields as plain values."""
+    return SamplingSettings(max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
+                            top_k=job.top_k, batch_size=job.generation_batch_size)
+
+
+def comparator(paths: RunPaths, round_index: int, job: JobConfig) -> Comparator | None:
+    """The round's comparator (iterative trainers), None for base trainers. Loads nothing yet."""
+    if not is_iterative(job.trainer):
+        return None
+    source = PolicySource.from_job(job)
+
+    def load_checkpoint(agent: int, checkpoint: Path, devices: Devices):
+        policy = load_agent(source, agent, checkpoint, trainable=False, devices=devices)
+        return policy.model, policy.tokenizer
+
+    return build_comparator(paths, round_index, comparator_settings(job, paths, round_index), load_checkpoint)
+
+
+def sides(paths: RunPaths, round_index: int, job: JobConfig, comp: Comparator | None) -> list[SamplingSide]:
+    """The target side, plus the comparator's checkpoint side when it samples one with the target."""
+    out = [target_side(paths, round_index, job.preference_num_candidates, job.agent_devices)]
+    if comp is not None and comp.checkpoint_side is not None:
+        out.append(comp.checkpoint_side)
     return out
 
 
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
     """Items and every checkpoint sampled from (their content keys the cache)."""
-    return [paths.items, *sorted({s.checkpoint for s in sides(paths, round_index, job)})]
+    comp = comparator(paths, round_index, job)
+    checkpoints = {s.checkpoint for s in sides(paths, round_index, job, comp)} | set(comp.inputs if comp else ())
+    return [paths.items, *sorted(checkpoints)]
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
@@ -41,44 +112,64 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     paths = record.paths
     task = resolve_task(job, paths.root)
     items = read_items(paths, "train")
-    plan = sides(paths, round_index, job)
+    comp = comparator(paths, round_index, job)
+    plan = sides(paths, round_index, job, comp)
+    settings = sampling_settings(job)
     # Sides that share a checkpoint and devices share one loaded model and one batched generate.
     groups: dict[tuple[Path, str], list[SamplingSide]] = defaultdict(list)
     for s in plan:
         groups[(s.checkpoint, repr(s.devices))].append(s)
 
-    rows = []
+    rows: list[CandidateRow] = []
+    prompts, prompt_ids, tokenizers = [], [], []
     for agent in range(job.num_agents):
-        prompts = format_prompts(task.formatters[agent], items, agent)
+        prompts.append(format_prompts(task.formatters[agent], items, agent))
         for (checkpoint, _), group in groups.items():
-            policy = load_agent(job, paths, agent, checkpoint, trainable=False, devices=group[0].devices)
-            prompt_ids = [encode_prompt(policy.tokenizer, p) for p in prompts]
+            policy = load_agent(PolicySource.from_job(job), agent, checkpoint, trainable=False,
+                                devices=group[0].devices)
+            ids = [encode_prompt(policy.tokenizer, p) for p in prompts[agent]]
+            if any(s.side == "target" for s in group):  # the target's tokenizer and prompt ids are what is stored
+                prompt_ids.append(ids)
+                tokenizers.append(policy.tokenizer)
             requests = [(s.side, i, k) for s in group for i in range(len(items)) for k in range(s.num_candidates)]
             seeds = [
                 derive_seed(job.seed, round_index=round_index, stage=NAME, side=side, agent=agent,
                             item=items[i]["item_id"], index=k)
                 for side, i, k in requests
             ]
-            gens = generate(
-                policy.model, policy.tokenizer, [prompt_ids[i] for _, i, _ in requests], seeds,
-                max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
-                top_k=job.top_k, batch_size=job.generation_batch_size,
-            )
-            for (side, i, k), g in zip(requests, gens, strict=True):
-                rows.append({
-                    "item_id": items[i]["item_id"], "side": side, "candidate_index": k, "agent_index": agent,
-                    "prompt": prompts[i], "prompt_ids": prompt_ids[i], "completion": g.text,
-                    "completion_ids": g.completion_ids, "finish_reason": g.finish_reason, "seed": g.seed,
-                })
+            names = [f"agent {agent}, item {items[i]['item_id']!r}, {side} candidate {k}" for side, i, k in requests]
+            gens = generate(policy.model, policy.tokenizer, [ids[i] for _, i, _ in requests], seeds,
+                            settings, row_names=names)
+            rows += [CandidateRow(items[i]["item_id"], side, k, agent, prompts[agent][i], ids[i], g.text,
+                                  g.completion_ids, g.finish_reason, g.stop_token_id, g.seed, "generated")
+                     for (side, i, k), g in zip(requests, gens, strict=True)]
             del policy
 
-    order = {s.side: n for n, s in enumerate(plan)}
+    counts: dict[str, int] = {}
+    if comp is not None:
+        request = ComparatorRequest(round_index, job.seed, items, prompts, prompt_ids, tokenizers, settings,
+                                    shared_rows=[r for r in rows if r.side == "comparator"])
+        output = comp.candidates(request)
+        rows = [r for r in rows if r.side != "comparator"] + output.rows
+        counts = output.counts
+
+    order = {"target": 0, "comparator": 1}
     position = {item["item_id"]: n for n, item in enumerate(items)}
-    rows.sort(key=lambda r: (order[r["side"]], position[r["item_id"]], r["candidate_index"], r["agent_index"]))
-    write_table(paths.candidates(round_index), rows, CANDIDATES)
+    rows.sort(key=lambda r: (order[r.side], position[r.item_id], r.candidate_index, r.agent_index))
+    write_table(paths.candidates(round_index), [r.as_dict() for r in rows], CANDIDATES)
     record.counts = {"items": len(items), "rows": len(rows)}
-    for s in plan:
-        record.counts[f"{s.side}_candidates"] = len(items) * s.num_candidates
-    record.counts["length_finishes"] = sum(r["finish_reason"] == "length" for r in rows)
-    record.details = {"sides": {s.side: paths.rel(s.checkpoint) for s in plan}}
+    record.counts["target_candidates"] = len(items) * job.preference_num_candidates
+    if comp is not None:
+        record.counts["comparator_candidates"] = len({(r.item_id, r.candidate_index) for r in rows
+                                                      if r.side == "comparator"})
+        record.counts.update(counts)
+        record.counts["encoded_from_text"] = sum(r.ids_source == "encoded_from_text" for r in rows)
+    record.counts["length_finishes"] = sum(r.finish_reason == "length" for r in rows)
+    sources = {s.side: paths.rel(s.checkpoint) for s in plan}
+    if comp is not None and "comparator" not in sources:
+        sources["comparator"] = f"{job.comparator_policy} ({job.comparator_generation_mode})"
+    record.details = {"sides": sources}
+    if counts.get("centralized_parse_failures"):
+        record.say(f"{counts['centralized_parse_failures']} centralized comparator response(s) could not be parsed "
+                   "into roles and were dropped")
     return record.finish(input_files(paths, round_index, job), [paths.candidates(round_index)])

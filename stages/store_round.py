@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pbrl.config import JobConfig
-from pbrl.replay_store import replay_dir, run_identity, store_round
+from pbrl.replay_store import run_identity, store_round
 from pbrl.schema import PAIRS, read_rows
-from pbrl.stagekit import StageRecord
+from pbrl.stagekit import StageRecord, job_replay_dir
 from pbrl.storage import RunPaths, StageManifest, sha256_file
 
 NAME = "store-round"
@@ -25,15 +25,18 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
     rows = read_rows(paths.pairs(round_index), PAIRS)
-    directory = replay_dir(paths, job)
+    directory = job_replay_dir(paths, job)
     path, messages = store_round(directory, run_identity(paths), round_index, rows, paths.pairs(round_index), paths)
     for m in messages:
         record.say(m)
     record.counts = {"pairs": len(rows)}
-    record.details = {"replay_dir": str(directory), "file": path.name}
+    inside = _inside(paths.root, directory)
+    # A replay folder inside the run is named relative to it (the run folder may move); a configured one
+    # outside it is named as configured.
+    record.details = {"replay_dir": paths.rel(directory) if inside else str(directory), "file": path.name}
     # The pair file is this stage's output (hashed when inside the run folder). The index is shared by
     # every round's store-round, so it is not: replay-select checks each entry against its pairs file.
-    outputs = [path] if _inside(paths.root, directory) else []
+    outputs = [path] if inside else []
     record.details["file_sha256"] = sha256_file(path)
     return record.finish(input_files(paths, round_index, job), outputs)
 

@@ -3,28 +3,54 @@
 Round r starts from the policy (and each agent's AdamW state) after round r-1 and writes
 ``checkpoints/round_<r>/``: per agent the weights (or LoRA adapter) and optimizer state, then
 ``trainer_state.json`` last. The folder is assembled under a temporary name and renamed, so a process
-killed mid-update leaves no checkpoint that a later stage would read. A round without pairs writes none.
+killed mid-update leaves no checkpoint that a later stage would read. The manifest names the policy after
+the round (``details.checkpoint``), and that is what later stages load (:func:`pbrl.policies.policy_checkpoint`).
+
+A round without pairs writes no checkpoint: its manifest names the previous policy, and a
+``checkpoints/round_<r>/`` left by an earlier attempt of the round is deleted once that manifest is written
+(a process killed in between leaves it unreferenced, so it is never loaded).
+
+Training forwards run with dropout on (``lora_dropout``); each agent's masks in each step come from their
+own seed ``(seed, round, "update-policies", "dropout", agent, step)``, so a rerun is bitwise identical.
+Trainable weights are float32 whatever ``torch_dtype`` is (see :func:`pbrl.models.load_model`).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 
 from pbrl.config import JobConfig
+from pbrl.env_steps import NEVER_LOGGED, env_step_axis, train_log
 from pbrl.errors import ArtifactError
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
-from pbrl.models import load_optimizer_state, save_agent, save_optimizer
-from pbrl.policies import TRAINER_STATE, load_agent, policy_checkpoint, read_trainer_state
-from pbrl.replay_store import replay_dir, run_identity, stored_rounds
-from pbrl.schema import PAIRS, SELECTED_PAIRS, read_rows
-from pbrl.seeds import numpy_rng
-from pbrl.stagekit import StageRecord
-from pbrl.storage import RunPaths, StageManifest, atomic_dir, write_json
+from pbrl.export import export_policy_checkpoint
+from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step
+from pbrl.models import save_agent
+from pbrl.policies import (
+    TRAINER_STATE,
+    PolicySource,
+    load_agent,
+    policy_checkpoint,
+    read_trainer_state,
+    save_training_state,
+    trainable_policy,
+)
+from pbrl.replay_store import run_identity, stored_rounds
+from pbrl.reward_model import RewardScorer, is_marlhf, reward_device, reward_model_dir
+from pbrl.rl import ReferencePolicy, RLSettings, rl_metrics, rollouts_path, run_rl
+from pbrl.sampling import SamplingSettings, generate
+from pbrl.schema import ROLLOUTS, SELECTED_PAIRS, read_joint_responses, read_rows, read_selected_pairs, write_table
+from pbrl.seeds import derive_seed, numpy_rng
+from pbrl.stagekit import StageRecord, job_replay_dir
+from pbrl.storage import RunPaths, StageManifest, atomic_dir, read_manifest, write_json
 
 NAME = "update-policies"
+FIT_STAGE = "fit-reward-model"
 
 
 def _source_rounds(paths: RunPaths, round_index: int) -> list[int]:
@@ -32,24 +58,17 @@ def _source_rounds(paths: RunPaths, round_index: int) -> list[int]:
 
 
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
-    return [paths.selected_pairs(round_index), *(paths.pairs(r) for r in _source_rounds(paths, round_index)),
-            policy_checkpoint(paths, round_index - 1)]
+    files = [paths.selected_pairs(round_index), *(paths.pairs(r) for r in _source_rounds(paths, round_index)),
+             policy_checkpoint(paths, round_index - 1)]
+    if is_marlhf(job.trainer):  # the round's reward model (when one was fitted) and the stored prompt ids
+        model_dir = reward_model_dir(paths.round_dir(round_index))
+        files += [paths.candidates(round_index), *([model_dir] if model_dir.is_dir() else [])]
+    return files
 
 
 def selected_pairs(paths: RunPaths, round_index: int) -> list[dict]:
     """The selected pairs in draw order, with their stored token ids (never re-tokenized)."""
-    selection = read_rows(paths.selected_pairs(round_index), SELECTED_PAIRS)
-    by_round: dict[int, list[dict]] = {}
-    for r in sorted({s["source_round"] for s in selection}):
-        by_round[r] = read_rows(paths.pairs(r), PAIRS)
-    out = []
-    for s in selection:
-        rows = by_round[s["source_round"]]
-        if not 0 <= s["pair_index"] < len(rows) or rows[s["pair_index"]]["pair_id"] != s["pair_id"]:
-            raise ArtifactError(f"{paths.selected_pairs(round_index)}: pair {s['pair_id']} not found in "
-                                f"{paths.pairs(s['source_round'])}")
-        out.append(rows[s["pair_index"]])
-    return out
+    return read_selected_pairs(paths.selected_pairs(round_index), paths.pairs)
 
 
 def _batch(pairs: list[dict], num_agents: int) -> PairBatch:
@@ -60,11 +79,22 @@ def _batch(pairs: list[dict], num_agents: int) -> PairBatch:
     )
 
 
+def _remove_stale(checkpoint: Path) -> None:
+    """Delete a checkpoint folder no manifest names: renamed aside first, so it vanishes at once."""
+    if checkpoint.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".old-{checkpoint.name}.", dir=checkpoint.parent))
+        os.replace(checkpoint, trash / "old")
+        shutil.rmtree(trash, ignore_errors=True)
+
+
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
     pairs = selected_pairs(paths, round_index)
     start = policy_checkpoint(paths, round_index - 1)
+    if pairs and is_marlhf(job.trainer) and not _reward_model_fitted(paths, round_index):
+        record.say("no reward model was fitted this round (no usable pairs): the policies are not updated")
+        pairs = []
     if not pairs:
         if job.trainer in ("madpo", "marlhf"):
             record.say("no preference pairs: every comparison tied or was rejected, so the policies were "
@@ -73,30 +103,30 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
             record.say("no pairs selected: the policies are not updated this round")
         record.counts = {"pairs": 0, "steps": 0, "skipped_steps": 0}
         record.details = {"checkpoint": paths.rel(start), "updated": False}
-        return record.finish([paths.selected_pairs(round_index), start], [])
+        manifest = record.finish([paths.selected_pairs(round_index), start], [])
+        _remove_stale(paths.round_checkpoint(round_index))
+        _export(job, start, round_index)
+        return manifest
 
-    policies = []
-    for agent in range(job.num_agents):
-        policy = load_agent(job, paths, agent, start, trainable=True)
-        # weight_decay=0: a pair that carries no preference signal must not move the weights (decay would).
-        optimizer = torch.optim.AdamW(trainable_parameters(policy.model), lr=job.agent_learning_rate,
-                                      weight_decay=0.0)
-        state_file = start / f"agent_{agent}" / "optimizer.pt"
-        if state_file.is_file():
-            optimizer.load_state_dict(load_optimizer_state(state_file))
-        policies.append(TrainablePolicy(policy.model, optimizer, policy.tokenizer.pad_token_id))
+    policies, tokenizers = _load_policies(job, start)
+    if is_marlhf(job.trainer):
+        return _run_marlhf(record, job, pairs, start, policies, tokenizers)
 
     rng = numpy_rng(job.seed, round_index=round_index, stage=NAME)
     losses, accuracies, steps, skipped = [], [], 0, [0] * job.num_agents
+    batch_sizes: list[int] = []
     margin_sums = torch.zeros(job.num_agents, dtype=torch.float64)
     n_margins = 0
     for _ in range(job.num_train_epochs):
         order = rng.permutation(len(pairs))
         for begin in range(0, len(pairs), job.train_batch_size):
             chunk = [pairs[j] for j in order[begin:begin + job.train_batch_size]]
+            seeds = [derive_seed(job.seed, round_index=round_index, stage=NAME, side="dropout", agent=i,
+                                 index=steps) for i in range(job.num_agents)]
             stats = madpo_step(policies, _batch(chunk, job.num_agents), beta=job.dpo_beta,
-                               max_grad_norm=job.max_grad_norm)
+                               max_grad_norm=job.max_grad_norm, seeds=seeds)
             steps += 1
+            batch_sizes.append(len(chunk))
             losses.append(stats.loss)
             accuracies.append(stats.accuracy)
             finite = torch.isfinite(stats.margins).all(dim=1)
@@ -105,19 +135,9 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
             for i, s in enumerate(stats.skipped):
                 skipped[i] += int(s)
 
-    previous = read_trainer_state(start)
-    checkpoint = paths.round_checkpoint(round_index)
-    with atomic_dir(checkpoint) as tmp:
-        for agent, policy in enumerate(policies):
-            save_agent(policy.model, tmp / f"agent_{agent}")
-            save_optimizer(policy.optimizer, tmp / f"agent_{agent}" / "optimizer.pt")
-        directory = replay_dir(paths, job)
-        write_json(tmp / TRAINER_STATE, {
-            "round": round_index,
-            "started_from": paths.rel(start),
-            "optimizer_steps": previous.get("optimizer_steps", 0) + steps,
-            "replay_index": stored_rounds(directory, run_identity(paths), round_index),
-        })
+    step_metrics = [{"madpo/loss": loss, "madpo/accuracy": acc} for loss, acc in zip(losses, accuracies, strict=True)]
+    checkpoint, axis, log = _save_round(paths, job, round_index, start, policies, batch_sizes, step_metrics,
+                                        environment_steps_per_pair=job.environment_steps_per_pair)
 
     finite_losses = [x for x in losses if math.isfinite(x)]
     reward_mean = sum(p["candidate_reward_mean"] for p in pairs) / len(pairs)
@@ -136,5 +156,132 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
                      "skipped_steps": sum(skipped)}
     if sum(skipped):
         record.say(f"{sum(skipped)} agent step(s) skipped: non-finite loss or gradient")
-    record.details = {"checkpoint": paths.rel(checkpoint), "updated": True}
-    return record.finish(input_files(paths, round_index, job), [checkpoint])
+    record.metrics["train/env_step"] = float(axis[-1]) if axis else float("nan")
+    record.details = {"checkpoint": paths.rel(checkpoint), "updated": True,
+                      "train_log": [{k: v for k, v in row.items() if math.isfinite(v)} for row in log]}
+    manifest = record.finish(input_files(paths, round_index, job), [checkpoint])
+    _export(job, checkpoint, round_index)
+    return manifest
+
+
+def _load_policies(job: JobConfig, start: Path) -> tuple[list[TrainablePolicy], list]:
+    """Every agent's policy at ``start``, trainable, with its AdamW (and the state stored beside it)."""
+    source = PolicySource.from_job(job)
+    policies, tokenizers = [], []
+    for agent in range(job.num_agents):
+        policy = load_agent(source, agent, start, trainable=True)
+        # AdamW (weight_decay=0), mixed precision, and the optimizer/grad-scaler state stored beside the weights.
+        policies.append(trainable_policy(source, policy, learning_rate=job.agent_learning_rate,
+                                         state_dir=start / f"agent_{agent}"))
+        tokenizers.append(policy.tokenizer)
+    return policies, tokenizers
+
+
+def _save_round(paths: RunPaths, job: JobConfig, round_index: int, start: Path, policies: list[TrainablePolicy],
+                batch_sizes: list[int], step_metrics: list[dict[str, float]], *, environment_steps_per_pair: int
+                ) -> tuple[Path, list[int], list[dict[str, float]]]:
+    """Write ``checkpoints/round_<r>/`` (weights, optimizer state, trainer_state.json last) and return it
+    with the env-step axis and the logged train rows (the reference's axis and logging_steps gate, carried
+    across rounds in trainer_state.json)."""
+    previous = read_trainer_state(start)
+    axis = env_step_axis(batch_sizes, start=previous.get("env_step", 0),
+                         environment_steps_per_pair=environment_steps_per_pair,
+                         use_environment_step=job.use_environment_step)
+    log = train_log(step_metrics, axis, logging_steps=job.logging_steps,
+                    last_logged=previous.get("last_logged_env_step", NEVER_LOGGED))
+    last_logged = int(log[-1]["env_step"]) if log else previous.get("last_logged_env_step", NEVER_LOGGED)
+    checkpoint = paths.round_checkpoint(round_index)
+    with atomic_dir(checkpoint) as tmp:
+        for agent, policy in enumerate(policies):
+            save_agent(policy.model, tmp / f"agent_{agent}")
+            save_training_state(policy, tmp / f"agent_{agent}")  # optimizer.pt (+ grad_scaler.pt with fp16)
+        directory = job_replay_dir(paths, job)
+        write_json(tmp / TRAINER_STATE, {
+            "round": round_index,
+            "started_from": paths.rel(start),
+            "optimizer_steps": previous.get("optimizer_steps", 0) + len(batch_sizes),
+            "env_step": axis[-1] if axis else previous.get("env_step", 0),
+            "last_logged_env_step": last_logged,
+            "replay_index": stored_rounds(directory, run_identity(paths), round_index),
+        })
+    return checkpoint, axis, log
+
+
+def _reward_model_fitted(paths: RunPaths, round_index: int) -> bool:
+    manifest = read_manifest(paths, round_index, FIT_STAGE)
+    if manifest is None:
+        raise ArtifactError(f"{paths.manifest(round_index, FIT_STAGE)}: missing; run {FIT_STAGE} of round "
+                            f"{round_index} first")
+    return bool(manifest.details.get("fitted"))
+
+
+def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: Path,
+                policies: list[TrainablePolicy], tokenizers: list) -> StageManifest:
+    """MARLHF policy learning (SPEC §5.7, :func:`pbrl.rl.run_rl`) against this round's fitted reward model,
+    on every train item, with the prompt ids stored in this round's candidates."""
+    paths, round_index, a, g = record.paths, record.round_index, job.num_agents, job.num_generations
+    scorer = RewardScorer(reward_model_dir(paths.round_dir(round_index)), a,
+                          device=reward_device(job.reward_model_device, job.agent_devices, a))
+    prompts: dict[str, list[list[int]]] = {}
+    for (item_id, side, _), group in read_joint_responses(paths.candidates(round_index), a).items():
+        if side == "target":
+            prompts.setdefault(item_id, [row["prompt_ids"] for row in group])
+    item_ids = list(prompts)
+    settings = SamplingSettings(max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
+                                top_k=job.top_k, batch_size=job.generation_batch_size)
+
+    def seed(side: str, agent: int = -1, item: str = "", index: int = -1) -> int:
+        return derive_seed(job.seed, round_index=round_index, stage=NAME, side=side, agent=agent, item=item,
+                           index=index)
+
+    def sample(agent: int, rows: list[list[int]], items: list[str], epoch: int) -> list:
+        draws = [epoch * g + r % g for r in range(len(rows))]
+        return generate(policies[agent].model, tokenizers[agent], rows,
+                        [seed("rollout", agent, item, k) for item, k in zip(items, draws, strict=True)], settings,
+                        row_names=[f"agent {agent}, item {item!r}, rollout {k}" for item, k in zip(items, draws,
+                                                                                                strict=True)])
+
+    references = None
+    if job.reference_kl_enabled:
+        source = PolicySource.from_job(job)
+        if source.lora is not None:  # the base weights: the agent's own model with its adapter disabled
+            references = [ReferencePolicy(p.model, p.pad_token_id, disable_adapter=True) for p in policies]
+        else:
+            references = [ReferencePolicy(load_agent(source, i, paths.initial, trainable=False,
+                                                     devices=job.reference_devices).model, policies[i].pad_token_id)
+                          for i in range(a)]
+    rl = RLSettings(epochs=job.num_train_epochs, batch_size=job.train_batch_size, num_generations=g,
+                    backend=job.rl_algorithm, normalize=job.advantage_normalization,
+                    kl_coef=job.reference_kl_coef if job.reference_kl_enabled else None,
+                    max_grad_norm=job.max_grad_norm)
+    result = run_rl(policies, [[prompts[item][i] for item in item_ids] for i in range(a)], item_ids, rl,
+                    sample=sample, score=scorer.score, references=references, order_seed=seed("order"),
+                    dropout_seed=lambda agent, step: seed("dropout", agent, index=step))
+    rollouts = rollouts_path(paths.round_dir(round_index))
+    write_table(rollouts, result.rollouts, ROLLOUTS)
+    checkpoint, axis, log = _save_round(paths, job, round_index, start, policies, result.batch_sizes,
+                                        result.step_metrics, environment_steps_per_pair=1)
+    record.metrics = {**rl_metrics(result, a), "train/env_step": float(axis[-1]) if axis else float("nan")}
+    reward_mean = sum(p["candidate_reward_mean"] for p in pairs) / len(pairs)
+    record.metrics.update({"turn_1/reward_mean": reward_mean, "turn_1/expected_return": reward_mean})
+    record.counts = {"pairs": len(pairs), "items": len(item_ids), "epochs": job.num_train_epochs,
+                     "steps": result.steps, "joint_responses": sum(result.batch_sizes),
+                     "skipped_steps": sum(result.skipped), "dropped_groups": result.dropped_groups}
+    if sum(result.skipped):
+        record.say(f"{sum(result.skipped)} agent step(s) skipped: non-finite loss or gradient")
+    if result.dropped_groups:
+        record.say(f"{result.dropped_groups} item group(s) left out of their update: a joint response did not "
+                   f"fit reward_max_length={job.reward_max_length}")
+    record.details = {"checkpoint": paths.rel(checkpoint), "updated": True, "rl_algorithm": job.rl_algorithm,
+                      "train_log": [{k: v for k, v in row.items() if math.isfinite(v)} for row in log]}
+    manifest = record.finish(input_files(paths, round_index, job), [checkpoint, rollouts])
+    _export(job, checkpoint, round_index)
+    return manifest
+
+
+def _export(job: JobConfig, checkpoint: Path, round_index: int) -> None:
+    """Also copy the policy after this round to ``policy_checkpoint_dir`` (iterative trainers), in the
+    reference's layout (:mod:`pbrl.export`)."""
+    directory = getattr(job, "policy_checkpoint_dir", None)
+    if directory:
+        export_policy_checkpoint(checkpoint, directory, round_index, job.num_agents)

@@ -9,8 +9,10 @@ import pytest
 from pbrl import orchestration
 from pbrl.config import load_job
 from pbrl.metrics import round_table
-from pbrl.schema import CANDIDATES, read_rows
+from pbrl.run import read_items
+from pbrl.schema import CANDIDATES, EVAL, read_rows
 from pbrl.storage import RunPaths
+from pbrl.tasks.humaneval_docs import docs_reward
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -32,4 +34,14 @@ def test_demo_config_runs_one_round_on_smollm2(tmp_path):
     assert any(r["completion"].strip() for r in rows)  # a real model writes text
     table = round_table(run_dir)
     assert list(table.index) == [0, 1] and table["eval_reward"].notna().all()
-    assert 0.0 <= table.loc[0, "eval_reward"] <= 3.0
+    # The task's reward recomputed on the stored evaluation completions gives the reported means. With 12 new
+    # tokens an explanation has at most 12 words, under the 15 the length term needs, so each reward is at
+    # most 2 (ratio ≤ 1 + coverage ≤ 1) of the task's range [0, 3].
+    items = {item["item_id"]: item for item in read_items(paths, "eval")}
+    for r in (0, 1):
+        ev = read_rows(paths.eval(r), EVAL)
+        assert len(ev) == 2 and all(x["failure"] is None for x in ev)
+        rewards = docs_reward([x["completions"][0] for x in ev], [x["completions"][1] for x in ev],
+                              batch_items=[items[x["item_id"]] for x in ev])
+        assert all(0.0 <= v <= 2.0 for v in rewards) and [x["reward"] for x in ev] == rewards
+        assert table.loc[r, "eval_reward"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-12)

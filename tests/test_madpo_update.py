@@ -1,4 +1,4 @@
-"""One MADPO update on the tiny model: what moves, what does not, and the non-finite guard."""
+"""One MADPO update on the tiny model: what moves and which way, what does not, and the non-finite guard."""
 
 from __future__ import annotations
 
@@ -36,14 +36,31 @@ def snapshot(policy: TrainablePolicy) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in policy.model.named_parameters()}
 
 
-def test_every_trainable_parameter_of_every_agent_moves(tiny_model_dir):
-    agents = policies(tiny_model_dir)
+def margins_alone(model) -> list[float]:
+    """Δ per pair by brute force: each sequence scored alone, unpadded, with ``log_softmax``."""
+    out = []
+    for prompt, w, lo in zip(PROMPTS, WINNERS, LOSERS, strict=True):
+        m = 0.0
+        for sign, completion in ((1.0, w), (-1.0, lo)):
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=torch.tensor([prompt + completion])).logits[0].double(), -1)
+            m += sign * sum(float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(completion))
+        out.append(m)
+    return out
+
+
+def test_every_trainable_parameter_of_every_agent_moves_and_every_margin_rises(tiny_model_dir):
+    agents = policies(tiny_model_dir, lr=1e-3)
     before = [snapshot(p) for p in agents]
+    margins_before = [margins_alone(p.model) for p in agents]
     stats = madpo_step(agents, batch(), beta=0.1, max_grad_norm=None)
     assert stats.skipped == (False, False)
     for p, b in zip(agents, before, strict=True):
         for name, param in p.model.named_parameters():
             assert not torch.equal(param, b[name]), f"{name} did not change"
+    # The direction: every agent's winner gains log-probability on its loser, on every pair.
+    for p, m0 in zip(agents, margins_before, strict=True):
+        assert all(after > prior for after, prior in zip(margins_alone(p.model), m0, strict=True))
 
 
 def test_lora_moves_adapters_and_never_base_weights(tiny_model_dir, tmp_path):
@@ -67,6 +84,7 @@ def test_identical_winner_and_loser_give_log2_and_no_change(tiny_model_dir):
     before = [snapshot(p) for p in agents]
     stats = madpo_step(agents, batch(winners=WINNERS, losers=WINNERS), beta=0.1, max_grad_norm=1.0)
     assert stats.loss == pytest.approx(math.log(2), abs=1e-7)
+    assert stats.skipped == (False, False) and stats.accuracy == 0.0  # a zero margin is not a right answer
     assert torch.equal(stats.margins, torch.zeros(2, 2))
     for p, b in zip(agents, before, strict=True):
         assert all(torch.equal(param, b[n]) for n, param in p.model.named_parameters())
@@ -100,20 +118,35 @@ def test_nan_margin_skips_the_step_and_leaves_state_bitwise(tiny_model_dir, monk
 
 
 def test_gradient_weight_is_the_joint_margins_for_every_agent(tiny_model_dir):
-    """d loss_i / d Δ_i = −β σ(−β Σ_j Δ_j), the same number for every agent (SPEC §5.5)."""
-    from pbrl.losses import madpo_agent_loss
-
-    agents = policies(tiny_model_dir)
-    own = [madpo.agent_margins(p, PROMPTS, WINNERS, LOSERS) for p in agents]
-    total = sum(m.detach() for m in own)
-    beta = 0.1
-    weights = []
-    for i in range(2):
-        leaf = own[i].detach().clone().requires_grad_(True)
-        madpo_agent_loss(leaf, total - own[i].detach(), beta).sum().backward()
-        weights.append(leaf.grad)
-    expected = -beta * torch.sigmoid(-beta * total)
-    assert torch.allclose(weights[0], expected, atol=1e-7) and torch.allclose(weights[1], expected, atol=1e-7)
+    """One pair, plain SGD at lr 1: madpo_step moves agent i by β σ(−β Σ_j Δ_j) ∇Δ_i (SPEC §5.5), the same
+    weight for every agent; ∇Δ_i and Δ_i come from a brute-force, unpadded forward and backward."""
+    beta = 0.5
+    agents = []
+    for seed in (0, 1):
+        model = load_policy(tiny_model_dir, checkpoint_dir=None, lora=None, device="cpu", dtype="float32",
+                            trainable=True)
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(seed)
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=gen))
+        agents.append(TrainablePolicy(model, torch.optim.SGD(trainable_parameters(model), lr=1.0), pad_token_id=0))
+    margins, grads = [], []
+    for p in agents:
+        m = 0.0
+        for sign, completion in ((1.0, WINNERS[0]), (-1.0, LOSERS[0])):
+            logp = torch.log_softmax(p.model(input_ids=torch.tensor([PROMPTS[0] + completion])).logits[0].double(), -1)
+            m = m + sign * sum(logp[len(PROMPTS[0]) - 1 + j, t] for j, t in enumerate(completion))
+        m.backward()
+        margins.append(float(m))
+        grads.append(torch.cat([q.grad.flatten() for q in trainable_parameters(p.model)]).double())
+        p.model.zero_grad(set_to_none=True)
+    weight = beta / (1 + math.exp(beta * sum(margins)))  # β σ(−β Δ)
+    before = [torch.cat([q.detach().flatten() for q in trainable_parameters(p.model)]).double() for p in agents]
+    one = PairBatch(prompt_ids=[PROMPTS[:1]] * 2, winner_ids=[WINNERS[:1]] * 2, loser_ids=[LOSERS[:1]] * 2)
+    madpo_step(agents, one, beta=beta, max_grad_norm=None)
+    for p, b, g in zip(agents, before, grads, strict=True):
+        moved = torch.cat([q.detach().flatten() for q in trainable_parameters(p.model)]).double() - b
+        assert torch.allclose(moved, weight * g, rtol=1e-3, atol=5e-6)  # float32 rounding of the update
 
 
 def test_margins_match_separate_scoring(tiny_model_dir):

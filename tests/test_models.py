@@ -156,6 +156,25 @@ def test_lora_trains_only_adapter(tiny: Path) -> None:
         models.load_model(tiny, lora=LoraSettings(r=4))
 
 
+def test_lora_target_modules_unknown_names_found_from_the_config_alone(tiny: Path, tmp_path: Path) -> None:
+    """Issue #16 item 6: ``[q_projx]`` passed validate and crashed in peft; ``[q_proj, q_projx]`` silently
+    adapted q_proj only. Only config.json is read: a folder without weights answers the same."""
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(tiny / "config.json", config_only / "config.json")
+    rng = torch.get_rng_state()
+    for source in (tiny, config_only):
+        assert models.check_lora_target_modules(source, ["q_projx"]) == ["q_projx"]
+        assert models.check_lora_target_modules(source, ["q_proj", "q_projx", "v_proj", "q_projx"]) == ["q_projx"]
+        assert models.check_lora_target_modules(source, ("q_proj", "k_proj", "v_proj", "o_proj")) == []
+    assert torch.equal(torch.get_rng_state(), rng)
+    # peft's rule: the full dotted name or a dotted suffix of a Linear/Embedding; the tiny model has 2 layers.
+    names = ["self_attn.q_proj", "model.layers.0.mlp.up_proj", "layers.1.self_attn.o_proj", "gate_proj",
+             "down_proj", "lm_head", "embed_tokens", "layers.2.self_attn.q_proj", "mlp", "proj", "input_layernorm"]
+    assert models.check_lora_target_modules(tiny, names) == [
+        "layers.2.self_attn.q_proj", "mlp", "proj", "input_layernorm"]
+
+
 def test_init_lora_adapter_is_seeded_and_leaves_global_rng(tiny: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 

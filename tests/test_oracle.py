@@ -38,7 +38,38 @@ def test_bad_values_drop_only_their_response_with_a_reason():
     out = score_batch(reward, None, [["ok", "nan", "none", "str", "inf", "bool"], [""] * 6])
     assert out[0].ok and out[0].reward == 0.5
     assert [s.ok for s in out[1:]] == [False] * 5
-    assert "not finite" in out[1].failure and "not a number" in out[2].failure
+    assert "not finite" in out[1].failure and "not a real number" in out[2].failure
+    assert "is a bool (True)" in out[5].failure
+
+
+def test_every_real_number_type_is_a_reward():
+    """numpy scalars, 0-d arrays/tensors and Python numbers are rewards (issue #16.2: np.float32 was dropped)."""
+    import numpy as np
+    import torch
+
+    values = [np.float32(0.5), np.int64(1), np.array(2.25), torch.tensor(-1.5), 3, 0.125, np.float16(0.75)]
+    out = score_batch(lambda a, b: values, None, [["x"] * 7, ["y"] * 7])
+    assert [s.failure for s in out] == [None] * 7
+    assert [s.raw for s in out] == [0.5, 1.0, 2.25, -1.5, 3.0, 0.125, 0.75]
+    assert all(type(s.raw) is float and type(s.reward) is float for s in out)
+
+
+def test_reward_func_returning_a_numpy_array_is_unpacked():
+    import numpy as np
+
+    out = score_batch(lambda a, b: np.array([0.5, 1.0], dtype=np.float32), None, [["x", "y"], ["z", "w"]])
+    assert [s.raw for s in out] == [0.5, 1.0]
+
+
+def test_processor_may_return_numpy_numbers_but_not_bools_or_arrays():
+    import numpy as np
+
+    out = score_batch(lambda a, b: [1.0, 2.0, 3.0], lambda r: np.float32(r / 4) if r < 3 else np.bool_(True),
+                      [["x"] * 3, ["y"] * 3])
+    assert [(s.raw, s.reward) for s in out[:2]] == [(1.0, 0.25), (2.0, 0.5)]
+    assert not out[2].ok and "is a bool" in out[2].failure and out[2].raw == 3.0
+    bad = score_batch(lambda a, b: [np.array([1.0, 2.0])], None, [["x"], ["y"]])
+    assert not bad[0].ok and "not a real number" in bad[0].failure
 
 
 def test_a_raising_batch_is_split_to_find_the_failing_response():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import datasets
 import pyarrow as pa
@@ -70,7 +71,7 @@ def test_stable_item_ids_and_duplicates(tiny_model_dir, tmp_path):
     STAGE_MODULES["score-with-oracle"].run(run_dir, 1, job)
     assert len(read_rows(RunPaths(run_dir).scores(1), SCORES)) == 3 * 4
     dup = tmp_path / "dup.jsonl"
-    dup.write_text('{"item_id": "x"}\n{"item_id": "x"}\n')
+    dup.write_text('{"item_id": "x", "topic": "a"}\n{"item_id": "x", "topic": "b"}\n')
     with pytest.raises(ConfigError, match=r"train_dataset\[1\]\.item_id.*unique"):
         prepare_run(job.model_copy(update={"train_dataset": str(dup), "run_name": "dup"}), resume=False)
 
@@ -122,3 +123,119 @@ def test_cli_train_with_a_bad_model_fails_fast_without_traceback(tmp_path):
                                    "--set", "agent_model=/no/such/model"])
     assert out.exit_code == 2 and "agent_model" in out.output and "Traceback" not in out.output
     assert not any(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------- failed starts
+def test_a_failed_start_leaves_nothing_that_blocks_the_retry(tiny_model_dir, tmp_path, monkeypatch):
+    """Issue #16.6: a start that fails after preflight (here: writing the initial checkpoints) used to leave
+    run.json and items.parquet behind, so the retry said "already exists" and --resume "differs"."""
+    import pbrl.policies
+
+    job = tiny_job(tiny_model_dir, tmp_path, lora_r=4)
+    real = pbrl.policies.write_initial_checkpoints
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated failure while writing the initial checkpoints")
+
+    monkeypatch.setattr(pbrl.policies, "write_initial_checkpoints", broken)
+    with pytest.raises(RuntimeError, match="simulated"):
+        prepare_run(job, resume=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run folder, no temporary folder
+    monkeypatch.setattr(pbrl.policies, "write_initial_checkpoints", real)
+    run_dir = prepare_run(job, resume=False)  # the retry starts cleanly
+    assert (run_dir / "run.json").is_file() and (run_dir / "checkpoints/initial/agent_1/source.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_folder_that_is_not_a_run_is_never_written_into(tiny_model_dir, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"exists and is not a run folder"):
+        prepare_run(tiny_job(tiny_model_dir, tmp_path), resume=False)
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["notes.txt"]
+
+
+# ---------------------------------------------------------------------------------------------- preflight
+def test_preflight_reads_the_items_and_names_each_unformattable_one(tiny_model_dir, tmp_path):
+    """Issue #16.13: an item missing a field the formatters need was reported only after Prefect started."""
+    from pbrl.run import preflight
+
+    path = tmp_path / "items.jsonl"
+    path.write_text('{"topic": "rain"}\n{"subject": "bees"}\n{"topic": "tides", "item_id": "t"}\n')
+    job = tiny_job(tiny_model_dir, tmp_path, task=None, task_options={}, train_dataset=str(path),
+                   formatters=["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
+                   reward_func="pbrl.tasks.toy:toy_reward")
+    with pytest.raises(ConfigError) as info:
+        preflight(job)
+    assert [str(p) for p in info.value.problems] == [
+        "train_dataset[1]: got 'item-00001'; formatters[0] cannot format this item (missing field 'topic')",
+        "train_dataset[1]: got 'item-00001'; formatters[1] cannot format this item (missing field 'topic')",
+    ]
+    assert not (tmp_path / "run").exists()
+
+
+def test_preflight_refuses_an_empty_dataset(tiny_model_dir, tmp_path):
+    from pbrl.run import preflight
+
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    job = tiny_job(tiny_model_dir, tmp_path, task=None, task_options={}, train_dataset=str(path),
+                   formatters=["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
+                   reward_func="pbrl.tasks.toy:toy_reward")
+    with pytest.raises(ConfigError, match=r"train_dataset: got '.*empty.jsonl'; no train items"):
+        preflight(job)
+
+
+def test_validate_reports_bad_items_without_starting_anything(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from pbrl.cli import app
+
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"subject": "bees"}\n')
+    config = tmp_path / "c.yaml"
+    config.write_text(f"trainer: madpo_iter\nagent_model: {tiny_model_dir}\ntrain_dataset: {items}\n"
+                      "formatters: [tests.helpers:short_prompt, tests.helpers:long_prompt]\n"
+                      "reward_func: pbrl.tasks.toy:toy_reward\n")
+    out = CliRunner().invoke(app, ["validate", str(config)])
+    assert out.exit_code == 2 and "train_dataset[0]" in out.output and "missing field 'topic'" in out.output
+
+
+def test_in_process_task_label_explains_itself_outside_its_process(tiny_model_dir, tmp_path):
+    job = tiny_job(tiny_model_dir, tmp_path, task="python")
+    with pytest.raises(ConfigError, match=r"task: got 'python'; this run's task was given as Python objects"):
+        resolve_task(job)
+
+
+def test_a_run_without_a_name_gets_a_generated_one(tiny_model_dir, tmp_path):
+    """Issue #16.12: a UI-started run without run_name must get '<trainer>-<UTC time>', as the field says."""
+    from datetime import UTC, datetime
+
+    from pbrl.run import generated_run_name, with_run_name
+
+    assert generated_run_name("madpo_iter", datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)) == "madpo_iter-20250102-030405"
+    job = tiny_job(tiny_model_dir, tmp_path, run_name=None)
+    named = with_run_name(job)
+    assert re.fullmatch(r"madpo_iter-\d{8}-\d{6}", named.run_name) and job.run_name is None
+    assert with_run_name(named) is named
+
+
+@pytest.mark.parametrize("targets", [["q_projx"], ["q_proj", "q_projx"]])
+def test_unknown_lora_target_modules_are_refused_before_anything_is_written(tiny_model_dir, tmp_path, targets):
+    """Issue #16.6: [q_projx] crashed in peft after run.json was written; [q_proj, q_projx] silently adapted
+    q_proj only. Both are one ConfigError naming the field and the unknown name, from validate and train."""
+    from typer.testing import CliRunner
+
+    from pbrl.cli import app
+
+    job = tiny_job(tiny_model_dir, tmp_path, lora_r=4, lora_target_modules=targets)
+    with pytest.raises(ConfigError, match=r"lora_target_modules: got \['q_projx'\]; no module of"):
+        prepare_run(job, resume=False)
+    assert list(tmp_path.iterdir()) == []
+    config = tmp_path / "c.yaml"
+    config.write_text(f"trainer: madpo_iter\ntask: toy\nagent_model: {tiny_model_dir}\nlora_r: 4\n"
+                      f"lora_target_modules: {json.dumps(targets)}\noutput_dir: {tmp_path / 'runs'}\n")
+    for command in (["validate", str(config)], ["train", str(config)]):
+        out = CliRunner().invoke(app, command)
+        assert out.exit_code == 2 and "lora_target_modules: got ['q_projx']" in out.output, out.output
+    assert not (tmp_path / "runs").exists()

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from pbrl.sampling import (
+    SamplingSettings,
     build_warpers,
     counter_uniforms,
     draw_inverse_cdf,
@@ -22,6 +23,11 @@ from pbrl.sampling import (
 EOS = 3
 U64 = 2**64
 SAMPLING = {"temperature": 0.9, "top_p": 0.95, "top_k": 50}
+
+
+def sampled(max_new_tokens: int, batch_size: int, **overrides) -> SamplingSettings:
+    """SAMPLING (overridable) with this row limit and batch size."""
+    return SamplingSettings(max_new_tokens=max_new_tokens, batch_size=batch_size, **{**SAMPLING, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +141,8 @@ def test_encode_prompt_applies_the_template_once(tokenizer, tiny_model_dir: Path
 
 def test_same_seeds_same_tokens_different_seeds_different(model, tokenizer, prompts) -> None:
     rows = [prompts[0]] * 6
-    first = generate(model, tokenizer, rows, list(range(6)), max_new_tokens=20, batch_size=6, **SAMPLING)
-    again = generate(model, tokenizer, rows, list(range(6)), max_new_tokens=20, batch_size=6, **SAMPLING)
+    first = generate(model, tokenizer, rows, list(range(6)), sampled(20, 6))
+    again = generate(model, tokenizer, rows, list(range(6)), sampled(20, 6))
     assert [g.completion_ids for g in first] == [g.completion_ids for g in again]
     assert [g.seed for g in first] == list(range(6))
     # the same prompt with six seeds gives six different completions
@@ -149,22 +155,18 @@ def test_a_row_does_not_depend_on_its_batch(model, tokenizer, prompts) -> None:
     rows = [prompts[i % 4] for i in range(8)]
     seeds = [2**62 + 17 * i for i in range(8)]
     alone = [
-        generate(model, tokenizer, [p], [s], max_new_tokens=16, batch_size=1, **SAMPLING)[0]
+        generate(model, tokenizer, [p], [s], sampled(16, 1))[0]
         for p, s in zip(rows, seeds, strict=False)
     ]
-    whole = generate(model, tokenizer, rows, seeds, max_new_tokens=16, batch_size=8, **SAMPLING)
-    chunked = generate(
-        model, tokenizer, rows[::-1], seeds[::-1], max_new_tokens=16, batch_size=3, **SAMPLING
-    )[::-1]
+    whole = generate(model, tokenizer, rows, seeds, sampled(16, 8))
+    chunked = generate(model, tokenizer, rows[::-1], seeds[::-1], sampled(16, 3))[::-1]
     assert [g.completion_ids for g in whole] == [g.completion_ids for g in alone]
     assert [g.completion_ids for g in chunked] == [g.completion_ids for g in alone]
 
 
 def test_tokens_are_exactly_the_seeded_draws(model, tokenizer, prompts) -> None:
     seed, settings = 4242, {"temperature": 0.8, "top_p": 0.9, "top_k": 20}
-    generation = generate(
-        model, tokenizer, [prompts[2]], [seed], max_new_tokens=12, batch_size=1, **settings
-    )[0]
+    generation = generate(model, tokenizer, [prompts[2]], [seed], sampled(12, 1, **settings))[0]
     warpers = build_warpers(**settings)
     ids, expected = list(prompts[2]), []
     with torch.no_grad():
@@ -188,20 +190,18 @@ def test_eos_is_kept_and_ends_the_completion(
 ) -> None:
     tok = tokenizer_pad_is_eos if pad_is_eos else tokenizer
     rows = [prompts[i % 4] for i in range(24)]
-    generations = generate(eos_model, tok, rows, list(range(24)), max_new_tokens=12, batch_size=8, **SAMPLING)
+    generations = generate(eos_model, tok, rows, list(range(24)), sampled(12, 8))
     reasons = [g.finish_reason for g in generations]
     assert "eos" in reasons and "length" in reasons  # these seeds give both kinds
     for g in generations:
         if g.finish_reason == "eos":
             assert g.completion_ids[-1] == EOS and EOS not in g.completion_ids[:-1]
-            assert len(g.completion_ids) <= 12
+            assert len(g.completion_ids) <= 12 and g.stop_token_id == EOS
         else:
-            assert len(g.completion_ids) == 12 and EOS not in g.completion_ids
+            assert len(g.completion_ids) == 12 and EOS not in g.completion_ids and g.stop_token_id is None
         assert g.text == tok.decode(g.completion_ids, skip_special_tokens=True)
     if pad_is_eos:  # the pad id only fills: same tokens as with the distinct pad id
-        plain = generate(
-            eos_model, tokenizer, rows, list(range(24)), max_new_tokens=12, batch_size=8, **SAMPLING
-        )
+        plain = generate(eos_model, tokenizer, rows, list(range(24)), sampled(12, 8))
         assert [g.completion_ids for g in generations] == [g.completion_ids for g in plain]
 
 
@@ -210,9 +210,7 @@ def test_global_random_state_is_neither_read_nor_consumed(model, tokenizer, prom
     for global_seed in (1, 2):
         torch.manual_seed(global_seed)
         state = torch.get_rng_state()
-        outputs.append(
-            generate(model, tokenizer, prompts, [7, 8, 9, 10], max_new_tokens=16, batch_size=4, **SAMPLING)
-        )
+        outputs.append(generate(model, tokenizer, prompts, [7, 8, 9, 10], sampled(16, 4)))
         assert torch.equal(torch.get_rng_state(), state)
     assert outputs[0] == outputs[1]
 
@@ -226,34 +224,14 @@ def test_top_k_one_and_low_temperature_give_the_argmax(model, tokenizer, prompts
             )
             new = out[0, len(p) :].tolist()
             greedy.append(new[: new.index(EOS) + 1] if EOS in new else new)
-    top1 = generate(
-        model,
-        tokenizer,
-        prompts,
-        [1, 2, 3, 4],
-        max_new_tokens=10,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=1,
-        batch_size=4,
-    )
-    cold = generate(
-        model,
-        tokenizer,
-        prompts,
-        [5, 6, 7, 8],
-        max_new_tokens=10,
-        temperature=1e-4,
-        top_p=1.0,
-        top_k=None,
-        batch_size=4,
-    )
+    top1 = generate(model, tokenizer, prompts, [1, 2, 3, 4], sampled(10, 4, temperature=1.0, top_p=1.0, top_k=1))
+    cold = generate(model, tokenizer, prompts, [5, 6, 7, 8], sampled(10, 4, temperature=1e-4, top_p=1.0, top_k=None))
     assert [g.completion_ids for g in top1] == greedy
     assert [g.completion_ids for g in cold] == greedy
 
 
 def test_model_settings_do_not_interfere_and_modes_are_restored(model, tokenizer, prompts) -> None:
-    plain = generate(model, tokenizer, prompts, [1, 2, 3, 4], max_new_tokens=12, batch_size=4, **SAMPLING)
+    plain = generate(model, tokenizer, prompts, [1, 2, 3, 4], sampled(12, 4))
     saved = model.generation_config
     model.generation_config = saved.__class__.from_dict(
         {
@@ -269,13 +247,11 @@ def test_model_settings_do_not_interfere_and_modes_are_restored(model, tokenizer
     )
     model.train()
     try:
-        steered = generate(
-            model, tokenizer, prompts, [1, 2, 3, 4], max_new_tokens=12, batch_size=4, **SAMPLING
-        )
+        steered = generate(model, tokenizer, prompts, [1, 2, 3, 4], sampled(12, 4))
         assert model.training and all(m.training for m in model.modules())
         model.generation_config.suppress_tokens = [5]
         with pytest.raises(ValueError, match="suppress_tokens"):
-            generate(model, tokenizer, prompts, [1, 2, 3, 4], max_new_tokens=12, batch_size=4, **SAMPLING)
+            generate(model, tokenizer, prompts, [1, 2, 3, 4], sampled(12, 4))
     finally:
         model.generation_config = saved
         model.eval()
@@ -289,11 +265,7 @@ def test_bad_arguments_are_all_reported(model, tokenizer, prompts) -> None:
             tokenizer,
             [prompts[0], []],
             [1, -1, 2**63],
-            max_new_tokens=0,
-            temperature=0.0,
-            top_p=1.5,
-            top_k=0,
-            batch_size=0,
+            SamplingSettings(max_new_tokens=0, temperature=0.0, top_p=1.5, top_k=0, batch_size=0),
         )
     message = str(error.value)
     for part in (

@@ -1,4 +1,5 @@
-"""The sandbox for generated code (SPEC §9): limits hold, the parent is unharmed, nothing leaks or lingers."""
+"""The sandbox for generated code (SPEC §9): limits hold, the parent is unharmed, nothing leaks or lingers,
+and the code cannot read or forge the verdict on it (issue #16 item 10)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pbrl.sandbox import FILE_SIZE_LIMIT_BYTES, run_in_process_group, run_python, sandbox_env
+from pbrl.sandbox import FILE_SIZE_LIMIT_BYTES, run_in_process_group, run_python, run_python_pair, sandbox_env
 from pbrl.tasks.humaneval import load_problems
-from pbrl.tasks.humaneval_coop import make_coop_reward
+from pbrl.tasks.humaneval_coop import coop_score, make_coop_reward
+from pbrl.tasks.humaneval_coop_harness import MAX_DEPTH, decode_reply, decode_value, encode_value
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox limits are Linux's")
 
@@ -223,3 +225,172 @@ def test_bad_main_code_gets_structural_credit_only_and_returns(name: str, tmp_pa
     # 0.5 aux defined + 0.5 main defined + 0.5 joint code parses; no test passes, main does not call aux.
     assert value == 1.5
     assert not outside.exists()
+
+
+# ---------------------------------------------------------------- verdicts the code cannot reach (issue #16)
+
+# Each attack defines a has_close_elements that computes nothing right; every one must score 1.5 (structure
+# only). Each of the first six scored the full 3.5 (7 of 7 passed) under the former one-process harness
+# that held a nonce and printed the verdict from the process running the code.
+_WALK_FRAMES = (
+    "import os, sys\n"
+    "def forge(frame):\n"
+    "    while frame is not None:\n"
+    "        for value in [*frame.f_locals.values(), *frame.f_globals.values()]:\n"
+    "            if isinstance(value, str) and value.startswith('PBRL-TESTS'):\n"
+    "                os.write(1, ('\\n' + value + '7\\nPBRL-TESTS 7 7\\n').encode())\n"
+    "                os._exit(0)\n"
+    "        frame = frame.f_back\n"
+)
+ATTACKS = {
+    # the issue's example: read the secret tag from the calling frames, print a forged result line, exit
+    "secret from the calling frame": _WALK_FRAMES
+    + "def has_close_elements(numbers, threshold):\n    forge(sys._getframe(1))\n    raise ValueError\n",
+    "secret through a traceback's frame": _WALK_FRAMES
+    + "def has_close_elements(numbers, threshold):\n    try:\n        raise KeyError\n"
+    "    except KeyError as exc:\n        forge(exc.__traceback__.tb_frame)\n    raise ValueError\n",
+    # read the expected values out of the test statement that called the function
+    "expected values from the caller's code": "import sys\n"
+    "def has_close_elements(numbers, threshold):\n    frame = sys._getframe(1)\n"
+    "    while frame is not None and frame.f_code.co_filename != '<test>':\n        frame = frame.f_back\n"
+    "    return [c for c in frame.f_code.co_consts if c is True or c is False][-1]\n",
+    # make every later test statement a no-op by patching the builtins the harness looks up
+    "patched builtins exec and compile": "import builtins\n"
+    "builtins.exec = lambda *args, **kwargs: None\nbuiltins.compile = lambda *args, **kwargs: None\n"
+    "def has_close_elements(numbers, threshold):\n    raise ValueError\n",
+    # an answer equal to everything
+    "object whose __eq__ is always True": "class Yes:\n    def __eq__(self, other):\n        return True\n"
+    "    __hash__ = object.__hash__\n"
+    "def has_close_elements(numbers, threshold):\n    return Yes()\n",
+    "int subclass whose __eq__ is always True": "class Two(int):\n    def __eq__(self, other):\n"
+    "        return True\n    __hash__ = int.__hash__\n"
+    "def has_close_elements(numbers, threshold):\n    return Two(2)\n",
+    # the rest already failed before; they stay failing
+    "gc search for the secret": "import gc\n"
+    "def has_close_elements(numbers, threshold):\n"
+    "    return [o for o in gc.get_objects() if isinstance(o, str) and o.startswith('PBRL')]\n",
+    "SystemExit inside the test": "def has_close_elements(numbers, threshold):\n    raise SystemExit(0)\n",
+    "forged line then os._exit inside the test": "import os\n"
+    "def has_close_elements(numbers, threshold):\n    os.write(1, b'\\nPBRL-TESTS 7 7\\n')\n    os._exit(0)\n",
+    # guess the channel: forged lines into every descriptor the process holds, then a wrong function
+    "forged lines into every descriptor": "import os\n"
+    'for fd in range(64):\n    try:\n        os.write(fd, b\'PBRL-TESTS 7 7\\n["return", ["str", "x"]]\\n\')\n'
+    "    except OSError:\n        pass\n"
+    "def has_close_elements(numbers, threshold):\n    raise ValueError\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_code_cannot_read_or_forge_the_verdict(name: str) -> None:
+    problem = load_problems()[0]  # HumanEval/0: 7 asserts, expected True, False, True, False, True, True, False
+    score = coop_score(GOOD_AUX, ATTACKS[name], problem, timeout_s=5.0, memory_mb=256)
+    assert (score.tests_passed, score.tests_total) == (0, 7)
+    assert score.total == 1.5  # 0.5 aux + 0.5 main + 0.5 parses; no test passed, aux not called
+
+
+def test_honest_code_still_gets_full_marks_including_dict_and_int_subclasses() -> None:
+    problems = {p["item_id"]: p for p in load_problems()}
+    honest = (
+        "def has_close_elements(numbers, threshold):\n    ordered = aux(numbers)\n"
+        "    return any(b - a < threshold for a, b in zip(ordered, ordered[1:]))\n"
+    )
+    # 0.5 aux + 0.5 main + 0.5 parses + 2.0 * 7/7 + 0.5 calls aux
+    assert coop_score(GOOD_AUX, honest, problems["HumanEval/0"]).total == 4.0
+    # a Counter is a dict subclass: its contents go to the judge as a plain dict, and the 8 asserts pass
+    counter = (
+        "from collections import Counter\ndef histogram(test):\n    counts = Counter(test.split())\n"
+        "    top = max(counts.values(), default=0)\n"
+        "    return Counter({k: v for k, v in counts.items() if v == top})\n"
+    )
+    score = coop_score(GOOD_AUX, counter, problems["HumanEval/111"])
+    assert (score.tests_passed, score.tests_total, score.total) == (8, 8, 3.5)
+    # HumanEval/33's tests call the function by its own name (sort_third), which must reach the candidate
+    sort_third = "def sort_third(l):\n    l = list(l)\n    l[::3] = sorted(l[::3])\n    return l\n"
+    assert coop_score(GOOD_AUX, sort_third, problems["HumanEval/33"]).tests_passed == 7
+
+
+def test_a_judge_that_stops_before_its_last_unit_counts_nothing() -> None:
+    # hand-made item: 3 units, 2 of them tests; the middle one ends the judge process with status 0
+    item = {
+        "item_id": "stop",
+        "prompt": 'def f(x):\n    """Identity."""\n',
+        "entry_point": "f",
+        "test": "def check(candidate):\n    assert candidate(1) == 1\n    STOP\n    assert candidate(2) == 2\n",
+    }
+    identity = "def f(x):\n    return x\n"
+    complete = coop_score(GOOD_AUX, identity, {**item, "test": item["test"].replace("STOP", "pass")})
+    assert (complete.tests_passed, complete.tests_total, complete.total) == (2, 2, 3.5)
+    stopped = coop_score(GOOD_AUX, identity, {**item, "test": item["test"].replace("STOP", "raise SystemExit(0)")})
+    assert (stopped.tests_passed, stopped.tests_total, stopped.total) == (0, 2, 1.5)
+
+
+def test_pair_talks_only_through_the_pipes_and_sees_end_of_file() -> None:
+    fds_before = len(os.listdir("/proc/self/fd"))
+    judge, untrusted = run_python_pair(
+        "import os, sys\nr, w = (int(fd) for fd in sys.argv[1:])\nos.write(w, b'ping\\n')\n"
+        "print(os.read(r, 100), os.read(r, 100))",
+        "import os, sys\nr, w = (int(fd) for fd in sys.argv[1:])\nprint(os.read(r, 100))\n"
+        "os.write(w, b'pong\\n')\nprint('untrusted stdout')",
+        timeout_s=10.0,
+    )
+    # the second read of the judge is end-of-file: the untrusted process ended, nobody else holds its pipe
+    assert (judge.returncode, judge.stdout) == (0, "b'pong\\n' b''\n")
+    assert (untrusted.returncode, untrusted.stdout) == (0, "b'ping\\n'\nuntrusted stdout\n")
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # the parent's pipe ends were all closed
+
+
+def test_pass_fds_are_closed_in_the_parent_even_when_the_limits_are_wrong() -> None:
+    r, w = os.pipe()
+    with pytest.raises(ValueError, match="memory_mb"):
+        run_python("pass", memory_mb=1, pass_fds=(r, w))
+    for fd in (r, w):
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+class _Always(int):
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = int.__hash__
+
+
+def test_codec_encodes_by_hand_and_decodes_only_exact_builtin_types() -> None:
+    assert encode_value(255) == ["int", "0xff"]
+    assert encode_value(-1.5) == ["float", "-0x1.8000000000000p+0"]
+    assert encode_value([True, None, (b"\x01", "s")]) == [
+        "list", [["bool", 1], ["None"], ["tuple", [["bytes", "01"], ["str", "s"]]]]
+    ]  # fmt: skip
+    assert encode_value({"a": 1j}) == ["dict", [[["str", "a"], ["complex", "0x0.0p+0", "0x1.0000000000000p+0"]]]]
+    assert encode_value(_Always(2)) == ["int", "0x2"]  # the subclass's __eq__ does not cross
+    big = 10**5000  # past the 4300-digit limit of decimal int parsing
+    assert decode_value(encode_value(big)) == big
+    decoded = decode_value(["dict", [[["str", "k"], ["set", [["int", "-0x3"]]]]]])
+    assert decoded == {"k": {-3}} and type(decoded) is dict and type(decoded["k"]) is set
+    assert type(decode_value(["int", "0x2"])) is int
+    inf = decode_value(encode_value(float("inf")))
+    assert inf == float("inf") and type(inf) is float
+    for bad in (["int", "12"], ["int", 12], ["bool", 2], ["object"], "x", [], ["str", 1], ["dict", [[1]]]):
+        with pytest.raises(ValueError):
+            decode_value(bad)
+    deep: list = ["None"]
+    for _ in range(MAX_DEPTH + 1):
+        deep = ["list", [deep]]
+    with pytest.raises(ValueError, match="deeper"):
+        decode_value(deep)
+    with pytest.raises(TypeError, match="Yes"):
+        encode_value(type("Yes", (), {})())
+    with pytest.raises(TypeError, match="generator"):
+        encode_value(i for i in range(3))
+
+
+def test_replies_decode_to_values_or_builtin_exceptions_only() -> None:
+    assert decode_reply('["return", ["bool", 0]]\n') is False
+    with pytest.raises(ValueError, match="raised by the candidate"):
+        decode_reply('["raise", "ValueError"]\n')
+    with pytest.raises(RuntimeError, match="SystemExit"):  # not an Exception subclass: not re-raised as itself
+        decode_reply('["raise", "SystemExit"]\n')
+    with pytest.raises(RuntimeError, match="ended before answering"):
+        decode_reply("")
+    with pytest.raises(ValueError):
+        decode_reply("PBRL-TESTS 7 7\n")

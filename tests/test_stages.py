@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from pbrl.run import resolve_task
 from pbrl.schema import CANDIDATES, EVAL, PAIRS, SCORES, SELECTED_PAIRS, read_rows
-from pbrl.scoring import sequence_logprobs
 from pbrl.storage import RunPaths, read_json, read_manifest
+from pbrl.tasks.toy import toy_reward
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 
@@ -90,27 +90,28 @@ def test_pair_file_has_reference_record_shape(collected):
     assert [e["round"] for e in index["rounds"]] == [1] and index["rounds"][0]["num_pairs"] == data["num_pairs"]
 
 
-def test_pairs_keep_exact_ids_and_margins(collected, tiny_model_dir):
+def test_pairs_keep_exact_ids_scores_and_index_matching(collected):
     run_dir, _, _ = collected
     paths = RunPaths(run_dir)
     cands = {(r["item_id"], r["side"], r["candidate_index"], r["agent_index"]): r
              for r in read_rows(paths.candidates(1), CANDIDATES)}
+    scores = {(s["item_id"], s["side"], s["candidate_index"]): s for s in read_rows(paths.scores(1), SCORES)}
     pairs = read_rows(paths.pairs(1), PAIRS)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert pairs
     for p in pairs:
+        # Iterative pairs compare target j with comparator j only, one side each.
+        assert p["winner_index"] == p["loser_index"] and {p["winner_side"], p["loser_side"]} == {"target", "comparator"}
+        w = scores[(p["item_id"], p["winner_side"], p["winner_index"])]
+        lo = scores[(p["item_id"], p["loser_side"], p["loser_index"])]
+        assert (p["winner_reward"], p["loser_reward"]) == (w["reward"], lo["reward"]) and w["reward"] > lo["reward"]
+        assert (p["winner_raw_reward"], p["loser_raw_reward"]) == (w["raw_reward"], lo["raw_reward"])
         for a in range(2):
-            w = cands[(p["item_id"], p["winner_side"], p["winner_index"], a)]
-            lo = cands[(p["item_id"], p["loser_side"], p["loser_index"], a)]
-            assert p["winner_ids"][a] == w["completion_ids"] and p["loser_ids"][a] == lo["completion_ids"]
-            assert p["prompt_ids"][a] == w["prompt_ids"]
-    with torch.no_grad():
-        stored = sequence_logprobs(model, [p["prompt_ids"][0] for p in pairs], [p["winner_ids"][0] for p in pairs],
-                                   pad_token_id=0)
-        fresh = sequence_logprobs(model, [cands[(p["item_id"], p["winner_side"], p["winner_index"], 0)]["prompt_ids"]
-                                          for p in pairs],
-                                  [cands[(p["item_id"], p["winner_side"], p["winner_index"], 0)]["completion_ids"]
-                                   for p in pairs], pad_token_id=0)
-    assert torch.allclose(stored, fresh, atol=1e-6)
+            wc = cands[(p["item_id"], p["winner_side"], p["winner_index"], a)]
+            lc = cands[(p["item_id"], p["loser_side"], p["loser_index"], a)]
+            # Token ids exactly as generated (never re-tokenized from the text), every agent from one index.
+            assert p["winner_ids"][a] == wc["completion_ids"] and p["loser_ids"][a] == lc["completion_ids"]
+            assert p["winner_completions"][a] == wc["completion"] and p["loser_completions"][a] == lc["completion"]
+            assert p["prompt_ids"][a] == cands[(p["item_id"], "target", p["winner_index"], a)]["prompt_ids"]
 
 
 def test_stored_winner_reproduces_its_reward(collected):
@@ -135,12 +136,26 @@ def test_learning_stages_complete_a_round(collected):
         assert (ckpt / f"agent_{a}" / "optimizer.pt").is_file()
         assert (ckpt / f"agent_{a}" / "model.safetensors").is_file()
     m = manifests["update-policies"].metrics
-    for key in ("madpo/loss", "madpo/accuracy", "madpo/margin_mean", "turn_1/reward_mean",
-                "turn_1/expected_return", "madpo/margin_agent_0", "madpo/margin_agent_1", "madpo/skipped_steps"):
-        assert key in m
+    pairs = read_rows(paths.pairs(1), PAIRS)
+    # Values, worked out from the stored files: steps = ceil(pairs / train_batch_size) per epoch; the reward
+    # mean is the mean over selected pairs of their item's mean candidate score (both sides, every candidate).
+    assert manifests["update-policies"].counts["steps"] == math.ceil(len(pairs) / job.train_batch_size)
+    scores = read_rows(paths.scores(1), SCORES)
+    item_mean = {i: statistics.fmean(s["reward"] for s in scores if s["item_id"] == i)
+                 for i in {p["item_id"] for p in pairs}}
+    expected = statistics.fmean(item_mean[p["item_id"]] for p in pairs)
+    assert m["turn_1/reward_mean"] == pytest.approx(expected, abs=1e-12)
+    assert m["turn_1/expected_return"] == pytest.approx(expected, abs=1e-12)
+    assert m["madpo/skipped_steps"] == 0.0 and 0.0 <= m["madpo/accuracy"] <= 1.0
+    # The mean joint margin is the sum of the agents' mean margins.
+    assert m["madpo/margin_mean"] == pytest.approx(m["madpo/margin_agent_0"] + m["madpo/margin_agent_1"], abs=1e-9)
+    assert m["madpo/loss"] > 0
     ev = read_rows(paths.eval(1), EVAL)
     assert len(ev) == 2 and all(len(r["completions"]) == 2 for r in ev)
-    assert "eval/turn_1/reward_mean" in manifests["evaluate"].metrics
+    rewards = [toy_reward(*[[c] for c in r["completions"]])[0] for r in ev]  # the task's reward, identity processor
+    assert [r["reward"] for r in ev] == pytest.approx(rewards, abs=0)
+    eval_mean = manifests["evaluate"].metrics["eval/turn_1/reward_mean"]
+    assert eval_mean == pytest.approx(statistics.fmean(rewards), abs=1e-12)
 
 
 def test_replay_folder_of_another_run_is_refused(tiny_model_dir, tmp_path):

@@ -132,3 +132,26 @@ def test_write_json_refuses_nan(tmp_path):
     with pytest.raises(ValueError):
         write_json(tmp_path / "x.json", {"v": float("nan")})
     assert not (tmp_path / "x.json").exists()
+
+
+def test_remove_stale_temporaries_removes_exactly_the_leftovers_of_killed_writes(tmp_path):
+    """A SIGKILL between creating a temporary and its rename leaves it; a resume removes it (issue #16)."""
+    from pbrl.storage import remove_stale_temporaries
+
+    paths = RunPaths(tmp_path)
+    keep = [paths.scores(1), paths.round_dir(1) / "tmp-not-a-leftover.txt", tmp_path / ".prefect" / "results" / "k",
+            paths.round_checkpoint(1) / "agent_0" / "model.safetensors"]
+    leftovers = [paths.round_dir(1) / ".tmp-scores.parquet.x1", tmp_path / ".tmp-run.json.x2",
+                 paths.round_checkpoint(1) / ".tmp-agent_0.x3" / "model.safetensors",
+                 paths.round_checkpoint(1) / ".old-agent_1.x4" / "old" / "model.safetensors"]
+    for f in keep + leftovers:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"1")
+    assert remove_stale_temporaries(paths) == [
+        ".tmp-run.json.x2", "checkpoints/round_0001/.old-agent_1.x4", "checkpoints/round_0001/.tmp-agent_0.x3",
+        "rounds/0001/.tmp-scores.parquet.x1"]
+    assert all(f.is_file() for f in keep)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
+        ".prefect/results/k", "checkpoints/round_0001/agent_0/model.safetensors", "rounds/0001/scores.parquet",
+        "rounds/0001/tmp-not-a-leftover.txt"]
+    assert remove_stale_temporaries(paths) == []

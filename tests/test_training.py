@@ -109,19 +109,21 @@ KILL_SCRIPT = textwrap.dedent("""
         if "agent_1" in str(path):
             os.kill(os.getpid(), signal.SIGKILL)   # mid update-policies of round 1: checkpoint half written
     up.save_optimizer = save_then_die
-    job = load_job(sys.argv[1], [f"output_dir={sys.argv[2]}", "run_name=killed", "num_iterations=2"])
+    job = load_job(sys.argv[1], [f"output_dir={sys.argv[2]}", "run_name=killed", "num_iterations=2", *sys.argv[3:]])
     orchestration.train(job)
 """)
 
 
-def test_sigkill_in_update_policies_then_resume_matches_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("overrides", [[], ["lora_r=4", "lora_dropout=0.5"]], ids=["full", "lora-dropout"])
+def test_sigkill_in_update_policies_then_resume_matches_uninterrupted_run(tmp_path, overrides):
+    """Also with LoRA dropout on: its masks come from seeds, so the resumed update is bitwise the same."""
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     script = tmp_path / "kill.py"
     script.write_text(KILL_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(ITER_YAML), str(tmp_path)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run([sys.executable, str(script), str(ITER_YAML), str(tmp_path), *overrides], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == -9, proc.stderr[-2000:]
     killed = tmp_path / "killed"
     paths = RunPaths(killed)
@@ -129,14 +131,16 @@ def test_sigkill_in_update_policies_then_resume_matches_uninterrupted_run(tmp_pa
     assert not paths.round_checkpoint(1).exists()
     assert not paths.manifest(1, "update-policies").exists()
 
-    job = load_job(ITER_YAML, [f"output_dir={tmp_path}", "run_name=killed"])
+    job = load_job(ITER_YAML, [f"output_dir={tmp_path}", "run_name=killed", *overrides])
     out = orchestration.train(job, resume=True)
     states = {(s["round"], s["stage"]): s["state"] for s in out["stages"]}
     assert states[(1, "sample-candidates")] == "Cached" and states[(1, "update-policies")] == "Completed"
 
-    fresh = load_job(ITER_YAML, [f"output_dir={tmp_path}", "run_name=fresh"])
+    fresh = load_job(ITER_YAML, [f"output_dir={tmp_path}", "run_name=fresh", *overrides])
     orchestration.train(fresh)
     assert_same(artifacts(killed), artifacts(tmp_path / "fresh"))
+    if overrides:  # the adapters were trained and compared, not the (absent) full weights
+        assert list(killed.glob("checkpoints/round_0002/agent_*/adapter_model.safetensors"))
 
 
 def test_lambda_decay_three_rounds_and_resume_after_round_two(tmp_path):

@@ -1,5 +1,6 @@
 """``humaneval_coop``: agent 1 writes a helper function ``aux``, agent 2 the problem's entry-point function,
-which may call ``aux``. The joint code is tested in the sandbox (:mod:`pbrl.sandbox`).
+which may call ``aux``. The joint code is tested in the sandbox (:mod:`pbrl.sandbox`), by a judge process
+that never runs it (:func:`run_tests`), so the code cannot read or forge the verdict.
 
 Reward in [0, 4] with partial credit for structure (:func:`coop_score`); the task itself (items, split)
 is registered in :mod:`pbrl.tasks.humaneval`. ``pbrl.tasks.humaneval_coop:coop_reward`` is the reward with
@@ -10,22 +11,23 @@ the default limits, for users who build their own task. Source of the scheme: th
 from __future__ import annotations
 
 import ast
+import functools
 import re
-import secrets
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from pbrl.sandbox import run_python
-from pbrl.tasks import RewardFunc
+from pbrl.sandbox import run_python_pair
+from pbrl.tasks import RewardFunc, humaneval_coop_harness
 from pbrl.tasks.humaneval import check_two_agent_batch, item_field
+from pbrl.tasks.humaneval_coop_harness import RESULT_TAG
 
 AUX_NAME = "aux"
 REWARD_RANGE = (0.0, 4.0)
 STRUCTURE_CREDIT = 0.5
 TESTS_CREDIT = 2.0
-RESULT_TAG = "PBRL-TESTS"
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
@@ -164,8 +166,9 @@ def coop_score(
         +0.5 agent 1's code defines a top-level ``aux`` with a ``return <value>``;
         +0.5 agent 2's code defines a top-level ``item["entry_point"]`` function;
         +0.5 the joint code (problem preamble + agent 1 + agent 2) parses;
-        +2.0 x share of the problem's tests passed, run in one sandboxed process; only when the joint code
-             parses and agent 2 defined the function; a timeout, or a process that never reports, gives 0;
+        +2.0 x share of the problem's tests passed (:func:`run_tests`, two sandboxed processes); only when
+             the joint code parses and agent 2 defined the function; a timeout, or a judge that never
+             reports, gives 0;
         +0.5 agent 2's function calls ``aux``, agent 2 does not define its own ``aux``, and >= 1 test passed.
 
     The joint code runs with ``__name__ != "__main__"`` (so example blocks under that guard are skipped)
@@ -182,7 +185,9 @@ def coop_score(
     total = sum(is_test for _, is_test in units)
     passed = 0
     if parses and main is not None:
-        passed = run_tests(joint, test_source, units, entry_point, timeout_s=timeout_s, memory_mb=memory_mb)
+        passed = run_tests(
+            joint, problem_preamble(item), test_source, units, entry_point, timeout_s=timeout_s, memory_mb=memory_mb
+        )
     return CoopScore(
         aux_defined=aux is not None and returns_value(aux),
         main_defined=main is not None,
@@ -194,69 +199,47 @@ def coop_score(
 
 
 def run_tests(
-    program: str, test_source: str, units: Sequence[tuple[str, bool]], entry_point: str, *,
+    program: str, preamble: str, test_source: str, units: Sequence[tuple[str, bool]], entry_point: str, *,
     timeout_s: float, memory_mb: int,
 ) -> int:  # fmt: skip
-    """Run ``program`` and then each test unit in ONE sandboxed process; return the number passed.
+    """Run the test units against ``program``'s ``entry_point``; return the number of test units passed.
 
-    Each unit runs in its own try/except, so a failing assert costs only itself. The process prints one
-    line ``PBRL-TESTS <nonce> <passed>`` at the end (the nonce keeps the code's own output from posing as
-    the result). Timeout, or no result line (crash, ``os._exit``): 0.
+    Two sandboxed processes (:func:`pbrl.sandbox.run_python_pair`, :mod:`pbrl.tasks.humaneval_coop_harness`):
+    the candidate process runs ``program`` and answers calls; the judge process runs ``preamble``, the
+    tests and each unit, calling the candidate through a pipe and comparing exact built-in values. The
+    candidate process never holds a secret, the tests or the verdict, so it cannot read or forge the result
+    (printing a result line, exiting, patching builtins, ``__eq__`` tricks all fail their units). The count
+    is the judge's only when the judge exited with status 0 within the time limit and its last line reports
+    every unit as ended; otherwise (timeout, crash): 0.
     """
-    nonce = secrets.token_hex(16)
-    result = run_python(
-        harness_source(program, test_source, units, entry_point, nonce), timeout_s=timeout_s, memory_mb=memory_mb
-    )
-    if result.timed_out:
-        return 0
-    prefix = f"{RESULT_TAG} {nonce} "
-    lines = [line for line in result.stdout.splitlines() if line.startswith(prefix)]
-    if not lines:
-        return 0
-    count = lines[-1][len(prefix) :]
-    return int(count) if count.isdigit() else 0
-
-
-def harness_source(
-    program: str, test_source: str, units: Sequence[tuple[str, bool]], entry_point: str, nonce: str
-) -> str:
-    """The Python source that the sandbox runs for :func:`run_tests` (all inputs embedded as literals)."""
-    return _HARNESS.format(
-        program=repr(program), tests=repr(test_source), units=repr([(s, bool(t)) for s, t in units]),
-        entry_point=repr(entry_point), tag=repr(f"{RESULT_TAG} {nonce} "),
+    judge, _candidate = run_python_pair(
+        judge_source(preamble, test_source, units, entry_point), candidate_source(program, entry_point),
+        timeout_s=timeout_s, memory_mb=memory_mb,
     )  # fmt: skip
+    if judge.timed_out or judge.returncode != 0:
+        return 0
+    lines = judge.stdout.splitlines()
+    fields = lines[-1].split(" ") if lines else []
+    if len(fields) != 3 or fields[0] != RESULT_TAG or not all(f.isdigit() for f in fields[1:]):
+        return 0
+    passed, ended = int(fields[1]), int(fields[2])
+    return passed if ended == len(units) else 0
 
 
-# Runs inside the sandbox. Every function it needs after the untrusted code ran is bound before it.
-_HARNESS = """\
-import os
-import sys
+def judge_source(preamble: str, test_source: str, units: Sequence[tuple[str, bool]], entry_point: str) -> str:
+    """The judge process's Python source (trusted code only; all inputs embedded as literals)."""
+    call = f"run_judge({preamble!r}, {test_source!r}, {[(s, bool(t)) for s, t in units]!r}, {entry_point!r})"
+    return f"{_harness_text()}\n\n{call}\n"
 
 
-def _run(program, tests, units, entry_point, tag):
-    write, devnull = os.write, open(os.devnull, "w")
-    sys.stdout = devnull
-    namespace = {{"__name__": "candidate", "__builtins__": __builtins__}}
-    passed = 0
-    try:
-        exec(compile(program, "<joint code>", "exec"), namespace)
-        exec(compile(tests, "<tests>", "exec"), namespace)
-        candidate = namespace[entry_point]
-    except BaseException:
-        candidate = None
-    if candidate is not None:
-        namespace["candidate"] = candidate
-        for source, counts in units:
-            try:
-                exec(compile(source, "<test>", "exec"), namespace)
-            except BaseException:
-                continue
-            passed += counts
-    write(1, ("\\n%s%d\\n" % (tag, passed)).encode("ascii"))
+def candidate_source(program: str, entry_point: str) -> str:
+    """The candidate process's Python source: the harness, then ``serve_candidate`` on the joint code."""
+    return f"{_harness_text()}\n\nserve_candidate({program!r}, {entry_point!r})\n"
 
 
-_run({program}, {tests}, {units}, {entry_point}, {tag})
-"""
+@functools.cache
+def _harness_text() -> str:
+    return Path(humaneval_coop_harness.__file__).read_text(encoding="utf-8")
 
 
 def make_coop_reward(*, timeout_s: float = 10.0, memory_mb: int = 512, max_workers: int = 1) -> RewardFunc:

@@ -1,0 +1,109 @@
+"""Stage 6, fit-reward-model (MARLHF, SPEC §5.6): a freshly initialised joint reward model, fitted with the
+Bradley–Terry loss on the round's replay-selected pairs.
+
+The pairs' joint input ids come from ``rounds/<s>/pair_joint_ids.parquet`` of each pair's source round
+(written by build-pairs), so fitting reads exactly the ids that were stored with the pair; pairs dropped
+there (their responses do not fit ``reward_max_length``) are counted here. A seeded share
+(:data:`HELDOUT_SHARE`) of the usable pairs is held out: ``rm/*`` metrics are measured on the training
+pairs, ``rm/heldout_*`` on the held-out ones, both after fitting. The model is written to
+``rounds/<r>/reward_model/`` (safetensors). Head init, LoRA init, the held-out split and the batch order
+each come from their own seed ``(seed, round, "fit-reward-model", side)``, so a rerun is bitwise identical.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pbrl.config import JobConfig
+from pbrl.errors import ArtifactError
+from pbrl.policies import PolicySource
+from pbrl.reward_model import (
+    RewardModelSpec,
+    fit_bradley_terry,
+    heldout_split,
+    new_reward_model,
+    pair_joint_ids_path,
+    pair_metrics,
+    reward_device,
+    reward_model_dir,
+    save_reward_model,
+)
+from pbrl.schema import PAIR_JOINT_IDS, SELECTED_PAIRS, read_rows, read_selected_pairs
+from pbrl.seeds import derive_seed
+from pbrl.stagekit import StageRecord
+from pbrl.storage import RunPaths, StageManifest
+
+NAME = "fit-reward-model"
+HELDOUT_SHARE = 0.2  # share of the usable selected pairs held out for rm/heldout_* (at least 1 when >= 2 pairs)
+SCORE_BATCH = 16  # joint inputs per scoring forward
+
+
+def _source_rounds(paths: RunPaths, round_index: int) -> list[int]:
+    return sorted({r["source_round"] for r in read_rows(paths.selected_pairs(round_index), SELECTED_PAIRS)})
+
+
+def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
+    rounds = _source_rounds(paths, round_index)
+    return [paths.selected_pairs(round_index), *(paths.pairs(r) for r in rounds),
+            *(pair_joint_ids_path(paths.round_dir(r)) for r in rounds)]
+
+
+def spec_of(job: JobConfig) -> RewardModelSpec:
+    """``reward_model_name`` (default: the first agent's model), the run's LoRA settings, the freeze flag."""
+    source = PolicySource.from_job(job)
+    return RewardModelSpec(source=job.reward_model_name or source.models[0], lora=source.lora,
+                           freeze_backbone=job.reward_freeze_backbone)
+
+
+def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
+    record = StageRecord(NAME, run_dir, round_index, job)
+    paths = record.paths
+    pairs = read_selected_pairs(paths.selected_pairs(round_index), paths.pairs)
+    joint: dict[str, dict] = {}
+    for r in _source_rounds(paths, round_index):
+        stored = read_rows(pair_joint_ids_path(paths.round_dir(r)), PAIR_JOINT_IDS)
+        joint.update({row["pair_id"]: row for row in stored})
+    missing = [p["pair_id"] for p in pairs if p["pair_id"] not in joint]
+    if missing:
+        raise ArtifactError(f"pair_joint_ids.parquet: no joint input ids for selected pair(s) {missing[:5]}; "
+                            "rerun build-pairs of their round")
+    usable = [(joint[p["pair_id"]]["winner_joint_ids"], joint[p["pair_id"]]["loser_joint_ids"])
+              for p in pairs if joint[p["pair_id"]]["dropped"] is None]
+    dropped = len(pairs) - len(usable)
+    out = reward_model_dir(paths.round_dir(round_index))
+    if dropped:
+        record.say(f"{dropped} selected pair(s) left out: their responses do not fit reward_max_length="
+                   f"{job.reward_max_length}")
+    if not usable:
+        record.say("no usable preference pairs: no reward model is fitted and the policies are not updated")
+        record.counts = {"pairs": len(pairs), "dropped_too_long": dropped, "train_pairs": 0, "heldout_pairs": 0}
+        record.details = {"fitted": False}
+        manifest = record.finish(input_files(paths, round_index, job), [])
+        shutil.rmtree(out, ignore_errors=True)  # an earlier attempt's folder: no manifest names it
+        return manifest
+
+    spec = spec_of(job)
+
+    def seed(side: str) -> int:
+        return derive_seed(job.seed, round_index=round_index, stage=NAME, side=side)
+
+    device = reward_device(job.reward_model_device, job.agent_devices, job.num_agents)
+    model = new_reward_model(spec, seed=seed("init"), device=device)
+    train_idx, held_idx = heldout_split(len(usable), HELDOUT_SHARE, seed("heldout"))
+    train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
+    stats = fit_bradley_terry(model, train, epochs=job.reward_num_train_epochs,
+                              batch_size=job.reward_train_batch_size, learning_rate=job.reward_learning_rate,
+                              seed=seed("order"), max_grad_norm=job.max_grad_norm)
+    fitted, heldout = pair_metrics(model, train, SCORE_BATCH), pair_metrics(model, held, SCORE_BATCH)
+    save_reward_model(model, spec, out, max_length=job.reward_max_length)
+    record.metrics = {"rm/loss": fitted.loss, "rm/accuracy": fitted.accuracy, "rm/margin_mean": fitted.margin_mean,
+                      "rm/heldout_loss": heldout.loss, "rm/heldout_accuracy": heldout.accuracy,
+                      "rm/heldout_margin_mean": heldout.margin_mean}
+    record.counts = {"pairs": len(pairs), "dropped_too_long": dropped, "train_pairs": len(train),
+                     "heldout_pairs": len(held), **stats}
+    if stats["skipped_steps"]:
+        record.say(f"{stats['skipped_steps']} reward-model step(s) skipped: non-finite loss or gradient")
+    record.details = {"fitted": True, "reward_model": paths.rel(out), "trained": spec.trained,
+                      "source": spec.source}
+    return record.finish(input_files(paths, round_index, job), [out])

@@ -1,0 +1,135 @@
+"""MADPO's learning step pinned by its direction and its coupling (SPEC §5.5), on the tiny model.
+
+Wrong versions of ``pbrl.madpo.madpo_step`` that these tests make fail (re-check by applying each to a copy
+of the repository and running this module):
+
+1. Each agent's loss on the negated margins, ``madpo_agent_loss(-own[i], -others, beta)`` (it then raises
+   the loser's log-probability): ``test_one_step_raises_every_agents_margin_and_the_joint_margin`` fails.
+2. Each agent's credit weight from its own margin only, ``others = 0 * (total - margins[:, i])``:
+   ``test_agent_zeros_gradient_scales_with_agent_ones_margin_by_the_sigmoid_factor`` fails.
+
+Expectations come from a brute-force reference (each sequence scored alone by a plain forward pass and
+``log_softmax``) and the closed form of the gradient, never from the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step
+
+PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
+
+
+def reference_logprob(model, prompt: list[int], completion: list[int]) -> float:
+    """log π(completion | prompt): one unpadded forward pass, sum of every completion token's log-prob."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)  # (t, v)
+    return sum(float(logp[len(prompt) - 1 + j, tok]) for j, tok in enumerate(completion))
+
+
+def reference_margins(model, prompts, winners, losers) -> list[float]:
+    return [reference_logprob(model, p, w) - reference_logprob(model, p, lo)
+            for p, w, lo in zip(prompts, winners, losers, strict=True)]
+
+
+def load(model_dir, seed: int, optimizer: str = "adamw", lr: float = 1e-3) -> TrainablePolicy:
+    """The tiny model with its weights perturbed by ``seed`` (so agents differ), in float32."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=gen))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = (torch.optim.AdamW(params, lr=lr, weight_decay=0.0) if optimizer == "adamw"
+           else torch.optim.SGD(params, lr=lr))
+    return TrainablePolicy(model, opt, pad_token_id=0)
+
+
+# Per agent: two pairs whose winner is a different sequence from the loser (a clear winner by the oracle).
+AGENT_PAIRS = [
+    ([[70, 71, 72, 3], [80, 81, 3]], [[90, 91, 3], [100, 101, 102, 103, 104]]),
+    ([[110, 111, 3], [120, 3]], [[130, 131, 132, 3], [140, 141, 3]]),
+    ([[150, 151, 152, 153, 3], [160, 161, 3]], [[170, 3], [180, 181, 182, 3]]),
+]
+
+
+@pytest.mark.parametrize("num_agents", [2, 3])
+def test_one_step_raises_every_agents_margin_and_the_joint_margin(tiny_model_dir, num_agents):
+    agents = [load(tiny_model_dir, seed=10 + i) for i in range(num_agents)]
+    winners = [AGENT_PAIRS[i][0] for i in range(num_agents)]
+    losers = [AGENT_PAIRS[i][1] for i in range(num_agents)]
+    batch = PairBatch(prompt_ids=[PROMPTS] * num_agents, winner_ids=winners, loser_ids=losers)
+    before = [reference_margins(a.model, PROMPTS, winners[i], losers[i]) for i, a in enumerate(agents)]
+
+    stats = madpo_step(agents, batch, beta=0.1, max_grad_norm=None)
+
+    assert stats.skipped == (False,) * num_agents
+    after = [reference_margins(a.model, PROMPTS, winners[i], losers[i]) for i, a in enumerate(agents)]
+    for i in range(num_agents):
+        for j in range(len(PROMPTS)):
+            # The winner's log-probability rises relative to the loser's, for every agent and every pair.
+            assert after[i][j] > before[i][j] + 1e-4, (i, j, before[i][j], after[i][j])
+    for j in range(len(PROMPTS)):
+        assert sum(a[j] for a in after) > sum(b[j] for b in before)
+    # The stats report the margins before the step (they are what the loss was computed on).
+    assert torch.allclose(stats.margins, torch.tensor(before, dtype=torch.float32).T, atol=1e-4)
+    joint = [sum(b[j] for b in before) for j in range(len(PROMPTS))]
+    assert stats.loss == pytest.approx(sum(-math.log(1 / (1 + math.exp(-0.1 * d))) for d in joint) / 2, rel=1e-5)
+
+
+def _agent_zero_update(model_dir, agent1_winner: list[int], agent1_loser: list[int], beta: float):
+    """One plain-SGD (lr 1) step on one pair; returns agent 0's parameter change (= −gradient) as one vector."""
+    agents = [load(model_dir, seed=20, optimizer="sgd", lr=1.0), load(model_dir, seed=21, optimizer="sgd", lr=1.0)]
+    before = torch.cat([p.detach().flatten().clone() for p in agents[0].model.parameters()]).double()
+    batch = PairBatch(prompt_ids=[PROMPTS[:1], PROMPTS[:1]], winner_ids=[[[70, 71, 72, 3]], [agent1_winner]],
+                      loser_ids=[[[90, 91, 3]], [agent1_loser]])
+    madpo_step(agents, batch, beta=beta, max_grad_norm=None)
+    after = torch.cat([p.detach().flatten() for p in agents[0].model.parameters()]).double()
+    return after - before
+
+
+def test_agent_zeros_gradient_scales_with_agent_ones_margin_by_the_sigmoid_factor(tiny_model_dir):
+    """Agent 0's pair and weights are the same in both steps; only agent 1's margin differs.
+
+    ∇_θ0 L = −β σ(−β (Δ_0 + Δ_1)) ∇Δ_0, so the ratio of agent 0's updates is σ(−β(Δ_0 + Δ_1)) / σ(−β Δ_0):
+    step A has Δ_1 = 0 exactly (agent 1's winner equals its loser); step B has agent 1's winner much less
+    likely than its loser (Δ_1 ≈ −10 nats), which must raise agent 0's credit weight.
+    """
+    beta = 0.2
+    ref0 = load(tiny_model_dir, seed=20).model
+    ref1 = load(tiny_model_dir, seed=21).model
+    d0 = reference_margins(ref0, PROMPTS[:1], [[70, 71, 72, 3]], [[90, 91, 3]])[0]
+    long_winner, short_loser = [110, 111, 112, 113, 3], [120, 3]
+    d1 = reference_margins(ref1, PROMPTS[:1], [long_winner], [short_loser])[0]
+    assert d1 < -5  # a real change in agent 1's margin, several nats
+
+    def sigma(x: float) -> float:
+        return 1 / (1 + math.exp(-x))
+
+    expected_ratio = sigma(-beta * (d0 + d1)) / sigma(-beta * d0)
+    assert expected_ratio > 1.3  # large enough that "agent 1 does not matter" (ratio 1) is far off
+
+    step_a = _agent_zero_update(tiny_model_dir, [120, 3], [120, 3], beta)
+    step_b = _agent_zero_update(tiny_model_dir, long_winner, short_loser, beta)
+    assert step_a.norm() > 0
+    # Same direction (∇Δ_0 does not depend on agent 1), magnitudes in the hand-worked ratio.
+    cosine = float(step_a @ step_b / (step_a.norm() * step_b.norm()))
+    assert cosine == pytest.approx(1.0, abs=1e-5)
+    assert float(step_b.norm() / step_a.norm()) == pytest.approx(expected_ratio, rel=1e-3)
+    # And the absolute size: with SGD at lr 1 the change is +β σ(−β Δ_0) ∇Δ_0 (∇Δ_0 by brute force).
+    model = load(tiny_model_dir, seed=20).model
+    ids = torch.tensor([PROMPTS[0] + [70, 71, 72, 3]]), torch.tensor([PROMPTS[0] + [90, 91, 3]])
+    margin = 0.0
+    for sign, seq, completion in ((1, ids[0], [70, 71, 72, 3]), (-1, ids[1], [90, 91, 3])):
+        logp = torch.log_softmax(model(input_ids=seq).logits[0].double(), dim=-1)  # (t, v)
+        start = len(PROMPTS[0]) - 1
+        margin = margin + sign * sum(logp[start + j, tok] for j, tok in enumerate(completion))
+    margin.backward()
+    grad = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
+    assert torch.allclose(step_a, beta * sigma(-beta * d0) * grad, rtol=1e-3, atol=5e-6)

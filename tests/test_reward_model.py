@@ -1,0 +1,231 @@
+"""The joint reward model (SPEC §5.6): template and truncation, pooling under padding, Bradley–Terry fitting,
+safe save/load, and the fit-reward-model stage on the tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pbrl.models import load_tokenizer
+from pbrl.reward_model import (
+    DROP_TOO_LONG,
+    JointTemplate,
+    RewardModelSpec,
+    RewardScorer,
+    bradley_terry_loss,
+    check_same_vocabulary,
+    fit_bradley_terry,
+    heldout_split,
+    joint_input_ids,
+    load_reward_model,
+    new_reward_model,
+    pair_joint_ids_path,
+    pair_metrics,
+    save_reward_model,
+)
+from pbrl.models import LoraSettings
+from pbrl.schema import PAIR_JOINT_IDS, PAIRS, ROLLOUTS, read_rows
+from pbrl.storage import RunPaths
+from stages import STAGE_MODULES
+from tests.helpers import new_run
+
+# A template with one-token pieces, so joint inputs can be written out by hand.
+T = JointTemplate(header=(1,), prompt_markers=((2,), (3,)), response_markers=((4,), (5,)), separator=(6,))
+PROMPTS = [[10, 11, 12], [20, 21]]
+COMPLETIONS = [[30, 31], [40, 41, 42]]
+FULL = [1, 2, 10, 11, 12, 4, 30, 31, 6, 3, 20, 21, 5, 40, 41, 42]  # 16 tokens, 11 of them fixed
+
+
+def test_joint_template_puts_roles_in_agent_order():
+    assert joint_input_ids(T, PROMPTS, COMPLETIONS, None).ids == FULL
+    assert joint_input_ids(T, PROMPTS, COMPLETIONS, 16).ids == FULL
+
+
+@pytest.mark.parametrize(("max_length", "expected", "cut"), [
+    (13, [1, 2, 4, 30, 31, 6, 3, 20, 21, 5, 40, 41, 42], 3),  # agent 1's prompt goes first, from its left
+    (12, [1, 2, 4, 30, 31, 6, 3, 21, 5, 40, 41, 42], 4),  # then agent 2's, from its left
+    (11, [1, 2, 4, 30, 31, 6, 3, 5, 40, 41, 42], 5),  # no prompt token left, every response token kept
+])
+def test_over_max_length_cuts_prompts_and_keeps_every_response_token(max_length, expected, cut):
+    joint = joint_input_ids(T, PROMPTS, COMPLETIONS, max_length)
+    assert joint.ids == expected and joint.prompt_tokens_cut == cut and joint.reason is None
+    assert joint.ids[-3:] == COMPLETIONS[1]  # the last agent's response, whole, at the end
+
+
+def test_responses_that_do_not_fit_drop_the_joint_input():
+    joint = joint_input_ids(T, PROMPTS, COMPLETIONS, 10)
+    assert joint.ids is None and joint.reason == DROP_TOO_LONG
+
+
+def test_template_needs_one_prompt_and_completion_per_agent():
+    with pytest.raises(ValueError, match="2 agents"):
+        joint_input_ids(T, PROMPTS[:1], COMPLETIONS[:1], None)
+
+
+def test_bradley_terry_loss_hand_values():
+    loss = bradley_terry_loss(torch.tensor([2.0, 0.0, -1.0, 100.0]), torch.tensor([0.0, 0.0, 1.0, -100.0]))
+    # −log σ(2) = log(1 + e^−2) = 0.126928; −log σ(0) = log 2; −log σ(−2) = 2.126928; −log σ(200) ≈ 0
+    assert loss.tolist() == pytest.approx([0.1269280110, math.log(2), 2.1269280110, 0.0], abs=1e-6)
+
+
+def test_heldout_split_is_seeded_disjoint_and_keeps_one_training_pair():
+    train, held = heldout_split(10, 0.2, seed=3)
+    assert len(held) == 2 and sorted(train + held) == list(range(10))
+    assert heldout_split(10, 0.2, seed=3) == (train, held)
+    assert heldout_split(1, 0.2, seed=3) == ([0], [])
+    assert len(heldout_split(2, 0.2, seed=3)[1]) == 1
+
+
+@pytest.fixture(scope="module")
+def template(tiny_model_dir):
+    return JointTemplate.build(load_tokenizer(tiny_model_dir), 2)
+
+
+def _joint(template, rng, eos=3):
+    prompts = [[int(x) for x in rng.integers(5, 300, rng.integers(3, 9))] for _ in range(2)]
+    completions = [[*(int(x) for x in rng.integers(5, 300, rng.integers(1, 7))), eos] for _ in range(2)]
+    return joint_input_ids(template, prompts, completions, None).ids
+
+
+def test_scores_alone_equal_left_and_right_padded_with_pad_equal_to_eos(tiny_model_dir, template):
+    model = new_reward_model(RewardModelSpec(str(tiny_model_dir)), seed=0)
+    model.pad_token_id = 3  # pad == EOS, and every completion ends in EOS
+    rng = np.random.default_rng(0)
+    rows = [_joint(template, rng) for _ in range(5)]
+    assert len({len(r) for r in rows}) > 1
+    with torch.no_grad():
+        alone = torch.cat([model([r]) for r in rows])
+        right, left = model(rows, "right"), model(rows, "left")
+    assert torch.allclose(right, alone, atol=1e-5, rtol=0) and torch.allclose(left, alone, atol=1e-5, rtol=0)
+    assert alone.dtype == torch.float32 and len(set(alone.tolist())) == 5  # the head reads each row's own end
+
+
+def _separable_pairs(template, n, seed):
+    """Winner joint responses end their last response in token 200, losers in token 201."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(n):
+        prompts = [[int(x) for x in rng.integers(5, 300, 4)] for _ in range(2)]
+        body = [[int(x) for x in rng.integers(5, 300, 3)] for _ in range(2)]
+        pairs.append(tuple(joint_input_ids(template, prompts, [body[0], [*body[1], end]], None).ids
+                           for end in (200, 201)))
+    return pairs
+
+
+def test_bradley_terry_fit_separates_a_separable_set_on_held_out_pairs(tiny_model_dir, template):
+    pairs = _separable_pairs(template, 40, seed=1)
+    train_idx, held_idx = heldout_split(len(pairs), 0.25, seed=2)
+    train, held = [pairs[i] for i in train_idx], [pairs[i] for i in held_idx]
+    model = new_reward_model(RewardModelSpec(str(tiny_model_dir)), seed=0)
+    before = pair_metrics(model, train, 16)
+    stats = fit_bradley_terry(model, train, epochs=4, batch_size=4, learning_rate=3e-3, seed=0, max_grad_norm=1.0)
+    after, heldout = pair_metrics(model, train, 16), pair_metrics(model, held, 16)
+    assert stats == {"steps": 4 * math.ceil(len(train) / 4), "skipped_steps": 0}
+    assert after.loss < before.loss and after.margin_mean > before.margin_mean
+    assert heldout.accuracy >= 0.9 and len(held) == 10
+
+
+def test_freeze_backbone_trains_the_head_only(tiny_model_dir, template):
+    model = new_reward_model(RewardModelSpec(str(tiny_model_dir), freeze_backbone=True), seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fit_bradley_terry(model, _separable_pairs(template, 4, seed=1), epochs=1, batch_size=2, learning_rate=1e-2,
+                      seed=0, max_grad_norm=None)
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == {"head.weight", "head.bias"}
+
+
+@pytest.mark.parametrize("spec_kw", [{}, {"freeze_backbone": True}, {"lora": LoraSettings(r=2)}],
+                         ids=["full", "head", "lora"])
+def test_saved_model_loads_safely_and_scores_the_same(tiny_model_dir, template, tmp_path, spec_kw):
+    spec = RewardModelSpec(str(tiny_model_dir), **spec_kw)
+    model = new_reward_model(spec, seed=0)
+    pairs = _separable_pairs(template, 4, seed=1)
+    fit_bradley_terry(model, pairs, epochs=1, batch_size=2, learning_rate=1e-2, seed=0, max_grad_norm=1.0)
+    save_reward_model(model, spec, tmp_path / "rm", max_length=64)
+    files = {p.name for p in (tmp_path / "rm").rglob("*") if p.is_file()}
+    assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in files) and "head.safetensors" in files
+    loaded, meta = load_reward_model(tmp_path / "rm")
+    rows = [p[0] for p in pairs]
+    with torch.no_grad():
+        assert torch.allclose(loaded(rows), model(rows), atol=1e-6, rtol=0)
+    assert meta["trained"] == spec.trained and meta["max_length"] == 64
+    assert not any(p.requires_grad for p in loaded.parameters())
+
+
+def test_other_vocabulary_is_refused(tiny_model_dir, tmp_path):
+    from pbrl.testing import build_tiny_model
+
+    other = load_tokenizer(build_tiny_model(tmp_path / "other", seed=5))
+    with pytest.raises(ValueError, match="reward_model_name"):
+        check_same_vocabulary(load_tokenizer(tiny_model_dir), [load_tokenizer(tiny_model_dir), other], "x")
+
+
+# ---------------------------------------------------------------------------------------------- stages
+MARLHF = {"trainer": "marlhf_iter", "num_iterations": 1, "reward_num_train_epochs": 2,
+          "reward_train_batch_size": 2, "reward_learning_rate": 1e-3, "num_generations": 2, "train_batch_size": 2,
+          "reference_kl_enabled": True}
+STAGES = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
+          "fit-reward-model", "update-policies"]
+
+
+@pytest.fixture(scope="module")
+def marlhf_round(tiny_model_dir, tmp_path_factory):
+    run_dir, job = new_run(tiny_model_dir, tmp_path_factory.mktemp("runs"), **MARLHF)
+    manifests = {n: STAGE_MODULES[n].run(run_dir, 1, job) for n in STAGES}
+    return run_dir, job, manifests
+
+
+def test_fit_stage_writes_model_and_metrics(marlhf_round):
+    run_dir, _, manifests = marlhf_round
+    fit = manifests["fit-reward-model"]
+    assert fit.details["fitted"] and (run_dir / fit.details["reward_model"] / "head.safetensors").is_file()
+    for name in ("rm/loss", "rm/accuracy", "rm/margin_mean", "rm/heldout_loss", "rm/heldout_accuracy"):
+        assert name in fit.metrics, name
+    assert fit.counts["train_pairs"] + fit.counts["heldout_pairs"] == fit.counts["pairs"] > 0
+    assert "rounds/0001/pair_joint_ids.parquet" in manifests["build-pairs"].outputs
+
+
+def test_ids_scored_at_fit_time_and_at_rl_time_are_identical(marlhf_round):
+    """The stored joint ids of the pairs are what the RL-time scorer builds from the same stored token ids,
+    and every rollout's stored joint ids are its own prompt and completion ids in the template."""
+    run_dir, job, manifests = marlhf_round
+    paths = RunPaths(run_dir)
+    scorer = RewardScorer(run_dir / manifests["fit-reward-model"].details["reward_model"], job.num_agents)
+    pairs = read_rows(paths.pairs(1), PAIRS)
+    stored = {r["pair_id"]: r for r in read_rows(pair_joint_ids_path(paths.round_dir(1)), PAIR_JOINT_IDS)}
+    rl_time = scorer.score([p["prompt_ids"] for p in pairs], [p["winner_ids"] for p in pairs])
+    assert [ids for _, ids in rl_time] == [stored[p["pair_id"]]["winner_joint_ids"] for p in pairs]
+    rollouts = read_rows(paths.round_dir(1) / "rollouts.parquet", ROLLOUTS)
+    by_joint: dict = {}
+    for r in rollouts:
+        by_joint.setdefault((r["step"], r["item_id"], r["generation_index"]), []).append(r)
+    for rows in by_joint.values():
+        rows.sort(key=lambda r: r["agent_index"])
+        ids = joint_input_ids(scorer.template, [r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows],
+                              job.reward_max_length).ids
+        assert all(r["joint_ids"] == ids for r in rows)
+        alone = scorer.score([[r["prompt_ids"] for r in rows]], [[r["completion_ids"] for r in rows]])[0][0]
+        assert all(r["reward"] == pytest.approx(alone, abs=1e-5) for r in rows)  # batched vs alone
+
+
+def test_update_stage_records_rl_metrics_and_rollouts(marlhf_round):
+    run_dir, job, manifests = marlhf_round
+    update = manifests["update-policies"]
+    for name in ("rl/reward_mean", "rl/advantage_std", "rl/kl_mean", "rl/kl_mean_agent_0", "rl/loss"):
+        assert name in update.metrics, name
+    assert update.metrics["rl/kl_mean"] >= 0
+    rollouts = read_rows(RunPaths(run_dir).round_dir(1) / "rollouts.parquet", ROLLOUTS)
+    assert len(rollouts) == update.counts["joint_responses"] * job.num_agents
+    assert "rounds/0001/rollouts.parquet" in update.outputs
+
+
+def test_reward_model_scores_new_comparisons_when_asked(marlhf_round):
+    run_dir, job, _ = marlhf_round
+    job2 = job.model_copy(update={"preference_scoring_reward": "reward_model", "num_iterations": 2})
+    STAGE_MODULES["sample-candidates"].run(run_dir, 2, job2)
+    manifest = STAGE_MODULES["score-with-oracle"].run(run_dir, 2, job2)
+    assert manifest.details["scored_by"] == "reward_model" and manifest.details["reward_model_round"] == 1
+    assert "rounds/0001/reward_model" in manifest.inputs
