@@ -41,18 +41,42 @@ class Sizes:
     score_repeats: int
     round_repeats: int  # fresh rounds through Prefect and directly (each)
     cached_repeats: int
+    shared_prompts: int = 4  # HumanEval prompts of the shared-prompt cases (scoring, generation)
+    shared_rows: int = 6  # sampled rows per prompt in shared-prompt generation (3 target + 3 comparator)
+    shared_repeats: int = 5
+    peer_pairs: int = 8  # pairs of the TRL side-by-side (peer_trl.py)
+    peer_epochs: int = 2
 
 
 SIZES: dict[str, Sizes] = {
-    "tiny-random": Sizes(8, 4, 32, 7, 16, 15, 3, 3),
+    "tiny-random": Sizes(8, 4, 32, 7, 16, 15, 3, 3, shared_repeats=7),
     # 2 prompts x 4 = 8 sequences x 32 new tokens: one generate call is a few seconds on 2 cores.
-    "smollm2-135m-instruct": Sizes(2, 4, 32, 3, 16, 3, 1, 2),
+    "smollm2-135m-instruct": Sizes(2, 4, 32, 3, 16, 3, 1, 2, shared_prompts=4, shared_repeats=3, peer_pairs=8,
+                                   peer_epochs=1),
 }
 
 
 def sizes_for(model: str) -> Sizes:
     """The preset of a packaged model name; any other model (a folder, a hub id) gets SmolLM2's."""
     return SIZES.get(model, SIZES["smollm2-135m-instruct"])
+
+
+def humaneval_prompt_ids(tokenizer: Any, count: int, max_tokens: int = 240) -> list[list[int]]:
+    """Chat-encoded prompts of the first ``count`` HumanEval problems (the demo's workload: about 150-300
+    SmolLM2 tokens each), each cut to its first ``max_tokens`` ids (the tiny model's byte-level vocabulary
+    makes them longer than its 256 positions)."""
+    from pbrl.sampling import encode_prompt
+    from pbrl.tasks.humaneval import load_problems
+
+    problems = load_problems()[:count]
+    return [encode_prompt(tokenizer, p["prompt"])[:max_tokens] for p in problems]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS so far in MiB (``ru_maxrss``, a lifetime high-water mark)."""
+    from pbrl.stagekit import peak_rss_mb as peak
+
+    return round(peak(), 1)
 
 
 def time_call(fn: Callable[[], Any]) -> float:

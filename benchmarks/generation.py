@@ -21,6 +21,12 @@ per row ("row-steps" = rows x decode steps of each call); the plain tokens-per-s
 kept up to and including EOS) and, when ours ran every step, the equal-work time ratio against
 ``raw_batched_forced`` are recorded beside it.
 
+Shared-prompt sampling (issue #14): HumanEval prompts (``benchkit.humaneval_prompt_ids``) x 6 rows each (the
+demo's 3 target + 3 comparator candidates of one agent and item, same weights), all in one chunk:
+``shared`` is ``generate`` as the stage calls it (each distinct prompt prefilled once, its KV cache expanded to
+its rows), ``unshared`` is ``generate(..., share_prompts=False)`` (every row prefills its prompt). Same seeds, so
+the same tokens are expected (the share of rows whose tokens agree is recorded). Target: shared >= 1.3x.
+
 Run: ``.venv/bin/python benchmarks/generation.py --model tiny-random``.
 """
 
@@ -32,7 +38,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from benchkit import check, interleaved, print_checks, ratio, sizes_for, summary, write_result
+from benchkit import (
+    check,
+    humaneval_prompt_ids,
+    interleaved,
+    print_checks,
+    ratio,
+    sizes_for,
+    summary,
+    write_result,
+)
 from transformers import GenerationConfig
 
 from pbrl.models import load_model, load_tokenizer
@@ -41,6 +56,7 @@ from pbrl.seeds import derive_seed
 
 TEMPERATURE, TOP_P, TOP_K = 0.7, 0.9, 50
 TARGET_VS_RAW = 0.9
+TARGET_SHARED = 1.3
 PROMPTS = (
     "Write a short poem about rivers.",
     "Explain what a CPU does in one sentence.",
@@ -156,6 +172,35 @@ def rates(work: Work, seconds: float) -> dict[str, Any]:
             "ms_per_row_step": round(1e3 * seconds / work.row_steps, 4)}
 
 
+def shared_prompt_case(model: Any, tokenizer: Any, prompts: int, rows_per_prompt: int, new_tokens: int,
+                       repeats: int) -> dict[str, Any]:
+    """Time ``generate`` with and without shared prefills on HumanEval prompts x ``rows_per_prompt``."""
+    prompt_ids = humaneval_prompt_ids(tokenizer, prompts)
+    rows = [p for p in prompt_ids for _ in range(rows_per_prompt)]
+    seeds = [derive_seed(0, round_index=1, stage="bench-shared", item=i, index=c)
+             for i in range(len(prompt_ids)) for c in range(rows_per_prompt)]
+    settings = SamplingSettings(max_new_tokens=new_tokens, temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K,
+                                batch_size=len(rows))
+    got: dict[str, list[list[int]]] = {}
+
+    def case(name: str, share: bool) -> Callable[[], None]:
+        def call() -> None:
+            got[name] = [g.completion_ids for g in generate(model, tokenizer, rows, seeds, settings,
+                                                             share_prompts=share)]
+        return call
+
+    times = interleaved({"shared": case("shared", True), "unshared": case("unshared", False)}, repeats)
+    out = {name: summary(t) for name, t in times.items()}
+    same = sum(a == b for a, b in zip(got["shared"], got["unshared"], strict=True))
+    return {
+        "workload": {"prompts": len(prompt_ids), "rows_per_prompt": rows_per_prompt, "rows": len(rows),
+                     "prompt_tokens": [len(p) for p in prompt_ids], "max_new_tokens": new_tokens},
+        "cases": out, "speedup": ratio(out["unshared"]["median_s"], out["shared"]["median_s"]),
+        "rows_with_same_tokens": same, "rows_total": len(rows),
+        "tokens": {"shared": sum(map(len, got["shared"])), "unshared": sum(map(len, got["unshared"]))},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-random", help="packaged alias or model folder")
@@ -187,13 +232,19 @@ def main() -> None:
         check("generation: ours / per-item generate (per row-step)", ratios["ours_vs_per_item_per_row_step"],
               None),
     ]
+    shared = shared_prompt_case(model, tokenizer, size.shared_prompts, size.shared_rows, size.gen_new_tokens,
+                                size.shared_repeats)
+    checks += [check(f"generation: shared-prompt prefill / unshared ({size.shared_rows} rows per prompt)",
+                     shared["speedup"], TARGET_SHARED),
+               check("generation: shared-prompt rows with the same tokens as unshared (share)",
+                     round(shared["rows_with_same_tokens"] / shared["rows_total"], 4), None)]
     path = write_result("generation", args.model, {
         "workload": {"prompts": len(prompt_ids), "candidates_per_prompt": size.gen_candidates,
                      "rows": len(prompt_ids) * size.gen_candidates, "max_new_tokens": size.gen_new_tokens,
                      "prompt_tokens": [len(p) for p in prompt_ids], "temperature": TEMPERATURE,
                      "top_p": TOP_P, "top_k": TOP_K, "dtype": "float32"},
         "repeats": size.gen_repeats, "warmup_calls": 1, "timer": "time.perf_counter, median of repeats",
-        "cases": out, "ratios": ratios, "checks": checks,
+        "cases": out, "ratios": ratios, "shared_prompt": shared, "checks": checks,
         "method": (
             "All cases stop a row at EOS (ours: pbrl.sampling.generate cuts each row after its first "
             "EOS; raw generate marks it finished and pads) and keep decoding until every row of the call "

@@ -68,6 +68,9 @@ class Scale:
             f"num_iterations={self.rounds}", f"eval_num_samples={self.eval_items}",
             f"eval_samples_per_item={self.eval_samples_per_item}", f"preference_num_candidates={self.candidates}",
             f"preference_pairs_per_sample={self.pairs_per_item}", f"max_new_tokens={self.max_new_tokens}",
+            # Evaluation rows per generate call: batched like the candidates (the tokens do not depend on it);
+            # one row per call made the round-0 evaluation alone take over 10 minutes on the shared 2 cores.
+            f"eval_batch_size={self.eval_items * self.eval_samples_per_item}",
         ]
 
 
@@ -180,7 +183,8 @@ def seed_result(run_dir: Path, job: JobConfig) -> dict[str, Any]:
         raise SystemExit(f"{run_dir}: {seen} evaluation items are training items; this benchmark needs held-out "
                          "evaluation")
     pairs = held_out_pairs(read_rows(paths.eval(0), EVAL), job.tie_tolerance)
-    rounds = [round_record(paths, job, r, pairs) for r in range(job.num_iterations + 1)]
+    done = [r for r in range(job.num_iterations + 1) if read_manifest(paths, r, "evaluate") is not None]
+    rounds = [round_record(paths, job, r, pairs) for r in done]  # an interrupted run: its evaluated rounds
     first_excluding = next((x["round"] for x in rounds[1:] if (x["eval/paired_diff_ci_low"] or 0) > 0), None)
     return {"seed": job.seed, "rounds": rounds, "first_round_gain_excludes_0": first_excluding}
 
@@ -238,6 +242,37 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def report(run_dirs: list[Path], args: argparse.Namespace) -> int:
+    """The tables, JSON and plot of existing run folders (rounds evaluated so far)."""
+    from pbrl.run import open_job
+
+    results = []
+    for run_dir in run_dirs:
+        job = open_job(run_dir)
+        res = seed_result(run_dir, job)
+        print_table(res, job.num_agents)
+        results.append(res)
+    finish(results, job.task or "task", f"{Path(args.model).name}-{args.scale}-report", [str(d) for d in run_dirs],
+           args.scale, [r["seed"] for r in results], 0.0)
+    return 0
+
+
+def finish(results: list[dict[str, Any]], task: str, model_tag: str, overrides: list[str], scale: str,
+           seeds: list[int], seconds: float) -> None:
+    by_round2 = [r["first_round_gain_excludes_0"] is not None and r["first_round_gain_excludes_0"] <= 2
+                 for r in results]
+    tag = f"{task}-{model_tag}"
+    path = write_result("learning", tag, {
+        "config": str(CONFIG.relative_to(REPO_ROOT)), "overrides": overrides, "scale": scale,
+        "seeds": seeds, "total_s": round(seconds, 1), "results": results,
+        "paired_ci_excludes_0_by_round_2": by_round2,
+        "method": __doc__.split("\n\n", 1)[1].split("\n\nRun:")[0],
+    })
+    plot(results, RESULTS_DIR / f"learning-{tag}.png", f"learning: {tag} (seeds {', '.join(map(str, seeds))})")
+    print(f"paired gain interval excludes 0 by round 2: {sum(by_round2)} of {len(by_round2)} seeds")
+    print(f"result: {path}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=SCALES, default="full")
@@ -247,7 +282,11 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", help="override the scale's seeds")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides")
     parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
+    parser.add_argument("--report", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="summarise these run folders (e.g. kept with --keep, or interrupted) instead of running")
     args = parser.parse_args()
+    if args.report:
+        return report(args.report, args)
     scale = SCALES[args.scale]
     seeds = tuple(args.seeds) if args.seeds else scale.seeds
     overrides = [f"agent_model={args.model}", *scale.overrides(args.task), *args.set]
@@ -267,18 +306,8 @@ def main() -> int:
             print(f"run folders: {out}")
         else:
             shutil.rmtree(out, ignore_errors=True)
-    by_round2 = [r["first_round_gain_excludes_0"] is not None and r["first_round_gain_excludes_0"] <= 2
-                 for r in results]
-    tag = f"{args.task}-{Path(args.model).name}" + ("" if args.scale == "full" else f"-{args.scale}")
-    path = write_result("learning", tag, {
-        "config": str(CONFIG.relative_to(REPO_ROOT)), "overrides": overrides, "scale": args.scale,
-        "seeds": list(seeds), "total_s": round(time.perf_counter() - started, 1), "results": results,
-        "paired_ci_excludes_0_by_round_2": by_round2,
-        "method": __doc__.split("\n\n", 1)[1].split("\n\nRun:")[0],
-    })
-    plot(results, RESULTS_DIR / f"learning-{tag}.png", f"learning: {tag} (seeds {', '.join(map(str, seeds))})")
-    print(f"paired gain interval excludes 0 by round 2: {sum(by_round2)} of {len(by_round2)} seeds")
-    print(f"result: {path}")
+    model_tag = Path(args.model).name + ("" if args.scale == "full" else f"-{args.scale}")
+    finish(results, args.task, model_tag, overrides, args.scale, list(seeds), time.perf_counter() - started)
     return 0
 
 

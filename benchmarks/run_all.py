@@ -1,5 +1,6 @@
-"""Run the benchmarks (generation, scoring, orchestration) in order, each in its own process, and print a
-table of their ratios with the targets of SPEC §10 and whether each was met.
+"""Run the benchmarks (generation, scoring, orchestration, peer_trl, round) in order, each in its own process, and
+print a table of their ratios with the targets of SPEC §10 and issue #14, and whether each was met. ``peer_trl``
+needs the ``bench`` extra (TRL); ``round`` runs one demo round (minutes on SmolLM2).
 
 Each benchmark writes ``benchmarks/results/<benchmark>-<model>.json``; this script adds
 ``benchmarks/results/summary-<model>.json``. Missed targets do not fail the run (the numbers come from
@@ -21,7 +22,7 @@ from typing import Any
 
 from benchkit import REPO_ROOT, RESULTS_DIR, result_path, verdict_of
 
-BENCHMARKS = ("generation", "scoring", "orchestration")
+BENCHMARKS = ("generation", "scoring", "orchestration", "peer_trl", "round")
 HERE = Path(__file__).resolve().parent
 
 

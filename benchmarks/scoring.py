@@ -11,6 +11,13 @@ must agree within 1e-5 nats: the max absolute difference is recorded, next to a 
 longest row repeated 16 times, no padding, vs alone: a difference there is rounding from the other
 matrix shapes, not a padding error). Target: batched >= 3x faster than one-by-one.
 
+Shared-prompt case (issue #14): HumanEval prompts (``benchkit.humaneval_prompt_ids``), 2 completions each
+(64 and 40 tokens, the winner and loser of a pair), on the model with a LoRA adapter (r=8 on q/k/v/o, the demo's
+policy): ``padded`` is today's batched ``sequence_logprobs`` (every row runs its prompt), ``shared`` is
+``shared_prompt_logprobs`` (each prompt once, its KV cache reused), both with gradients and a backward pass (the
+training use, which update-policies runs). Target: shared >= 1.5x padded; values within 1e-5 nats, gradients
+within 1e-4 relative. The same two without gradients are recorded for information.
+
 Run: ``.venv/bin/python benchmarks/scoring.py --model tiny-random``.
 """
 
@@ -21,13 +28,15 @@ import random
 from typing import Any
 
 import torch
-from benchkit import check, interleaved, print_checks, ratio, sizes_for, summary, write_result
+from benchkit import check, humaneval_prompt_ids, interleaved, print_checks, ratio, sizes_for, summary, write_result
 
 from pbrl.models import load_model, load_tokenizer
 from pbrl.sampling import encode_prompt
-from pbrl.scoring import sequence_logprobs
+from pbrl.scoring import sequence_logprobs, shared_prompt_logprobs
 
 TARGET_SPEEDUP = 3.0
+TARGET_SHARED = 1.5
+GRAD_TOLERANCE = 1e-4
 TOLERANCE = 1e-5
 MICRO_BATCH = 4
 QUESTIONS = (
@@ -70,6 +79,60 @@ def float32_floor(model: Any, prompts: list[list[int]], completions: list[list[i
         dup = sequence_logprobs(model, [prompts[i]] * len(prompts), [completions[i]] * len(prompts),
                                 pad_token_id=pad)  # (b,)
     return float((dup - alone[i]).abs().max())
+
+
+def shared_prompt_case(model: Any, tokenizer: Any, prompts_count: int, repeats: int) -> dict[str, Any]:
+    """Time padded vs shared-prompt scoring with a backward pass on HumanEval prompts x 2 completions."""
+    from peft import LoraConfig, get_peft_model
+
+    policy = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    with torch.no_grad():  # a trained adapter (lora_B is 0 at init, which would make its gradients trivial)
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(0)) * 0.01)
+    prompt_ids = humaneval_prompt_ids(tokenizer, prompts_count)
+    text_ids = tokenizer(TEXT, add_special_tokens=False).input_ids
+    prompts = [p for p in prompt_ids for _ in range(2)]  # (winner, loser) of each prompt
+    completions = [text_ids[k * 7: k * 7 + (63 if side == 0 else 39)] + [tokenizer.eos_token_id]
+                   for k in range(len(prompt_ids)) for side in range(2)]
+    pad = tokenizer.pad_token_id
+    params = [p for p in policy.parameters() if p.requires_grad]
+    values: dict[str, torch.Tensor] = {}
+    grads: dict[str, list[torch.Tensor]] = {}
+
+    def with_grad(name: str, fn: Any) -> Any:
+        def call() -> None:
+            out = fn(policy, prompts, completions, pad_token_id=pad)  # (b,)
+            grads[name] = list(torch.autograd.grad(out.sum(), params))
+            values[name] = out.detach()
+        return call
+
+    def no_grad(name: str, fn: Any) -> Any:
+        def call() -> None:
+            with torch.inference_mode():
+                values[name] = fn(policy, prompts, completions, pad_token_id=pad)
+        return call
+
+    times = interleaved({"padded_grad": with_grad("padded_grad", sequence_logprobs),
+                         "shared_grad": with_grad("shared_grad", shared_prompt_logprobs),
+                         "padded_inference": no_grad("padded_inference", sequence_logprobs),
+                         "shared_inference": no_grad("shared_inference", shared_prompt_logprobs)}, repeats)
+    out = {name: summary(t) for name, t in times.items()}
+    grad_rel = max(float((a - b).norm() / b.norm().clamp(min=1e-30))
+                   for a, b in zip(grads["shared_grad"], grads["padded_grad"], strict=True))
+    policy.unload()  # the base model back without the adapter
+    return {
+        "workload": {"prompts": len(prompt_ids), "completions_per_prompt": 2,
+                     "prompt_tokens": [len(p) for p in prompt_ids],
+                     "completion_tokens": [len(c) for c in completions], "adapter": "LoRA r=8 q/k/v/o",
+                     "grad": "autograd.grad of the summed log-probs w.r.t. the adapter"},
+        "cases": out,
+        "speedup_grad": ratio(out["padded_grad"]["median_s"], out["shared_grad"]["median_s"]),
+        "speedup_inference": ratio(out["padded_inference"]["median_s"], out["shared_inference"]["median_s"]),
+        "max_abs_diff": float((values["shared_grad"] - values["padded_grad"]).abs().max()),
+        "max_grad_rel_diff": grad_rel,
+    }
 
 
 def main() -> None:
@@ -119,6 +182,15 @@ def main() -> None:
               check("scoring: float32 floor, unpadded duplicates (nats)", floor, None),
               check(f"scoring: sorted micro-batches of {MICRO_BATCH} speed-up over one-by-one",
                     ratio(out["one_by_one"]["median_s"], out["sorted_micro"]["median_s"]), None)]
+    shared = shared_prompt_case(model, tokenizer, size.shared_prompts, size.shared_repeats)
+    checks += [check("scoring: shared-prompt speed-up over padded batch (with backward)", shared["speedup_grad"],
+                     TARGET_SHARED),
+               check("scoring: shared-prompt speed-up over padded batch (inference)", shared["speedup_inference"],
+                     None),
+               check("scoring: max |shared - padded| (nats)", shared["max_abs_diff"], TOLERANCE,
+                     higher_is_better=False),
+               check("scoring: max relative gradient difference, shared vs padded", shared["max_grad_rel_diff"],
+                     GRAD_TOLERANCE, higher_is_better=False)]
     tokens = [len(p) + len(c) for p, c in zip(prompts, completions, strict=False)]
     path = write_result("scoring", args.model, {
         "workload": {"sequences": len(prompts), "prompt_tokens": [len(p) for p in prompts],
@@ -133,8 +205,11 @@ def main() -> None:
                    "float32_floor_unpadded_duplicates": floor,
                    "sorted_micro_max_abs_diff":
                        float((values["sorted_micro"] - values["one_by_one"]).abs().max())},
+        "shared_prompt": shared,
         "checks": checks,
     })
+    print(f"[scoring] shared-prompt {shared['cases']['shared_grad']['median_s']:.4f} s vs padded "
+          f"{shared['cases']['padded_grad']['median_s']:.4f} s with backward: {shared['speedup_grad']}x")
     print(f"[scoring] batched {out['batched']['median_s']:.4f} s, "
           f"one-by-one {out['one_by_one']['median_s']:.4f} s, "
           f"speed-up {speedup}x, max |diff| {max_diff:.3g}")

@@ -268,7 +268,9 @@ def serve(
     output_dir: Annotated[str, typer.Option(help="Where the nightly run lives.")] = "storage/runs",
     cron: Annotated[str, typer.Option(help="Nightly schedule, cron in UTC.")] = "0 2 * * *",
 ) -> None:
-    """Register and serve the deployments on the Prefect server at PREFECT_API_URL.
+    """Register and serve the deployments on the Prefect server at PREFECT_API_URL: a run form per trainer
+    (pbrl-train/madpo, madpo-iter, marlhf, marlhf-iter), pbrl-train/config-file (a YAML path + overrides),
+    pbrl-train/train (the job as JSON) and, with --nightly-run, pbrl-add-iteration/nightly.
 
     Example: prefect server start & PREFECT_API_URL=http://127.0.0.1:4200/api pbrl serve --nightly-run docs-1
     """

@@ -319,6 +319,16 @@ class _RunFields(_Fields):
         "no", description="accelerate's mixed precision of training: 'no' (float32), 'bf16' or 'fp16' autocast of "
         "training forwards over float32 master weights; 'fp16' also scales the loss (dynamic grad scaler, saved "
         "with the optimizer state).")
+    gradient_checkpointing: StrictBool = Field(
+        False, description="transformers' activation checkpointing of the trained policies: layer activations are "
+        "recomputed in the backward pass instead of stored, trading about one more forward pass for memory. It "
+        "turns the KV cache off in training forwards, so update-policies then scores each (prompt + completion) "
+        "row in full instead of running each shared prompt once.")
+    gradient_accumulation_steps: StrictInt = Field(
+        1, ge=1, description="Micro-batches per policy update step: each step's train_batch_size pairs are scored "
+        "and differentiated in this many micro-batches (ceil(train_batch_size / steps) pairs each) whose gradients "
+        "are summed into one optimizer step, so peak training memory follows the micro-batch. Unlike transformers' "
+        "Trainer, the pairs per step stay train_batch_size (it does not multiply the effective batch).")
     max_memory: dict[MemoryKey, StrictInt | NonEmptyStr] | None = Field(
         None, description="accelerate's per-device memory limits for devices set to 'auto', e.g. {cpu: 2GiB} or "
         "{0: 10GiB, cpu: 30GiB}: keys a GPU index, 'cpu', 'mps' or 'disk'; values bytes or a size like '2GiB', "

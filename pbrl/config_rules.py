@@ -33,7 +33,7 @@ _MEMORY_SIZE = re.compile(r"^\d+(\.\d+)?(GiB|MiB|KiB|GB|MB|KB)$", re.IGNORECASE)
 _MEMORY_DEVICES = ("cpu", "mps", "disk")
 AUTO = "auto"
 # Device options that may be 'auto', by trainer field set (each is read only where that trainer has it).
-_AUTO_FIELDS = ("agent_devices", "comparator_devices", "reference_devices", "reward_model_device", "critic_devices")
+_AUTO_FIELDS = ("agent_devices", "comparator_devices", "reference_devices", "reward_model_device")
 _GROUP_BASELINE = ("magrpo", "mareinforce", "marloo", "maremax")
 _ACTOR_CRITIC = ("maac", "iac")
 # Comparator policies that load a separate copy of some policy on comparator_devices.

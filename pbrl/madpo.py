@@ -1,14 +1,17 @@
 """One MADPO update step over a batch of pairs (SPEC §5.5): every agent moves with its own margin and the
 others' margins detached, so the credit weight −β σ(−βΔ) is the joint margin's for every agent.
 
-Margins are computed once per batch with gradients; their detached copies are the "others" terms. This
-equals computing them first without gradients (no agent has moved yet) and halves the forward passes.
+With several agents, every agent's margins are first computed without gradients (their detached values are
+the "others" terms; no agent has moved yet), then each agent in turn scores with gradients, steps and frees its
+graph: one agent's graph is alive at a time, so training memory does not grow with the number of agents.
+Each distinct prompt of a batch runs once (:func:`pbrl.scoring.shared_prompt_logprobs`).
 These training forwards run in train mode, so dropout (``lora_dropout``) takes effect, with masks drawn
 from a seed per agent and step; sampling and evaluation forwards run in eval mode without gradients.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +21,7 @@ import torch
 
 from pbrl.losses import madpo_agent_loss, madpo_loss, preference_accuracy
 from pbrl.precision import Precision, autocast, backward_and_step
-from pbrl.scoring import sequence_logprobs
+from pbrl.scoring import sequence_logprobs, shared_prompt_logprobs
 
 
 @dataclass(frozen=True)
@@ -96,10 +99,23 @@ def training_forward(model: torch.nn.Module, seed: int, precision: Precision | N
             module.training = was_training
 
 
+def _score(model: Any) -> Any:
+    """Shared-prompt scoring (each distinct prompt once, its KV cache reused by every completion), unless the
+    model recomputes activations (``gradient_checkpointing``), where transformers turns the KV cache off."""
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x name
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return sequence_logprobs if checkpointing else shared_prompt_logprobs
+
+
 def agent_margins(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, seed: int | None = None
                   ) -> torch.Tensor:
-    """Δ_i per pair: log π(a^w|h) − log π(a^l|h), shape (b,), both sides in one padded forward pass.
+    """Δ_i per pair: log π(a^w|h) − log π(a^l|h), shape (b,), both sides in one scoring call.
 
+    Each distinct prompt of the batch runs once and its KV cache (with its autograd graph) serves the winner
+    and the loser of every pair of that prompt (:func:`pbrl.scoring.shared_prompt_logprobs`; equal to
+    :func:`pbrl.scoring.sequence_logprobs` within float32 rounding); with activation checkpointing on, the rows
+    are scored in one padded forward pass instead.
     With ``seed``, the forward is a training forward (:func:`training_forward`: dropout on, masks from
     ``seed``); without, dropout is off. Either runs under the policy's mixed-precision autocast. A pair
     whose winner and loser completions are the same token ids has Δ_i ≡ 0 for every θ: it is set to an
@@ -111,13 +127,13 @@ def agent_margins(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, se
         return margins
     p = [prompt_ids[j] for j in rows]
     completions = [winner_ids[j] for j in rows] + [loser_ids[j] for j in rows]
+    score = _score(policy.model)
     if seed is None:
         with autocast(policy.precision):
-            logps = sequence_logprobs(policy.model, p * 2, completions, pad_token_id=policy.pad_token_id)  # (2b',)
+            logps = score(policy.model, p * 2, completions, pad_token_id=policy.pad_token_id)  # (2b',)
     else:
         with training_forward(policy.model, seed, policy.precision):
-            logps = sequence_logprobs(policy.model, p * 2, completions, pad_token_id=policy.pad_token_id,
-                                      dropout=True)
+            logps = score(policy.model, p * 2, completions, pad_token_id=policy.pad_token_id, dropout=True)
     diff = logps[: len(rows)] - logps[len(rows):]
     return margins.to(diff.device, diff.dtype).index_put((torch.tensor(rows, device=diff.device),), diff)
 
@@ -126,11 +142,98 @@ def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def micro_batches(size: int, micro_batch_size: int | None) -> list[slice]:
+    """The row slices of a batch of ``size`` pairs cut into micro-batches of at most ``micro_batch_size`` (None:
+    one slice, the whole batch)."""
+    step = size if micro_batch_size is None else max(1, int(micro_batch_size))
+    return [slice(s, min(s + step, size)) for s in range(0, size, max(step, 1))]
+
+
+def micro_seed(seed: int | None, index: int) -> int | None:
+    """The dropout seed of micro-batch ``index`` of a step whose agent seed is ``seed`` (micro-batch 0 keeps it)."""
+    if seed is None or index == 0:
+        return seed
+    return (seed * 1_000_003 + index) % 2**63
+
+
+def _detached_margins(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, seed: int | None,
+                      parts: list[slice]) -> torch.Tensor:
+    """(b,) float32 margins without a graph, micro-batch by micro-batch with the training forwards' seeds (so
+    the same dropout masks, hence the same values as the training forward that follows)."""
+    with torch.no_grad():
+        return torch.cat([agent_margins(policy, prompt_ids[s], winner_ids[s], loser_ids[s], micro_seed(seed, k))
+                          .float().cpu() for k, s in enumerate(parts)])
+
+
+class _AccumulatedGradients(torch.autograd.Function):
+    """A scalar 0 whose gradient with respect to ``params`` is ``grads`` (times the incoming gradient, e.g. the
+    fp16 loss scale): adding it to the last micro-batch's loss makes one backward hold every micro-batch's
+    gradient. The gradients are kept on the context, not saved as a graph tensor."""
+
+    @staticmethod
+    def forward(ctx, grads, *params):
+        ctx.grads = grads
+        return params[0].new_zeros(())
+
+    @staticmethod
+    def backward(ctx, upstream):
+        return (None, *[None if g is None else upstream * g for g in ctx.grads])
+
+
+def _agent_update(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, others: torch.Tensor,
+                  seed: int | None, parts: list[slice], *, beta: float, max_grad_norm: float | None
+                  ) -> tuple[torch.Tensor, bool]:
+    """One agent's step on the batch (its mean MADPO loss, ``others`` (b,) detached), micro-batch by
+    micro-batch: each micro-batch's graph is freed once its gradient is taken, so memory grows with the
+    micro-batch. Returns the agent's detached margins (b,) and whether the step was skipped."""
+    size = len(prompt_ids)
+    params = trainable_parameters(policy.model)
+    scaler = policy.precision.scaler if policy.precision is not None else None
+    accumulated: list[torch.Tensor | None] | None = None
+    margins, loss_value, final = [], 0.0, None
+    for k, s in enumerate(parts):
+        own = agent_margins(policy, prompt_ids[s], winner_ids[s], loser_ids[s], micro_seed(seed, k))
+        margins.append(own.detach().float().cpu())
+        loss = madpo_agent_loss(own, others[s].to(own.device), beta).sum() / size  # this micro-batch's share
+        loss_value += float(loss.detach())
+        if not loss.requires_grad or not torch.isfinite(loss):
+            continue
+        if k == len(parts) - 1:
+            final = loss
+            continue
+        # Not the last micro-batch: keep its true (unscaled) gradient and free its graph now.
+        scale = scaler.get_scale() if scaler is not None else 1.0
+        grads = torch.autograd.grad(loss * scale, params, allow_unused=True)
+        grads = [None if g is None else g / scale for g in grads]
+        accumulated = grads if accumulated is None else [
+            a if g is None else (g if a is None else a + g) for a, g in zip(accumulated, grads, strict=True)]
+    own_margins = torch.cat(margins)
+    if not math.isfinite(loss_value):
+        return own_margins, True
+    if final is None and accumulated is None:  # every pair identical for this agent: zero gradient
+        return own_margins, False
+    if accumulated is not None:  # the earlier micro-batches' gradients join the last one's in its backward
+        carried = _AccumulatedGradients.apply(accumulated, *params)
+        final = carried if final is None else final + carried
+    stepped = backward_and_step(policy.optimizer, final, params, max_grad_norm=max_grad_norm,
+                                precision=policy.precision)
+    return own_margins, not stepped
+
+
 def madpo_step(policies: Sequence[TrainablePolicy], batch: PairBatch, *, beta: float,
-               max_grad_norm: float | None, seeds: Sequence[int] | None = None) -> StepStats:
+               max_grad_norm: float | None, seeds: Sequence[int] | None = None,
+               micro_batch_size: int | None = None) -> StepStats:
     """Update every agent once on ``batch``; an agent whose loss or gradient norm is not finite is skipped
     (its parameters and optimizer state untouched). Each agent's step is
     :func:`pbrl.precision.backward_and_step` in its ``precision`` (fp16: scaled loss, unscaled clipping).
+
+    Memory: one agent's autograd graph is alive at a time. With several agents, every agent's margins are
+    first computed without a graph (their detached values are the "others" terms of each agent's loss; no
+    agent has moved yet, and the same dropout seeds give the same masks); then each agent in turn scores with
+    gradients, steps and frees its graph. ``micro_batch_size`` (``gradient_accumulation_steps`` in the
+    stage) cuts the batch into micro-batches whose gradients are accumulated into the one step, so the graph
+    alive at a time covers one micro-batch of one agent; the step equals the whole-batch step (the loss is
+    the batch mean either way) up to float rounding and, with dropout, the masks (one seed per micro-batch).
 
     ``seeds``: one dropout seed per agent for this step's training forwards (derive them with
     :func:`pbrl.seeds.derive_seed`, a new one per step). Without ``seeds`` the forwards run without dropout,
@@ -144,24 +247,24 @@ def madpo_step(policies: Sequence[TrainablePolicy], batch: PairBatch, *, beta: f
     if seeds is None and any(has_dropout(p.model) for p in policies):
         raise ValueError("seeds: a policy has dropout (lora_dropout > 0), so its training forwards need one "
                          "dropout seed per agent")
-    own = [agent_margins(p, batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i],
-                         None if seeds is None else seeds[i])
-           for i, p in enumerate(policies)]
-    margins = torch.stack([m.detach().float().cpu() for m in own], dim=1)  # (b, a)
+    parts = micro_batches(batch.size, micro_batch_size)
+    agent_seeds = [None if seeds is None else seeds[i] for i in range(len(policies))]
+    args = [(batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i]) for i in range(len(policies))]
+    if len(policies) > 1:
+        margins = torch.stack([_detached_margins(p, *args[i], agent_seeds[i], parts)
+                               for i, p in enumerate(policies)], dim=1)  # (b, a)
+    else:  # one agent: no other margins to wait for
+        margins = torch.zeros(batch.size, 1)
     total = margins.sum(dim=1)  # (b,)
-    skipped = []
+    skipped, own = [], []
     for i, policy in enumerate(policies):
-        others = (total - margins[:, i]).to(own[i].device)
-        loss = madpo_agent_loss(own[i], others, beta).mean()
-        if not torch.isfinite(loss):
-            skipped.append(True)
-            continue
-        if not loss.requires_grad:  # every pair identical for this agent: zero gradient, nothing to do
-            skipped.append(False)
-            continue
-        stepped = backward_and_step(policy.optimizer, loss, trainable_parameters(policy.model),
-                                    max_grad_norm=max_grad_norm, precision=policy.precision)
-        skipped.append(not stepped)
+        others = total - margins[:, i]  # (b,)
+        mine, was_skipped = _agent_update(policy, *args[i], others, agent_seeds[i], parts, beta=beta,
+                                          max_grad_norm=max_grad_norm)
+        own.append(mine)
+        skipped.append(was_skipped)
+    if len(policies) == 1:
+        margins = own[0][:, None]  # (b, 1)
     return StepStats(
         loss=float(madpo_loss(margins, beta).mean()),
         accuracy=float(preference_accuracy(margins)),

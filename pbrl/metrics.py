@@ -20,6 +20,12 @@ COUNT_METRICS = {  # manifest counts worth a metric row: (stage, count) -> metri
     ("build-pairs", "items_without_pairs"): "pairs/items_without_pairs",
     ("score-with-oracle", "failed"): "oracle/failed",
     ("update-policies", "steps"): "madpo/steps",
+    ("fit-reward-model", "train_pairs"): "rm/train_pairs",
+    ("fit-reward-model", "dropped_too_long"): "rm/dropped_too_long",
+}
+MARLHF_COLUMNS = {  # MARLHF round-table columns, shown when a run has them
+    "rm/loss": "rm_loss", "rm/accuracy": "rm_accuracy", "rm/heldout_accuracy": "rm_heldout_accuracy",
+    "rl/reward_mean": "rl_reward", "rl/advantage_std": "rl_advantage_std", "rl/kl_mean": "rl_kl",
 }
 
 
@@ -62,8 +68,10 @@ def metrics_frame(run_dir: str | Path) -> pd.DataFrame:
 def round_table(run_dir: str | Path) -> pd.DataFrame:
     """One row per round: pairs, loss, accuracy, eval reward with its 95 % interval (``eval_lo``, ``eval_hi``),
     its change vs round 0, and the paired difference to round 0 on the same draws with its interval
-    (``paired``, ``paired_lo``, ``paired_hi``; :mod:`pbrl.stats`). Runs evaluated before the intervals existed
-    show the eval reward from ``eval/turn_1/reward_mean`` and no intervals."""
+    (``paired``, ``paired_lo``, ``paired_hi``; :mod:`pbrl.stats`), and ``peak_rss_gb``, the largest
+    ``resource/peak_rss_mb`` of the round's stages in GiB (:func:`pbrl.stagekit.peak_rss_mb`: a process-lifetime
+    high-water mark, so with every stage in one process it includes earlier rounds). Runs evaluated before
+    the intervals existed show the eval reward from ``eval/turn_1/reward_mean`` and no intervals."""
     df = metrics_frame(run_dir)
     wide = df.pivot_table(index="round_index", columns="metric", values="value", aggfunc="last")
     cols = {
@@ -74,8 +82,14 @@ def round_table(run_dir: str | Path) -> pd.DataFrame:
     table = pd.DataFrame(index=wide.index)
     for src, dst in cols.items():
         table[dst] = wide[src] if src in wide else float("nan")
+    for src, dst in MARLHF_COLUMNS.items():
+        if src in wide:
+            table[dst] = wide[src]
     if "eval/reward_mean" in wide:  # the interval's centre: the mean of item means (equal without failures)
         table["eval_reward"] = wide["eval/reward_mean"].fillna(table["eval_reward"])
+    # Peak RSS of the round in GiB: the largest stage value (each its process's lifetime high-water mark, MiB).
+    rss = df[df["metric"] == "resource/peak_rss_mb"].groupby("round_index")["value"].max() / 1024
+    table["peak_rss_gb"] = rss.reindex(table.index)
     if 0 in table.index and pd.notna(table.loc[0, "eval_reward"]):
         table.insert(table.columns.get_loc("eval_reward") + 1, "eval_vs_round0",
                      table["eval_reward"] - table.loc[0, "eval_reward"])

@@ -47,9 +47,6 @@ class Precision:
     scaler: torch.amp.GradScaler | None = None
 
 
-FP32 = Precision()
-
-
 def make_precision(mode: str, device: str | torch.device) -> Precision:
     """The :class:`Precision` of ``mode`` for a model whose inputs go to ``device``.
 

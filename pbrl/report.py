@@ -1,4 +1,5 @@
-"""``pbrl report``: the round table and a PNG of eval reward and MADPO loss per round."""
+"""``pbrl report``: the round table and a PNG of eval reward and the training loss per round (MADPO, or
+MARLHF's reward model)."""
 
 from __future__ import annotations
 
@@ -46,16 +47,21 @@ def write_report_png(run_dir: str | Path, table: pd.DataFrame | None = None) -> 
             lo, hi = table["paired_lo"] + ev.loc[0], table["paired_hi"] + ev.loc[0]
             draw_interval(ax1, pd.DataFrame({"lo": lo, "hi": hi}), "lo", "hi", "tab:purple",
                           "paired gain 95 % interval")
-    tr = table.get("loss")
+    # MADPO: its loss and pair accuracy; MARLHF: the reward model's Bradley–Terry loss and held-out accuracy.
+    loss_col, acc_col, loss_label, acc_label = "loss", "accuracy", "MADPO loss", "accuracy"
+    if "rm_loss" in table and table["rm_loss"].notna().any() and not table["loss"].notna().any():
+        loss_col, acc_col = "rm_loss", "rm_heldout_accuracy"
+        loss_label, acc_label = "reward-model loss", "reward-model held-out accuracy"
+    tr = table.get(loss_col)
     ax1.set(title="Evaluation reward per round", xlabel="round", ylabel="mean reward")
     ax1.legend(loc="best")
     if tr is not None and tr.notna().any():
-        ax2.plot(tr.dropna().index, tr.dropna().values, marker="o", color="tab:red", label="MADPO loss")
+        ax2.plot(tr.dropna().index, tr.dropna().values, marker="o", color="tab:red", label=loss_label)
         ax2.set(ylabel="loss (nats)")
-    acc = table.get("accuracy")
+    acc = table.get(acc_col)
     if acc is not None and acc.notna().any():
         ax3 = ax2.twinx()
-        ax3.plot(acc.dropna().index, acc.dropna().values, marker="s", color="tab:green", label="accuracy")
+        ax3.plot(acc.dropna().index, acc.dropna().values, marker="s", color="tab:green", label=acc_label)
         ax3.set(ylabel="pair accuracy", ylim=(0, 1))
         ax3.legend(loc="lower right")
     ax2.set(title="Training per round", xlabel="round")

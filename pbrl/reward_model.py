@@ -43,7 +43,7 @@ from torch import nn
 
 from pbrl.models import LoraSettings, resolve_model_source
 from pbrl.scoring import eval_mode
-from pbrl.storage import atomic_dir, read_json, write_json
+from pbrl.storage import RunPaths, atomic_dir, read_json, read_manifest, write_json
 
 TEMPLATE_VERSION = "joint-v1"
 HEADER = "Joint multi-agent response\n"
@@ -451,11 +451,9 @@ class RewardScorer:
         return [(next(scores), j.ids) if j.ids is not None else (None, None) for j in joint]
 
 
-def newest_reward_model(paths: Any, before_round: int) -> tuple[int, Path] | None:
+def newest_reward_model(paths: RunPaths, before_round: int) -> tuple[int, Path] | None:
     """The newest fitted reward model of a round < ``before_round``: (round, folder), from the
     fit-reward-model manifests (``details.fitted``); None when none exists yet."""
-    from pbrl.storage import read_manifest
-
     for r in range(before_round - 1, 0, -1):
         manifest = read_manifest(paths, r, "fit-reward-model")
         if manifest is not None and manifest.details.get("fitted"):

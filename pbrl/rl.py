@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from pbrl.madpo import TrainablePolicy, has_dropout, trainable_parameters, training_forward
+from pbrl.precision import autocast, backward_and_step
 from pbrl.scoring import eval_mode, sequence_logprobs
 
 NORMALIZATION_EPS = 1e-6  # a group's standard deviation is clamped here before dividing (never by zero)
@@ -168,24 +169,13 @@ class ReferencePolicy:
 
 # ---------------------------------------------------------------------------------------------- update
 def apply_update(policy: TrainablePolicy, loss: torch.Tensor, max_grad_norm: float | None) -> bool:
-    """One AdamW step of ``policy`` on ``loss``: backward, clip the gradient norm to ``max_grad_norm`` (None:
-    not clipped), step. A non-finite loss or gradient norm skips the step (parameters and optimizer state
-    untouched). Returns whether the step was skipped."""
+    """One AdamW step of ``policy`` on ``loss`` through :func:`pbrl.precision.backward_and_step` (the step
+    MADPO takes: its mixed precision, the gradient norm clipped to ``max_grad_norm``). A non-finite loss or
+    gradient norm skips the step (parameters and optimizer state untouched). Returns whether it was skipped."""
     if not torch.isfinite(loss):
         return True
-    policy.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    params = trainable_parameters(policy.model)
-    if max_grad_norm is not None:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    else:
-        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-    if not torch.isfinite(norm):
-        policy.optimizer.zero_grad(set_to_none=True)
-        return True
-    policy.optimizer.step()
-    policy.optimizer.zero_grad(set_to_none=True)
-    return False
+    return not backward_and_step(policy.optimizer, loss, trainable_parameters(policy.model),
+                                 max_grad_norm=max_grad_norm, precision=policy.precision)
 
 
 def policy_gradient_loss(advantages: torch.Tensor, logps: torch.Tensor) -> torch.Tensor:
@@ -211,9 +201,10 @@ def rl_agent_step(policy: TrainablePolicy, prompt_ids: Sequence[Sequence[int]],
     if seed is None:
         if has_dropout(policy.model):
             raise ValueError("seeds: a policy has dropout (lora_dropout > 0); its forwards need a dropout seed")
-        logps = sequence_logprobs(policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id)
+        with autocast(policy.precision):
+            logps = sequence_logprobs(policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id)
     else:
-        with training_forward(policy.model, seed):
+        with training_forward(policy.model, seed, policy.precision):
             logps = sequence_logprobs(policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id,
                                       dropout=True)
     loss = policy_gradient_loss(advantages, logps)

@@ -478,9 +478,36 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
             problems += exc.problems
         except ArtifactError as exc:
             problems.append(Problem(field, source, str(exc)))
+    problems += _precision_and_placement_problems(job)
     if problems:
         raise ConfigError(list({str(p): p for p in problems}.values()))  # the same problem once
     return task  # type: ignore[return-value]
+
+
+def _precision_and_placement_problems(job: JobConfig) -> list[Problem]:
+    """``mixed_precision`` autocast available on every agent device type; ``agent_devices: auto`` without
+    LoRA fits ``max_memory`` without offloading trainable weights (accelerate's device map, no weights read)."""
+    import torch
+
+    from pbrl.models import resolve_model_source
+    from pbrl.placement import auto_device_map
+    from pbrl.policies import PolicySource
+    from pbrl.precision import autocast_problem
+
+    source = PolicySource.from_job(job)
+    devices = source.devices if isinstance(source.devices, tuple) else (source.devices,)
+    default = "cuda" if torch.cuda.is_available() else "cpu"
+    types = {default if d in (None, "auto") else str(d).split(":")[0] for d in devices}
+    problems = [Problem("mixed_precision", job.mixed_precision, why) for t in sorted(types)
+                if (why := autocast_problem(job.mixed_precision, t))]
+    if source.devices == "auto" and job.lora_r is None:
+        for model in dict.fromkeys(source.models):
+            try:
+                auto_device_map(Path(str(resolve_model_source(model))), dtype=torch.float32,
+                                max_memory=job.max_memory, trainable=True, lora_targets=None)
+            except ConfigError as exc:
+                problems += exc.problems
+    return problems
 
 
 def _lora_target_problems(job: JobConfig, resolved: Any) -> list[Problem]:

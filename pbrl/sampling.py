@@ -35,7 +35,7 @@ from transformers import (
 )
 
 from pbrl.errors import SamplingError
-from pbrl.scoring import eval_mode
+from pbrl.scoring import distinct_prompts, eval_mode
 
 SEED_LIMIT = 2**63
 # Temperatures where float32 logits / temperature stay finite. Lower: |logit| <= 1e4 covers real LMs (Gemma
@@ -398,6 +398,36 @@ def _cut(
     return new_tokens, "length", None
 
 
+def _shared_prefill(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device: torch.device
+                    ) -> tuple[Any, int] | None:
+    """The KV cache of a left-padded chunk's prompts, each distinct prompt prefilled once, expanded to the rows.
+
+    Covers every column but the last (``generate`` needs one uncached token to produce the first logits), with
+    ``generate``'s own position ids (``cumsum(mask) − 1``, 0 on padding). Returns (cache, distinct prompts), or
+    None when no two rows of the chunk share a prompt or the prompts are one column wide (nothing to share).
+    """
+    from transformers import DynamicCache
+
+    distinct, which = distinct_prompts([tuple(r) for r in torch.cat([input_ids, attention_mask], dim=1).tolist()])
+    if len(distinct) == len(which) or input_ids.shape[1] < 2:
+        return None
+    first_rows = [which.index(d) for d in range(len(distinct))]  # one row per distinct (padded) prompt
+    ids, mask = input_ids[first_rows, :-1], attention_mask[first_rows, :-1]  # (d, t-1)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (d, t-1)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device), cache=cache,
+          use_cache=True, logits_to_keep=1)
+    cache.batch_select_indices(torch.tensor(which, dtype=torch.long))  # (d, …) → (b, …); CPU ids: any device
+    return cache, len(distinct)
+
+
+def prompt_grouped_order(prompt_ids: Sequence[Sequence[int]]) -> list[int]:
+    """Row indices with the rows of one prompt adjacent (prompts in first-seen order, rows in order within one),
+    so that a prompt's rows share a generate chunk and its prefill."""
+    _, which = distinct_prompts(prompt_ids)
+    return sorted(range(len(prompt_ids)), key=lambda r: which[r])
+
+
 def generate(
     model: nn.Module,
     tokenizer: Any,
@@ -406,11 +436,17 @@ def generate(
     settings: SamplingSettings,
     *,
     row_names: Sequence[str] | None = None,
+    share_prompts: bool = True,
 ) -> list[Generation]:
     """Sample one completion per (prompt_ids[r], seeds[r]) row; repeat a prompt for K candidates.
 
     Rows go through ``model.generate`` in chunks of ``settings.batch_size``, left-padded, with the KV
-    cache, in eval mode under ``torch.inference_mode`` (every submodule's mode is restored afterwards). A
+    cache, in eval mode under ``torch.inference_mode`` (every submodule's mode is restored afterwards).
+    With ``share_prompts`` (the default) the rows of one prompt are chunked together and each distinct prompt of
+    a chunk is prefilled once, its KV cache expanded to every row that continues it (the K candidates of a
+    prompt, both sides of a comparator with the same weights); each row still draws from its own seed stream,
+    and the tokens equal those of ``share_prompts=False`` up to the float32 rounding of a different batch shape
+    (see below; tests/test_shared_prompt.py). A
     row's tokens depend only on its prompt, its seed and the sampling settings, never on the batch it lands
     in or on global random state (see the module docstring); different batch layouts can differ only where
     floating-point differences in the logits move a CDF boundary across the row's uniform number.
@@ -444,25 +480,27 @@ def generate(
     config = _generation_config(model, settings.max_new_tokens, pad_id, stop_ids)
     warpers = build_warpers(settings.temperature, settings.top_p, settings.top_k)
     device = next(model.parameters()).device
-    results: list[Generation] = []
+    order = prompt_grouped_order(prompt_ids) if share_prompts else list(range(len(prompt_ids)))
+    results: dict[int, Generation] = {}
     with eval_mode(model), torch.inference_mode():
-        for start in range(0, len(prompt_ids), settings.batch_size):
-            end = start + settings.batch_size
-            rows = prompt_ids[start:end]
-            row_seeds = [int(s) for s in seeds[start:end]]
-            input_ids, attention_mask = _left_pad(rows, pad_id)  # (b, t)
+        for start in range(0, len(order), settings.batch_size):
+            chunk = order[start:start + settings.batch_size]
+            row_seeds = [int(seeds[r]) for r in chunk]
+            input_ids, attention_mask = _left_pad([prompt_ids[r] for r in chunk], pad_id)  # (b, t)
             sampler = SeededSampler(
                 torch.tensor(row_seeds, dtype=torch.int64), input_ids.shape[1], warpers,
-                torch.tensor(stop_ids, dtype=torch.int64), names[start:end], settings.temperature,
+                torch.tensor(stop_ids, dtype=torch.int64), [names[r] for r in chunk], settings.temperature,
             )
+            shared = _shared_prefill(model, input_ids, attention_mask, device) if share_prompts else None
             sequences = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([sampler]),
+                **({"cache": shared[0]} if shared is not None else {}),
             )  # (b, t + new)
-            for row, seed in zip(sequences[:, input_ids.shape[1] :].tolist(), row_seeds, strict=True):
+            for r, row, seed in zip(chunk, sequences[:, input_ids.shape[1] :].tolist(), row_seeds, strict=True):
                 completion, reason, stop_id = _cut(row, stop_ids, settings.max_new_tokens)
                 text = tokenizer.decode(completion, skip_special_tokens=True)
-                results.append(Generation(completion, text, reason, seed, stop_id))
-    return results
+                results[r] = Generation(completion, text, reason, seed, stop_id)
+    return [results[r] for r in range(len(prompt_ids))]

@@ -142,3 +142,117 @@ def sequence_logprobs(
     token_logprobs = torch.where(valid, token_logprobs, torch.zeros_like(token_logprobs))
     # Summed in float64: a float32 sum of a few hundred tokens would already round at the 1e-5 level.
     return token_logprobs.double().sum(-1)  # (b,)
+
+
+def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts in first-seen order and, per row, the index of its prompt among them."""
+    index: dict[tuple[int, ...], int] = {}
+    distinct: list[list[int]] = []
+    rows = []
+    for prompt in prompt_ids:
+        key = tuple(int(i) for i in prompt)
+        if key not in index:
+            index[key] = len(distinct)
+            distinct.append(list(key))
+        rows.append(index[key])
+    return distinct, rows
+
+
+def shared_prompt_logprobs(
+    model: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    dropout: bool = False,
+) -> torch.Tensor:
+    """:func:`sequence_logprobs` computing each distinct prompt once: the same values, less compute.
+
+    Two forward passes. (1) *Prefill*: the d distinct prompts, left-padded, with a KV cache
+    (``transformers`` ``DynamicCache``); the logits of each prompt's last position predict its completions'
+    first tokens. (2) *Continue*: every row's completion (but its last token, which predicts nothing),
+    right-padded, attends to its prompt's cached keys and values, gathered from the d prefilled rows to the b
+    rows (``index_select``, so the gradient of every completion flows back into the one prompt forward and is
+    summed there). A prompt shared by k rows (the winner and loser of a pair, the pairs of one item) runs once
+    instead of k times; with gradients enabled the prompt's activations are stored once too. Positions are
+    the same as in :func:`sequence_logprobs` (prompt length + j for completion token j) and the masks come from
+    the lengths, so the values agree with it to float32 rounding (≤ 1e-5 nats on the tiny model and
+    SmolLM2: tests/test_shared_prompt.py), and so do the gradients.
+
+    Use it when prompts repeat and are long compared with the completions (HumanEval: 150–300 prompt
+    tokens, ≤ 64 completion tokens, 2 completions per pair). It needs the model's KV cache in the training
+    forward, so it does not combine with activation checkpointing (transformers turns the cache off there):
+    use :func:`sequence_logprobs` then.
+
+    Args:
+        model: a causal LM (``*ForCausalLM``, possibly peft-wrapped) taking ``past_key_values``,
+            ``position_ids``, ``attention_mask`` and ``logits_to_keep``.
+        prompt_ids: b token-id lists, each non-empty; equal lists share one prefill.
+        completion_ids: b token-id lists; may be empty.
+        pad_token_id: the id written into padding positions (never used to infer masks).
+        dropout: keep the model's own train/eval modes (a training forward) instead of forcing eval mode.
+            With dropout on, a shared prompt gets one dropout mask for all its rows.
+
+    Returns:
+        (b,) float64 tensor on the model's device, in nats (≤ 0); an empty completion scores exactly 0.0.
+
+    Raises:
+        ValueError: as :func:`sequence_logprobs` (rows named).
+    """
+    from transformers import DynamicCache  # transformers is heavy; only this path needs the class
+
+    vocab_size = model.get_input_embeddings().num_embeddings
+    _validate(prompt_ids, completion_ids, vocab_size, "left")
+    device = next(model.parameters()).device
+    batch = len(prompt_ids)
+    completion_lens = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)  # (b,)
+    max_completion = int(completion_lens.max()) if batch else 0
+    if max_completion == 0:
+        return torch.zeros(batch, dtype=torch.float64, device=device)
+
+    distinct, prompt_of_row = distinct_prompts(prompt_ids)
+    width = max(len(p) for p in distinct)
+    prompt_input = torch.full((len(distinct), width), pad_token_id, dtype=torch.long)  # (d, t)
+    prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)  # (d, t)
+    for d, prompt in enumerate(distinct):
+        prompt_input[d, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        prompt_mask[d, width - len(prompt):] = 1
+    prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (d, t)
+    rows = torch.tensor(prompt_of_row, dtype=torch.long)  # (b,)
+    prompt_lens = prompt_mask.sum(-1)[rows]  # (b,)
+
+    # Completion token j of row r sits at column width + j; the input holds tokens 0 .. c-2 (right-padded).
+    steps = max_completion - 1
+    completion_input = torch.full((batch, max(steps, 0)), pad_token_id, dtype=torch.long)  # (b, c-1)
+    targets = torch.full((batch, max_completion), pad_token_id, dtype=torch.long)  # (b, c)
+    for r, completion in enumerate(completion_ids):
+        if completion:
+            targets[r, : len(completion)] = torch.tensor(completion, dtype=torch.long)
+            completion_input[r, : len(completion) - 1] = targets[r, : len(completion) - 1]
+    completion_mask = (torch.arange(steps)[None, :] < (completion_lens[:, None] - 1)).long()  # (b, c-1)
+    valid = torch.arange(max_completion)[None, :] < completion_lens[:, None]  # (b, c)
+
+    with contextlib.nullcontext() if dropout else eval_mode(model):
+        cache = DynamicCache(config=model.config)
+        first = model(
+            input_ids=prompt_input.to(device), attention_mask=prompt_mask.to(device),
+            position_ids=prompt_positions.to(device), cache=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1]  # (d, v): predicts every row's completion token 0
+        first = first.index_select(0, rows.to(device))[:, None]  # (b, 1, v)
+        if steps > 0:
+            cache.batch_select_indices(rows)  # (d, …) → (b, …), differentiable; CPU ids index any device
+            attention_mask = torch.cat([prompt_mask[rows], completion_mask], dim=1)  # (b, t + c-1)
+            positions = prompt_lens[:, None] + torch.arange(steps)[None, :]  # (b, c-1)
+            rest = model(
+                input_ids=completion_input.to(device), attention_mask=attention_mask.to(device),
+                position_ids=positions.to(device), cache=cache, use_cache=True,
+            ).logits  # (b, c-1, v)
+            logits = torch.cat([first, rest], dim=1)  # (b, c, v)
+        else:
+            logits = first
+        del cache
+    logits = logits.float()
+    targets, valid = targets.to(device), valid.to(device)
+    token_logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (b, c)
+    token_logprobs = torch.where(valid, token_logprobs, torch.zeros_like(token_logprobs))
+    return token_logprobs.double().sum(-1)  # (b,)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,6 +20,15 @@ from pbrl.run import stage_config_hash
 from pbrl.storage import RunPaths, StageManifest, hash_files, write_manifest
 
 log = logging.getLogger("pbrl.stages")
+PEAK_RSS_METRIC = "resource/peak_rss_mb"
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (``getrusage(RUSAGE_SELF).ru_maxrss``: KiB on
+    Linux, bytes on macOS). It is a high-water mark over the process's whole lifetime, never reset, so a stage's
+    value is the peak of every earlier stage of the same process too; children are not counted."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 class StageRecord:
@@ -38,6 +49,8 @@ class StageRecord:
         self.messages.append(message)
 
     def finish(self, inputs: Iterable[Path], outputs: Iterable[Path]) -> StageManifest:
+        """Write the manifest; adds ``resource/peak_rss_mb`` (:func:`peak_rss_mb` when the stage ends)."""
+        self.metrics.setdefault(PEAK_RSS_METRIC, peak_rss_mb())
         undefined = sorted(k for k, v in self.metrics.items() if not math.isfinite(v))
         if undefined:
             self.say(f"metrics without a finite value (left out): {', '.join(undefined)}")

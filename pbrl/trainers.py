@@ -151,8 +151,10 @@ class MADPOIterTrainer:
 
 
 class MARLHFTrainer:
-    """MARLHF, base. Configuration and data collection are available; reward-model fitting and RL policy
-    learning are not in this version, so ``train`` stops at update-policies with a clear error."""
+    """MARLHF, base: one collection among the agents' own candidates, a joint reward model fitted on its pairs
+    (fit-reward-model, Bradley–Terry), then ``num_train_epochs`` of RL against it (``rl_algorithm``: magrpo,
+    mareinforce, marloo or maremax; optional reference KL). Evaluation uses the task reward. All-tie data
+    fits no reward model and returns without updating the policies, and says so (SPEC §4, §5.6, §5.7)."""
 
     def __init__(self, config: MARLHFConfig | None = None, **kwargs: Any):
         self.config, self.kwargs = config or MARLHFConfig(), kwargs
@@ -162,7 +164,9 @@ class MARLHFTrainer:
 
 
 class MARLHFIterTrainer:
-    """MARLHF, iterative. Same availability as :class:`MARLHFTrainer`."""
+    """MARLHF, iterative: ``num_iterations`` rounds of collect → store → replay → fit a fresh reward model →
+    RL, against a comparator. With ``preference_scoring_reward='reward_model'`` the newest fitted reward model
+    scores new comparisons (the task reward until one exists)."""
 
     def __init__(self, config: MARLHFIterConfig | None = None, **kwargs: Any):
         self.config, self.kwargs = config or MARLHFIterConfig(), kwargs

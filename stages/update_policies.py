@@ -1,4 +1,8 @@
-"""Stage 7, update-policies (MADPO, SPEC §5.5): ``num_train_epochs`` passes over the selected pairs.
+"""Stage 7, update-policies: MADPO (SPEC §5.5), ``num_train_epochs`` passes over the selected pairs; or
+MARLHF policy learning (SPEC §5.7, :func:`pbrl.rl.run_rl`): ``num_train_epochs`` passes over the round's
+train items (prompt ids as stored in this round's candidates), rollouts scored by the round's fitted reward
+model and written to ``rounds/<r>/rollouts.parquet``. A MARLHF round whose fit-reward-model fitted no model
+(no usable pairs) updates nothing, like a round without pairs.
 
 Round r starts from the policy (and each agent's AdamW state) after round r-1 and writes
 ``checkpoints/round_<r>/``: per agent the weights (or LoRA adapter) and optimizer state, then
@@ -71,6 +75,16 @@ def selected_pairs(paths: RunPaths, round_index: int) -> list[dict]:
     return read_selected_pairs(paths.selected_pairs(round_index), paths.pairs)
 
 
+def item_grouped_order(pairs: list[dict], permutation) -> list[int]:
+    """The seeded shuffle ``permutation`` of the pair indices, regrouped so the pairs of one item are adjacent
+    (items in the order their first pair appears in the shuffle; within an item, shuffle order). Batches then
+    hold several pairs of one item, whose shared prompt is scored once (:func:`pbrl.madpo.agent_margins`)."""
+    rank: dict[str, int] = {}
+    for j in permutation:
+        rank.setdefault(pairs[int(j)]["item_id"], len(rank))
+    return sorted((int(j) for j in permutation), key=lambda j: rank[pairs[j]["item_id"]])  # stable
+
+
 def _batch(pairs: list[dict], num_agents: int) -> PairBatch:
     return PairBatch(
         prompt_ids=[[p["prompt_ids"][i] for p in pairs] for i in range(num_agents)],
@@ -109,6 +123,9 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         return manifest
 
     policies, tokenizers = _load_policies(job, start)
+    if job.gradient_checkpointing:  # recompute activations in backward (transformers' option)
+        for policy in policies:
+            policy.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if is_marlhf(job.trainer):
         return _run_marlhf(record, job, pairs, start, policies, tokenizers)
 
@@ -118,13 +135,14 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     margin_sums = torch.zeros(job.num_agents, dtype=torch.float64)
     n_margins = 0
     for _ in range(job.num_train_epochs):
-        order = rng.permutation(len(pairs))
+        order = item_grouped_order(pairs, rng.permutation(len(pairs)))
         for begin in range(0, len(pairs), job.train_batch_size):
             chunk = [pairs[j] for j in order[begin:begin + job.train_batch_size]]
             seeds = [derive_seed(job.seed, round_index=round_index, stage=NAME, side="dropout", agent=i,
                                  index=steps) for i in range(job.num_agents)]
             stats = madpo_step(policies, _batch(chunk, job.num_agents), beta=job.dpo_beta,
-                               max_grad_norm=job.max_grad_norm, seeds=seeds)
+                               max_grad_norm=job.max_grad_norm, seeds=seeds,
+                               micro_batch_size=-(-job.train_batch_size // job.gradient_accumulation_steps))
             steps += 1
             batch_sizes.append(len(chunk))
             losses.append(stats.loss)

@@ -108,6 +108,7 @@ RUN_DEFAULTS = {
     "lora_alpha": 16, "lora_dropout": 0.0, "lora_target_modules": None, "agent_devices": None,
     "tie_tolerance": 1e-9, "oracle_max_failure_share": 0.5, "generation_batch_size": 64, "torch_dtype": "float32",
     "eval_samples_per_item": 1, "mixed_precision": "no", "max_memory": None,
+    "gradient_checkpointing": False, "gradient_accumulation_steps": 1,
 }
 
 
@@ -303,6 +304,10 @@ BAD = [
     ("madpo", {"mixed_precision": "fp8"}, "mixed_precision"),
     ("madpo", {"mixed_precision": "bfloat16"}, "mixed_precision"),  # accelerate's names, not torch's
     ("madpo", {"mixed_precision": False}, "mixed_precision"),
+    # issue #14: memory options of update-policies
+    ("madpo", {"gradient_accumulation_steps": 0}, "gradient_accumulation_steps"),
+    ("madpo", {"gradient_accumulation_steps": 2.0}, "gradient_accumulation_steps"),
+    ("madpo", {"gradient_checkpointing": "yes"}, "gradient_checkpointing"),
     ("madpo", {"max_memory": {"cpu": "2GiB"}}, "max_memory"),  # no device option is 'auto': it would do nothing
     ("madpo", {"agent_devices": "cpu", "max_memory": {"cpu": "2GiB"}}, "max_memory"),
     ("madpo", {"agent_devices": "auto", "max_memory": {"gpu0": "2GiB"}}, "max_memory"),
@@ -735,6 +740,7 @@ def test_config_hash_is_one_sha256_hex_per_job_however_it_was_built(tmp_path: Pa
     [("dpo_beta", 0.25), ("seed", 1), ("temperature", 0.7), ("top_k", None), ("agent_model", "other/path"),
      ("task_options", {"a": 2, "b": [1, 2]}), ("task_options", {"a": 1, "b": [2, 1]}),
      ("preference_replay_mode", "all_history"), ("lora_r", 4), ("mixed_precision", "bf16"),
+     ("gradient_checkpointing", True), ("gradient_accumulation_steps", 2),
      # config_hash covers num_iterations; pbrl.run.stage_config_hash is where a run may grow by iterations
      ("num_iterations", 7)],
 )
@@ -877,6 +883,8 @@ SPEC_ITERATIVE |= {
     "log_reward_distribution", "policy_checkpoint_dir", "comparator_api_max_n_per_request", "comparator_api_headers",
     "comparator_api_key_header", "comparator_api_key_prefix", "comparator_api_extra_body",
 }
+# pbrl's own option (issue #12): the pluggable parser of centralized comparator responses.
+SPEC_ITERATIVE |= {"comparator_centralized_adapter"}
 SPEC_MARLHF |= {"reward_model_device", "critic_devices", "use_separate_critic", "critic_type",
                 "critic_value_head_hidden_dim", "value_head_hidden_dim"}
 SPEC_OPTIONS = {

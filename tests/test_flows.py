@@ -59,8 +59,9 @@ def _assert_round_artifacts(round_index: int) -> None:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     with get_client(sync_client=True) as client:
-        table = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["round-metrics"])))
-        summary = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["round-summary"])))
+        by_key = {key: client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+                  for key in ("round-metrics-run", "round-summary-run")}  # keys carry the run's name
+    table, summary = by_key["round-metrics-run"], by_key["round-summary-run"]
     assert table and table[-1].type == "table" and f"round {round_index}" in table[-1].description
     rows = json.loads(table[-1].data) if isinstance(table[-1].data, str) else table[-1].data
     assert {"madpo/loss", "pairs/count"} <= {r["metric"] for r in rows}
@@ -138,7 +139,8 @@ def test_deployments_register_with_utc_cron_and_typed_parameters():
 
     from flows.serve import register_deployments
 
-    train_id, nightly_id = register_deployments(nightly_run="docs-1", cron="30 3 * * *")
+    ids = register_deployments(nightly_run="docs-1", cron="30 3 * * *")
+    train_id, nightly_id = ids["pbrl-train/train"], ids["pbrl-add-iteration/nightly"]
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment(nightly_id)
         schedule = nightly.schedules[0].schedule

@@ -6,11 +6,12 @@ Wrong versions these tests make fail (re-check by applying each to a copy of the
    in the iterative or the base branch): ``test_build_pairs_applies_the_configured_tie_tolerance`` or
    ``test_base_trainer_build_pairs_applies_the_configured_tie_tolerance`` fails.
 4. update-policies never restores the optimizer state of the previous round's checkpoint (every round starts
-   a fresh AdamW): ``test_second_round_continues_adamw_from_the_first_rounds_state`` fails.
+   a fresh AdamW; e.g. ``optimizer.load_state_dict(...)`` skipped in ``pbrl.policies.trainable_policy``):
+   ``test_second_round_continues_adamw_from_the_first_rounds_state`` fails.
 6a. build-pairs keeps pairs with an empty completion (``usable = candidates``):
    ``test_build_pairs_rejects_every_pair_with_an_empty_or_blank_completion`` fails.
 6b. the ``history`` comparator samples the current weights instead of C_max(0, r-1-k)
-   (``policy_checkpoint(paths, round_index - 1)`` in ``pbrl/comparators.py::_history``):
+   (``policy_checkpoint(paths, round_index - 1)`` in ``pbrl/comparators.py``):
    ``test_comparators_sample_the_checkpoint_they_name`` fails.
 6c. the pair record's rewards or ``candidate_reward_mean`` taken from raw instead of processed scores, or the
    mean over one side only: ``test_reward_processor_orders_pairs_and_fills_the_pair_record`` fails.

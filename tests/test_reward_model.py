@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pbrl.models import load_tokenizer
+from pbrl.models import LoraSettings, load_tokenizer
 from pbrl.reward_model import (
     DROP_TOO_LONG,
     JointTemplate,
@@ -26,7 +26,6 @@ from pbrl.reward_model import (
     pair_metrics,
     save_reward_model,
 )
-from pbrl.models import LoraSettings
 from pbrl.schema import PAIR_JOINT_IDS, PAIRS, ROLLOUTS, read_rows
 from pbrl.storage import RunPaths
 from stages import STAGE_MODULES

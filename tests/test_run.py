@@ -239,3 +239,15 @@ def test_unknown_lora_target_modules_are_refused_before_anything_is_written(tiny
         out = CliRunner().invoke(app, command)
         assert out.exit_code == 2 and "lora_target_modules: got ['q_projx']" in out.output, out.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_preflight_refuses_full_fine_tuning_that_would_be_offloaded(tiny_model_dir, tmp_path):
+    """agent_devices: auto without LoRA whose max_memory forces disk offload: offloaded weights cannot be
+    trained, so preflight says so (naming max_memory) before anything is written."""
+    from pbrl.run import preflight
+
+    job = tiny_job(tiny_model_dir, tmp_path, agent_devices="auto", max_memory={"cpu": "100KB"})
+    with pytest.raises(ConfigError, match=r"max_memory"):
+        preflight(job)
+    preflight(tiny_job(tiny_model_dir, tmp_path, agent_devices="auto", max_memory={"cpu": "100KB"}, lora_r=4))
+    assert not (tmp_path / "run").exists()
