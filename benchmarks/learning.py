@@ -41,7 +41,8 @@ from typing import Any
 from benchkit import REPO_ROOT, RESULTS_DIR, write_result
 
 from pbrl.config import JobConfig, load_job
-from pbrl.run import prepare_run, read_items
+from pbrl.items import read_items
+from pbrl.run import prepare_run
 from pbrl.storage import RunPaths, read_manifest
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"

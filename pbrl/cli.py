@@ -84,7 +84,7 @@ def validate(config: Path, set_: SetOption = None) -> None:
 
     Example: pbrl validate flows/configs/tiny-madpo-iter.yaml --set dpo_beta=0.2
     """
-    from pbrl.run import preflight
+    from pbrl.preflight import preflight
 
     with _expected_errors(2):
         job = _load(config, set_)
@@ -149,7 +149,8 @@ def train(
     Example: pbrl train flows/configs/tiny-madpo-iter.yaml --set num_iterations=3 --run-name try-1
     """
     from pbrl import orchestration
-    from pbrl.run import open_job, preflight, run_dir_for
+    from pbrl.preflight import preflight
+    from pbrl.run import open_job, run_dir_for
 
     if run is not None and not resume:
         raise _fail(ValueError("--run continues an existing run: add --resume"))

@@ -54,13 +54,18 @@ EXPECTED_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-def expected_error(exc: BaseException | None) -> Exception | None:
-    """The expected error behind ``exc``: itself, or the nearest one in its ``__cause__``/``__context__``
-    chain (Prefect may re-raise or wrap what a task raised). None when there is none."""
+def in_chain(exc: BaseException | None, types: type | tuple[type, ...]) -> BaseException | None:
+    """``exc`` itself when it is one of ``types``, else the nearest such exception in its
+    ``__cause__``/``__context__`` chain (Prefect may re-raise or wrap what a task raised); None when none."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, EXPECTED_ERRORS):
+        if isinstance(exc, types):
             return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def expected_error(exc: BaseException | None) -> Exception | None:
+    """The expected error (one of ``EXPECTED_ERRORS``) behind ``exc``, or None."""
+    return in_chain(exc, EXPECTED_ERRORS)  # type: ignore[return-value]

@@ -20,6 +20,7 @@ COUNT_METRICS = {  # manifest counts worth a metric row: (stage, count) -> metri
     ("build-pairs", "items_without_pairs"): "pairs/items_without_pairs",
     ("score-with-oracle", "failed"): "oracle/failed",
     ("update-policies", "steps"): "madpo/steps",
+    ("evaluate", "items_seen_in_training"): "eval/items_seen_in_training",  # held-out evaluation: 0
     ("fit-reward-model", "train_pairs"): "rm/train_pairs",
     ("fit-reward-model", "dropped_too_long"): "rm/dropped_too_long",
 }
@@ -27,8 +28,6 @@ MARLHF_COLUMNS = {  # MARLHF round-table columns, shown when a run has them
     "rm/loss": "rm_loss", "rm/accuracy": "rm_accuracy", "rm/heldout_accuracy": "rm_heldout_accuracy",
     "rl/reward_mean": "rl_reward", "rl/advantage_std": "rl_advantage_std", "rl/kl_mean": "rl_kl",
 }
-
-
 EVAL_INTERVAL_COLUMNS = {  # evaluate's interval metrics -> round-table columns
     "eval/reward_ci_low": "eval_lo", "eval/reward_ci_high": "eval_hi", "eval/paired_diff_mean": "paired",
     "eval/paired_diff_ci_low": "paired_lo", "eval/paired_diff_ci_high": "paired_hi",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pbrl.config import JobConfig
-from pbrl.errors import expected_error
+from pbrl.errors import expected_error, in_chain
 
 
 def quiet_libraries() -> None:
@@ -46,13 +46,7 @@ class QuietExpectedErrors(logging.Filter):
 
 
 def _interrupted(exc: BaseException | None) -> bool:
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return in_chain(exc, KeyboardInterrupt) is not None
 
 
 def _prepare_logging() -> None:

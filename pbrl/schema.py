@@ -27,7 +27,7 @@ ITEMS = pa.schema(
     ]
 )
 # ITEMS schema metadata: JSON {split: {"source": {...}, "fingerprint": "datasets:<fp>" | "sha256:<hex>",
-# "num_items": int}}, where each split's items came from (pbrl.run.write_items).
+# "num_items": int}}, where each split's items came from (pbrl.items.write_items).
 ITEMS_SOURCES_KEY = b"pbrl.items_sources"
 
 

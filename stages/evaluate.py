@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pbrl.config import JobConfig
+from pbrl.items import format_prompts, read_items
 from pbrl.oracle import score_batch
 from pbrl.policies import PolicySource, load_agent, policy_checkpoint
-from pbrl.run import format_prompts, read_items, resolve_task
+from pbrl.run import resolve_task
 from pbrl.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.schema import EVAL, read_rows, write_table
 from pbrl.seeds import derive_seed

@@ -25,8 +25,9 @@ from pbrl.comparators import (
     target_side,
 )
 from pbrl.config import JobConfig, is_iterative
+from pbrl.items import format_prompts, read_items
 from pbrl.policies import PolicySource, load_agent
-from pbrl.run import format_prompts, read_items, resolve_task
+from pbrl.run import resolve_task
 from pbrl.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.schema import CANDIDATES, write_table
 from pbrl.seeds import derive_seed

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from pbrl.config import JobConfig
 from pbrl.errors import OracleError
+from pbrl.items import read_items
 from pbrl.oracle import OracleScore, score_batch
 from pbrl.reward_model import DROP_TOO_LONG, RewardScorer, newest_reward_model, reward_device
-from pbrl.run import read_items, resolve_task
+from pbrl.run import resolve_task
 from pbrl.schema import SCORES, read_joint_responses, write_table
 from pbrl.stagekit import StageRecord
 from pbrl.storage import RunPaths, StageManifest

@@ -373,7 +373,7 @@ def test_tiny_api_config_trains_two_rounds_and_the_key_appears_nowhere(tmp_path,
     assert result.exit_code == 0, result.output
     run_dir = tmp_path / "tiny-comparator-api"
     assert (run_dir / "rounds" / "0002" / "candidates.parquet").is_file()
-    from pbrl.run import read_items
+    from pbrl.items import read_items
     from pbrl.storage import RunPaths
 
     num_items = len(read_items(RunPaths(run_dir), "train"))

@@ -141,7 +141,7 @@ def test_the_agents_own_model_as_comparator_equals_current_in_round_one(tiny_mod
 
 
 def test_preflight_names_a_missing_comparator_model_and_an_unset_key_variable(tiny_model_dir, tmp_path, monkeypatch):
-    from pbrl.run import preflight
+    from pbrl.preflight import preflight
 
     job = tiny_job(tiny_model_dir, tmp_path, comparator_policy="model", comparator_model_name=str(tmp_path / "nope"))
     with pytest.raises(ConfigError) as info:

@@ -8,8 +8,8 @@ import pytest
 
 from pbrl import orchestration
 from pbrl.config import load_job
+from pbrl.items import read_items
 from pbrl.metrics import round_table
-from pbrl.run import read_items
 from pbrl.schema import CANDIDATES, EVAL, read_rows
 from pbrl.storage import RunPaths
 from pbrl.tasks.humaneval_docs import docs_reward

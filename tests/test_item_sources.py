@@ -20,7 +20,8 @@ import pytest
 from pbrl.config import parse_job
 from pbrl.errors import ArtifactError, ConfigError
 from pbrl.item_sources import DatasetSpec
-from pbrl.run import load_item_source, load_run_items, prepare_run, read_items, resolve_task, write_items
+from pbrl.items import load_item_source, load_run_items, read_items, write_items
+from pbrl.run import prepare_run, resolve_task
 from pbrl.schema import read_items_sources
 from pbrl.storage import RunPaths
 from tests.helpers import tiny_job

@@ -297,12 +297,14 @@ def test_second_round_continues_adamw_from_the_first_rounds_state(tiny_model_dir
     batches = [_batch(rounds[0]), _batch(rounds[1])]
     continued = _weights_after(tiny_model_dir, None, batches, lr)
     fresh = _weights_after(tiny_model_dir, after_one, batches[1:], lr, fresh_before=0)
+    # The stage batches and scores the pairs its own way, so gradients agree only to rounding (~1e-7), which
+    # AdamW's normalised step (lr 1e-2) turns into differences up to ~1e-4 where a gradient is near zero.
     for a in range(2):
         gap_fresh = 0.0
         for name, tensor in stored[a].items():
-            assert torch.allclose(tensor, continued[a][name], atol=1e-6, rtol=0), (a, name)
+            assert torch.allclose(tensor, continued[a][name], atol=5e-4, rtol=0), (a, name)
             gap_fresh = max(gap_fresh, float((tensor - fresh[a][name]).abs().max()))
-        assert gap_fresh > 1e-3  # a fresh optimizer's first step is a different step
+        assert gap_fresh > 5e-3  # a fresh optimizer's first step is a different step, ten times the tolerance
 
     # Metric values of round 2, from margins scored by brute force on the round-1 weights.
     models = []

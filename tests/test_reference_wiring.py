@@ -10,7 +10,7 @@ import pytest
 
 from pbrl.errors import ConfigError
 from pbrl.policies import PolicySource
-from pbrl.run import preflight
+from pbrl.preflight import preflight
 from stages import STAGE_MODULES
 from tests.helpers import new_run, tiny_job
 

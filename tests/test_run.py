@@ -12,7 +12,8 @@ import pytest
 
 from pbrl.config import parse_job
 from pbrl.errors import ConfigError
-from pbrl.run import load_item_source, prepare_run, read_items, resolve_task
+from pbrl.items import load_item_source, read_items
+from pbrl.run import prepare_run, resolve_task
 from pbrl.schema import SCORES, read_rows
 from pbrl.storage import RunPaths
 from stages import STAGE_MODULES
@@ -97,13 +98,6 @@ def test_run_json_holds_no_secret_and_resume_rules(tiny_model_dir, tmp_path, mon
         prepare_run(job.model_copy(update={"dpo_beta": 0.5}), resume=True)
 
 
-def test_marlhf_trainers_are_refused_at_start(tiny_model_dir, tmp_path):
-    job = tiny_job(tiny_model_dir, tmp_path, trainer="marlhf_iter")
-    with pytest.raises(ConfigError, match="MARLHF .* not available"):
-        prepare_run(job, resume=False)
-    assert not (tmp_path / "run").exists()
-
-
 def test_preflight_reports_every_problem_before_anything_is_written(tiny_model_dir, tmp_path):
     job = tiny_job(tiny_model_dir, tmp_path, agent_model=str(tmp_path / "no-model"), comparator_policy="history",
                    task="no_such_task", task_options={})
@@ -158,7 +152,7 @@ def test_a_folder_that_is_not_a_run_is_never_written_into(tiny_model_dir, tmp_pa
 # ---------------------------------------------------------------------------------------------- preflight
 def test_preflight_reads_the_items_and_names_each_unformattable_one(tiny_model_dir, tmp_path):
     """Issue #16.13: an item missing a field the formatters need was reported only after Prefect started."""
-    from pbrl.run import preflight
+    from pbrl.preflight import preflight
 
     path = tmp_path / "items.jsonl"
     path.write_text('{"topic": "rain"}\n{"subject": "bees"}\n{"topic": "tides", "item_id": "t"}\n')
@@ -175,7 +169,7 @@ def test_preflight_reads_the_items_and_names_each_unformattable_one(tiny_model_d
 
 
 def test_preflight_refuses_an_empty_dataset(tiny_model_dir, tmp_path):
-    from pbrl.run import preflight
+    from pbrl.preflight import preflight
 
     path = tmp_path / "empty.jsonl"
     path.write_text("\n")
@@ -244,7 +238,7 @@ def test_unknown_lora_target_modules_are_refused_before_anything_is_written(tiny
 def test_preflight_refuses_full_fine_tuning_that_would_be_offloaded(tiny_model_dir, tmp_path):
     """agent_devices: auto without LoRA whose max_memory forces disk offload: offloaded weights cannot be
     trained, so preflight says so (naming max_memory) before anything is written."""
-    from pbrl.run import preflight
+    from pbrl.preflight import preflight
 
     job = tiny_job(tiny_model_dir, tmp_path, agent_devices="auto", max_memory={"cpu": "100KB"})
     with pytest.raises(ConfigError, match=r"max_memory"):

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from pbrl.errors import SamplingError
-from pbrl.run import read_items
+from pbrl.items import read_items
 from pbrl.sampling import SamplingSettings, SeededSampler, build_warpers, encode_prompt, generate, stop_token_ids
 from pbrl.schema import CANDIDATES, EVAL, read_rows
 from pbrl.storage import RunPaths
