@@ -40,7 +40,7 @@ def test_demo_config_runs_one_round_on_smollm2(tmp_path):
     items = {item["item_id"]: item for item in read_items(paths, "eval")}
     for r in (0, 1):
         ev = read_rows(paths.eval(r), EVAL)
-        assert len(ev) == 2 and all(x["failure"] is None for x in ev)
+        assert ev and all(x["failure"] is None for x in ev)
         rewards = docs_reward([x["completions"][0] for x in ev], [x["completions"][1] for x in ev],
                               batch_items=[items[x["item_id"]] for x in ev])
         assert all(0.0 <= v <= 2.0 for v in rewards) and [x["reward"] for x in ev] == rewards

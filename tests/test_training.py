@@ -103,12 +103,12 @@ KILL_SCRIPT = textwrap.dedent("""
     from pbrl import orchestration
     from pbrl.config import load_job
 
-    real = up.save_optimizer
-    def save_then_die(optimizer, path):
-        real(optimizer, path)
-        if "agent_1" in str(path):
+    real = up.save_training_state
+    def save_then_die(policy, agent_dir):
+        real(policy, agent_dir)
+        if "agent_1" in str(agent_dir):
             os.kill(os.getpid(), signal.SIGKILL)   # mid update-policies of round 1: checkpoint half written
-    up.save_optimizer = save_then_die
+    up.save_training_state = save_then_die
     job = load_job(sys.argv[1], [f"output_dir={sys.argv[2]}", "run_name=killed", "num_iterations=2", *sys.argv[3:]])
     orchestration.train(job)
 """)
