@@ -140,6 +140,9 @@ def main() -> None:
                 param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.01)
     pairs = make_pairs(tokenizer, size.peer_pairs)
     pad = tokenizer.pad_token_id
+    # Warm-up (discarded): the first training steps of a process are slow (page faults, allocator, thread pools;
+    # up to 10x on the shared VM), and whichever side ran first would pay for them.
+    run_madpo(copy.deepcopy(initial), pad, pairs[:BATCH_SIZE], 1)
     madpo_losses, madpo_s = run_madpo(copy.deepcopy(initial), pad, pairs, size.peer_epochs)
     trl_losses, trl_s, trl_runtime = run_trl(copy.deepcopy(initial), tokenizer, pairs, size.peer_epochs)
     steps = min(len(madpo_losses), len(trl_losses))
@@ -160,7 +163,8 @@ def main() -> None:
         "speed_ratio_vs_trl_train_runtime": ratio(trl_runtime, madpo_s),
         "pairs_per_s": {"madpo": round(trained / madpo_s, 3), "trl": round(trained / trl_s, 3)},
         "speed_ratio": speed,
-        "method": "One run of each, in this order (not interleaved: each trains its own copy from the same start); "
+        "method": "One warm-up MADPO step (discarded), then one run of each, MADPO first (not interleaved: each "
+                  "trains its own copy from the same start); "
                   "TRL's time includes its Trainer loop overhead, MADPO's the madpo_step loop.",
         "checks": checks,
     })

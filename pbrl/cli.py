@@ -92,7 +92,8 @@ def validate(config: Path, set_: SetOption = None) -> None:
     console.print(f"OK: {config} ({job.trainer}, {job.num_agents} agents)")
 
 
-HEADERS = {"train_pairs": "train", "accuracy": "acc", "eval_reward": "eval", "eval_vs_round0": "vs r0"}
+HEADERS = {"train_pairs": "train", "accuracy": "acc", "eval_reward": "eval", "eval_vs_round0": "vs r0",
+           "peak_rss_gb": "peak GB"}
 
 
 def _print_rounds(run_dir: Path) -> None:

@@ -35,6 +35,7 @@ from pbrl.schema import CANDIDATES, PAIRS, SCORES, SELECTED_PAIRS, read_rows, wr
 from pbrl.seeds import numpy_rng
 from pbrl.storage import RunPaths
 from stages import STAGE_MODULES
+from stages.update_policies import item_grouped_order
 from tests.helpers import new_run
 
 COLLECT = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round"]
@@ -280,7 +281,7 @@ def test_second_round_continues_adamw_from_the_first_rounds_state(tiny_model_dir
         assert [s["pair_id"] for s in selection] == [p["pair_id"] for p in pairs]  # replay "current"
         # The stage shuffles the pairs with its own seeded generator before batching.
         order = numpy_rng(job.seed, round_index=r, stage="update-policies").permutation(len(pairs))
-        rounds.append([pairs[j] for j in order])
+        rounds.append([pairs[j] for j in item_grouped_order(pairs, order)])  # the stage's item-grouped order
         counts = manifests[r]["update-policies"].counts
         assert counts["steps"] == 1 and counts["pairs"] == len(pairs) > 0
 
