@@ -122,10 +122,13 @@ class LoopbackServer:
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                     done = len(server.records) >= server.max_requests
                 try:
-                    server.answer(self, action, body)
+                    time.sleep(server.delay)  # the request's work, counted in flight
                 finally:
+                    # Counted out before the reply is written: once the client has its answer it may send the
+                    # next request at once, which must not be counted as overlapping this one.
                     with server.lock:
                         server.in_flight -= 1
+                server.answer(self, action, body)
                 if done:
                     threading.Thread(target=server.httpd.shutdown, daemon=True).start()
 
@@ -137,7 +140,6 @@ class LoopbackServer:
 
     def answer(self, handler: BaseHTTPRequestHandler, action: tuple[Any, ...], body: dict[str, Any]) -> None:
         kind = action[0]
-        time.sleep(self.delay)
         if kind == "slow":
             time.sleep(action[1])
         if kind in ("429", "500", "400"):
