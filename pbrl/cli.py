@@ -108,7 +108,9 @@ def _print_rounds(run_dir: Path) -> None:
         t.add_column(HEADERS.get(col, col), justify="right")
     for r, row in table.iterrows():
         t.add_row(str(r), *("–" if v != v else f"{v:.3g}" for v in row.values))
-    console.print(t)
+    # Logs and pipes get Rich's 80 columns, which would cut every cell to "2…": print the table at full width.
+    out = console if console.is_terminal else Console(width=max(console.width, 220))
+    out.print(t)
     console.print(f"report: {write_report_png(run_dir, table)}")
 
 
