@@ -34,3 +34,46 @@ def short_prompt(item: dict) -> str:
 
 def long_prompt(item: dict) -> str:
     return f"Say two sentences about {item['topic']}."
+
+
+# Artifacts two equivalent runs must share, byte for byte (the MADPO ones; MARLHF adds its own patterns).
+RUN_ARTIFACTS = ("rounds/*/candidates.parquet", "rounds/*/scores.parquet", "rounds/*/pairs.parquet",
+                 "rounds/*/selected_pairs.parquet", "rounds/*/eval.parquet", "replay/iteration_*.json",
+                 "checkpoints/round_*/agent_*/*.safetensors")
+
+
+def run_artifacts(run_dir: Path, patterns: tuple[str, ...] = RUN_ARTIFACTS, *,
+                  trainer_state: bool = False) -> dict[str, object]:
+    """Every artifact of ``run_dir`` matching ``patterns`` (bytes), each AdamW state (tensors, step counts
+    included) and, with ``trainer_state``, each round's (round, optimizer_steps)."""
+    import torch
+
+    from pbrl.storage import read_json
+
+    out: dict[str, object] = {}
+    for pattern in patterns:
+        for f in sorted(run_dir.glob(pattern)):
+            out[f.relative_to(run_dir).as_posix()] = f.read_bytes()
+    for f in sorted(run_dir.glob("checkpoints/round_*/agent_*/optimizer.pt")):
+        state = torch.load(f, weights_only=True)
+        out[f.relative_to(run_dir).as_posix()] = {(k, n): v for k, st in state["state"].items() for n, v in st.items()}
+    if trainer_state:
+        for f in sorted(run_dir.glob("checkpoints/round_*/trainer_state.json")):
+            state = read_json(f)
+            out[f.relative_to(run_dir).as_posix()] = (state["round"], state["optimizer_steps"])
+    return out
+
+
+def assert_same_artifacts(a: dict, b: dict) -> None:
+    """Equal keys, equal bytes, equal tensors (exactly)."""
+    import torch
+
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            assert a[key].keys() == b[key].keys(), key
+            for k in a[key]:
+                va, vb = a[key][k], b[key][k]
+                assert (torch.equal(va, vb) if torch.is_tensor(va) else va == vb), (key, k)
+        else:
+            assert a[key] == b[key], key

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from pbrl import orchestration
@@ -19,6 +18,7 @@ from pbrl.config import load_job, split_job
 from pbrl.metrics import metrics_frame
 from pbrl.storage import RunPaths
 from pbrl.trainers import MARLHFTrainer
+from tests.helpers import assert_same_artifacts, run_artifacts
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]
 
@@ -29,27 +29,8 @@ ROUND_STAGES = ["sample-candidates", "score-with-oracle", "build-pairs", "store-
                 "fit-reward-model", "update-policies", "evaluate"]
 
 
-def artifacts(run_dir: Path) -> dict[str, object]:
-    """Every artifact that must be identical between equivalent runs (bytes, or tensors for optimizer state)."""
-    out: dict[str, object] = {}
-    for pattern in ("rounds/*/*.parquet", "replay/iteration_*.json", "rounds/*/reward_model/**/*.safetensors",
-                    "rounds/*/reward_model/reward_model.json", "checkpoints/round_*/agent_*/*.safetensors"):
-        for f in sorted(run_dir.glob(pattern)):
-            out[f.relative_to(run_dir).as_posix()] = f.read_bytes()
-    for f in sorted(run_dir.glob("checkpoints/round_*/agent_*/optimizer.pt")):
-        state = torch.load(f, weights_only=True)
-        out[f.relative_to(run_dir).as_posix()] = {(k, n): v for k, st in state["state"].items() for n, v in st.items()}
-    return out
-
-
-def assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], dict):
-            assert a[key].keys() == b[key].keys(), key
-            assert all(torch.equal(a[key][k], b[key][k]) for k in a[key]), key
-        else:
-            assert a[key] == b[key], key
+MARLHF_ARTIFACTS = ("rounds/*/*.parquet", "replay/iteration_*.json", "rounds/*/reward_model/**/*.safetensors",
+                    "rounds/*/reward_model/reward_model.json", "checkpoints/round_*/agent_*/*.safetensors")
 
 
 def test_cli_trains_two_rounds_with_a_complete_run_folder_then_reruns_cached(tmp_path):
@@ -113,7 +94,7 @@ def test_sigkill_in_fit_reward_model_then_resume_matches_uninterrupted_run(tmp_p
     states = {(s["round"], s["stage"]): s["state"] for s in out["stages"]}
     assert states[(2, "replay-select")] == "Cached" and states[(2, "fit-reward-model")] == "Completed", states
     orchestration.train(load_job(ITER_YAML, [f"output_dir={tmp_path}", "run_name=fresh"]))
-    assert_same(artifacts(killed), artifacts(tmp_path / "fresh"))
+    assert_same_artifacts(run_artifacts(killed, MARLHF_ARTIFACTS), run_artifacts(tmp_path / "fresh", MARLHF_ARTIFACTS))
 
 
 def test_base_trainer_api_with_reference_kl(tmp_path):

@@ -36,6 +36,7 @@ from pbrl import orchestration
 from pbrl.config import load_job
 from pbrl.schema import CANDIDATES, PAIRS, SCORES, read_rows
 from pbrl.storage import RunPaths, read_json
+from tests.helpers import assert_same_artifacts, run_artifacts
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]
 
@@ -74,23 +75,6 @@ def eos_heavy_model(tiny_model_dir, tmp_path_factory) -> Path:
 def overrides(tmp_path: Path, model: Path, run_name: str) -> list[str]:
     return [f"output_dir={tmp_path}", f"run_name={run_name}", f"agent_model={model}", "num_iterations=3",
             "comparator_policy=history", "comparator_history_k=1", "max_new_tokens=6"]
-
-
-def artifacts(run_dir: Path) -> dict[str, object]:
-    """Every artifact two equivalent runs must share: file bytes, and AdamW state tensors (step counts too)."""
-    out: dict[str, object] = {}
-    for pattern in ("rounds/*/candidates.parquet", "rounds/*/scores.parquet", "rounds/*/pairs.parquet",
-                    "rounds/*/selected_pairs.parquet", "rounds/*/eval.parquet", "replay/iteration_*.json",
-                    "checkpoints/round_*/agent_*/*.safetensors"):
-        for f in sorted(run_dir.glob(pattern)):
-            out[f.relative_to(run_dir).as_posix()] = f.read_bytes()
-    for f in sorted(run_dir.glob("checkpoints/round_*/agent_*/optimizer.pt")):
-        state = torch.load(f, weights_only=True)
-        out[f.relative_to(run_dir).as_posix()] = {(k, n): v for k, st in state["state"].items() for n, v in st.items()}
-    for f in sorted(run_dir.glob("checkpoints/round_*/trainer_state.json")):
-        state = read_json(f)
-        out[f.relative_to(run_dir).as_posix()] = (state["round"], state["optimizer_steps"])
-    return out
 
 
 KILL_SCRIPT = textwrap.dedent("""
@@ -138,17 +122,10 @@ def test_kill_after_round_two_update_then_resume_matches_uninterrupted_run(eos_h
     assert (2, "update-policies") not in ran and (3, "update-policies") in ran and (2, "evaluate") in ran
     assert {r for r, _ in ran} == {2, 3}
 
-    killed, fresh = artifacts(tmp_path / "killed"), artifacts(fresh_run)
-    assert killed.keys() == fresh.keys()
+    killed, fresh = (run_artifacts(tmp_path / "killed", trainer_state=True),
+                     run_artifacts(fresh_run, trainer_state=True))
     assert "checkpoints/round_0003/agent_1/optimizer.pt" in killed and "rounds/0003/eval.parquet" in killed
-    for key in killed:
-        a, b = killed[key], fresh[key]
-        if isinstance(a, dict):
-            assert a.keys() == b.keys(), key
-            for k in a:
-                assert torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k], (key, k)
-        else:
-            assert a == b, key
+    assert_same_artifacts(killed, fresh)
     # AdamW step counts run on across the kill: round 3's state counts every step of rounds 1-3.
     steps = [read_json(RunPaths(fresh_run).manifest(r, "update-policies"))["counts"]["steps"] for r in (1, 2, 3)]
     state = torch.load(paths.round_checkpoint(3) / "agent_0" / "optimizer.pt", weights_only=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from pbrl import orchestration
@@ -20,6 +19,7 @@ from pbrl.config import load_job, split_job
 from pbrl.metrics import metrics_frame
 from pbrl.storage import RunPaths
 from pbrl.trainers import MADPOIterTrainer, MADPOTrainer
+from tests.helpers import assert_same_artifacts, run_artifacts
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]
 
@@ -27,33 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ITER_YAML = ROOT / "flows" / "configs" / "tiny-madpo-iter.yaml"
 ROUND_STAGES = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
                 "update-policies", "evaluate"]
-
-
-def artifacts(run_dir: Path) -> dict[str, object]:
-    """Every artifact that must be identical between equivalent runs (bytes, or tensors for optimizer state)."""
-    out: dict[str, object] = {}
-    for pattern in ("rounds/*/candidates.parquet", "rounds/*/scores.parquet", "rounds/*/pairs.parquet",
-                    "rounds/*/selected_pairs.parquet", "rounds/*/eval.parquet", "replay/iteration_*.json",
-                    "checkpoints/round_*/agent_*/*.safetensors"):
-        for f in sorted(run_dir.glob(pattern)):
-            out[f.relative_to(run_dir).as_posix()] = f.read_bytes()
-    for f in sorted(run_dir.glob("checkpoints/round_*/agent_*/optimizer.pt")):
-        state = torch.load(f, weights_only=True)
-        out[f.relative_to(run_dir).as_posix()] = {
-            (k, n): v for k, st in state["state"].items() for n, v in st.items()}
-    return out
-
-
-def assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], dict):
-            assert a[key].keys() == b[key].keys(), key
-            for k in a[key]:
-                va, vb = a[key][k], b[key][k]
-                assert torch.equal(va, vb) if torch.is_tensor(va) else va == vb, (key, k)
-        else:
-            assert a[key] == b[key], key
 
 
 def test_cli_train_leaves_complete_run_folder_and_api_matches(tmp_path):
@@ -85,7 +58,7 @@ def test_cli_train_leaves_complete_run_folder_and_api_matches(tmp_path):
     api = MADPOIterTrainer(trainer_config, task=run.task, agent_model=run.agent_model, run_name="api",
                            output_dir=str(tmp_path)).train()
     assert api.run_dir == tmp_path / "api" and list(api.rounds.index) == [0, 1, 2]
-    assert_same(artifacts(run_dir), artifacts(api.run_dir))
+    assert_same_artifacts(run_artifacts(run_dir), run_artifacts(api.run_dir))
 
 
 def test_base_trainer_with_all_ties_ends_without_update(tmp_path):
@@ -138,7 +111,7 @@ def test_sigkill_in_update_policies_then_resume_matches_uninterrupted_run(tmp_pa
 
     fresh = load_job(ITER_YAML, [f"output_dir={tmp_path}", "run_name=fresh", *overrides])
     orchestration.train(fresh)
-    assert_same(artifacts(killed), artifacts(tmp_path / "fresh"))
+    assert_same_artifacts(run_artifacts(killed), run_artifacts(tmp_path / "fresh"))
     if overrides:  # the adapters were trained and compared, not the (absent) full weights
         assert list(killed.glob("checkpoints/round_0002/agent_*/adapter_model.safetensors"))
 
