@@ -26,7 +26,8 @@ import torch
 
 from pbrl.madpo import TrainablePolicy, has_dropout, trainable_parameters, training_forward
 from pbrl.precision import autocast, backward_and_step
-from pbrl.scoring import eval_mode, sequence_logprobs
+from pbrl.scoring import completion_token_logprobs as scoring_token_logprobs
+from pbrl.scoring import sequence_logprobs
 
 NORMALIZATION_EPS = 1e-6  # a group's standard deviation is clamped here before dividing (never by zero)
 
@@ -116,37 +117,14 @@ def k3_kl(policy_logps: torch.Tensor, reference_logps: torch.Tensor, mask: torch
 def completion_token_logprobs(model: Any, prompt_ids: Sequence[Sequence[int]],
                               completion_ids: Sequence[Sequence[int]], *, pad_token_id: int
                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token log-probs of every completion token (EOS included) given the prompt, without gradients, in
-    eval mode; left padding with masks and position ids from the lengths (so padding changes nothing).
+    """Token log-probs of every completion token (EOS included) given the prompt, in eval mode
+    (:func:`pbrl.scoring.completion_token_logprobs`, left padding).
 
     Returns:
         (n, c) float64 log-probs (0 at padding) and the (n, c) bool mask of real completion tokens, on CPU.
     """
-    n = len(prompt_ids)
-    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
-    width, c_max = max(lengths), max((len(c) for c in completion_ids), default=0)
-    mask = torch.zeros((n, c_max), dtype=torch.bool)
-    if c_max == 0:
-        return torch.zeros((n, 0), dtype=torch.float64), mask
-    ids = torch.full((n, width), pad_token_id, dtype=torch.long)  # (n, t)
-    attention = torch.zeros((n, width), dtype=torch.long)  # (n, t)
-    keep = torch.zeros((n, c_max), dtype=torch.long)  # (n, c): positions that predict completion tokens
-    for r, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
-        start = width - lengths[r]
-        ids[r, start:] = torch.tensor([*p, *c], dtype=torch.long)
-        attention[r, start:] = 1
-        keep[r, :len(c)] = start + len(p) - 1 + torch.arange(len(c))
-        mask[r, :len(c)] = True
-    keep = torch.where(mask, keep, torch.full_like(keep, width - 2).clamp(min=0))
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    device = next(model.parameters()).device
-    with eval_mode(model):
-        logits = model(input_ids=ids.to(device), attention_mask=attention.to(device),
-                       position_ids=positions.to(device), logits_to_keep=keep.to(device),
-                       use_cache=False).logits.float()  # (n, c, v)
-    targets = ids.gather(1, (keep + 1).clamp(max=width - 1)).to(device)  # (n, c)
-    token = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (n, c)
-    return torch.where(mask.to(device), token, torch.zeros_like(token)).double().cpu(), mask
+    token, mask = scoring_token_logprobs(model, prompt_ids, completion_ids, pad_token_id=pad_token_id)
+    return token.double().cpu(), mask.cpu()
 
 
 @dataclass

@@ -97,6 +97,29 @@ def sequence_logprobs(
         ValueError: naming the row, when the lists differ in length, a prompt is empty or an id lies
             outside the vocabulary; or when ``padding_side`` is not left/right.
     """
+    token_logprobs, _ = completion_token_logprobs(model, prompt_ids, completion_ids, pad_token_id=pad_token_id,
+                                                  padding_side=padding_side, dropout=dropout)
+    if token_logprobs.shape[1] == 0:
+        return torch.zeros(len(prompt_ids), dtype=torch.float64, device=token_logprobs.device)
+    # Summed in float64: a float32 sum of a few hundred tokens would already round at the 1e-5 level.
+    return token_logprobs.double().sum(-1)  # (b,)
+
+
+def completion_token_logprobs(
+    model: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    padding_side: Literal["left", "right"] = "left",
+    dropout: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token terms of :func:`sequence_logprobs` (same arguments, same padding, masks and errors).
+
+    Returns:
+        (b, c) float32 log-probs of every completion token (0 at padding) and the (b, c) bool mask of real
+        completion tokens, on the model's device; c is the longest completion (0 when all are empty).
+    """
     vocab_size = model.get_input_embeddings().num_embeddings
     _validate(prompt_ids, completion_ids, vocab_size, padding_side)
     device = next(model.parameters()).device
@@ -105,7 +128,8 @@ def sequence_logprobs(
     completion_lens = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)
     max_completion = int(completion_lens.max()) if batch else 0
     if max_completion == 0:
-        return torch.zeros(batch, dtype=torch.float64, device=device)
+        return (torch.zeros((batch, 0), device=device),
+                torch.zeros((batch, 0), dtype=torch.bool, device=device))
 
     lengths = prompt_lens + completion_lens
     width = int(lengths.max())
@@ -140,8 +164,7 @@ def sequence_logprobs(
     # log_softmax at the target only: gather − logsumexp, without a second (b, c, v) tensor.
     token_logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (b, c)
     token_logprobs = torch.where(valid, token_logprobs, torch.zeros_like(token_logprobs))
-    # Summed in float64: a float32 sum of a few hundred tokens would already round at the 1e-5 level.
-    return token_logprobs.double().sum(-1)  # (b,)
+    return token_logprobs, valid
 
 
 def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
