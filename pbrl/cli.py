@@ -168,9 +168,12 @@ def train(
             # A resumed run reads its stored items; a new one's items are loaded and formatted here.
             stored = folder / "items.parquet"
             preflight(job, check_items=not (resume and stored.is_file()))  # before Prefect: one clear message
+        orchestration.mark_interrupts()
         with _expected_errors(1):
             out = _train_with_progress(job, resume)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if isinstance(exc, typer.Exit) or not orchestration.interrupted(exc):
+            raise
         # Ctrl-C: Prefect has recorded the run as crashed; finished stages are kept and come back cached.
         if folder is not None and (folder / "run.json").is_file():
             raise _stopped(f"resume with `pbrl train --run {folder} --resume`") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -42,11 +43,33 @@ class QuietExpectedErrors(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return exc is None or not (expected_error(exc) is not None or _interrupted(exc))
+        return exc is None or not (expected_error(exc) is not None or interrupted(exc))
 
 
-def _interrupted(exc: BaseException | None) -> bool:
-    return in_chain(exc, KeyboardInterrupt) is not None
+_SIGINT_SEEN = threading.Event()
+
+
+def mark_interrupts() -> None:
+    """Record that Ctrl-C was pressed, then interrupt as usual. A KeyboardInterrupt raised inside a library
+    can surface as another exception (pydantic-core turns one raised while it builds a schema into a
+    SchemaError); once SIGINT was seen, whatever ends the run is the stop, not an error."""
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum: int, frame: Any) -> None:
+        _SIGINT_SEEN.set()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def interrupted(exc: BaseException | None) -> bool:
+    """``exc`` is (or follows) a Ctrl-C."""
+    return _SIGINT_SEEN.is_set() or in_chain(exc, KeyboardInterrupt) is not None
+
+
 
 
 def _prepare_logging() -> None:
