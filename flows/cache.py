@@ -46,6 +46,7 @@ from pbrl.config import JobConfig
 from pbrl.errors import ArtifactError, ConfigError
 from pbrl.oracle import is_transient
 from pbrl.run import resolve_task, stage_config_hash, task_fingerprint
+from pbrl.shards import ShardSet
 from pbrl.storage import (
     RunPaths,
     StageManifest,
@@ -119,13 +120,16 @@ def valid_record(stage: str, run_dir: str | Path, round_index: int, key: str | N
 
 
 def run_recorded(stage: str, run_dir: str | Path, round_index: int, job: JobConfig,
-                 cache_key: str | None = None) -> StageManifest:
+                 cache_key: str | None = None, shards: ShardSet | None = None) -> StageManifest:
     """Run the stage's plain function and record its run in its manifest: the code version and the cache
     key (computed from the inputs before the stage runs, when not given). The Prefect task and a run
-    without Prefect both go through here, so either leaves a record a resume accepts."""
+    without Prefect both go through here, so either leaves a record a resume accepts. With ``shards``
+    (``runner: ray``) the stage gathers the rows its shards wrote instead of computing them."""
     if cache_key is None:
         cache_key = _key_or_none(stage, run_dir, round_index, job)
-    manifest = STAGE_MODULES[stage].run(run_dir, round_index, job)
+    module = STAGE_MODULES[stage]
+    manifest = module.run(run_dir, round_index, job) if shards is None else \
+        module.run(run_dir, round_index, job, shards=shards)
     return write_manifest(RunPaths(run_dir), manifest.model_copy(
         update={"code_version": code_version(), "cache_key": cache_key or ""}))
 
@@ -277,8 +281,9 @@ def _retry_transient(task: Task, task_run: Any, state: Any) -> bool:
 
 
 def _run(stage: str):
-    def run_stage(run_dir: str, round_index: int, job: JobConfig, cache_key: str | None) -> dict[str, Any]:
-        return run_recorded(stage, run_dir, round_index, job, cache_key).model_dump(mode="json")
+    def run_stage(run_dir: str, round_index: int, job: JobConfig, cache_key: str | None,
+                  shards: ShardSet | None = None) -> dict[str, Any]:
+        return run_recorded(stage, run_dir, round_index, job, cache_key, shards).model_dump(mode="json")
 
     run_stage.__name__ = stage.replace("-", "_")
     return run_stage
@@ -313,12 +318,21 @@ def stage_task(stage: str, run_dir: str | Path, *, valid: bool) -> Task:
 
 def run_stage_task(stage: str, run_dir: str, round_index: int, job: JobConfig, *, force: bool = False) -> State:
     """Call the stage's task as the manifest decides: Cached when its record is valid (Prefect's cache made
-    to follow it first), else run (always, when ``force``). Returns the task's final state."""
+    to follow it first), else run (always, when ``force``). With ``runner: ray`` an item-parallel stage that
+    runs first runs its shards on Ray (:mod:`flows.ray_runner`; shards already written under the key are kept)
+    and its task gathers them. Returns the task's final state."""
+    from flows.ray_runner import run_shards, sharded
+
     key = _key_or_none(stage, run_dir, round_index, job)
     record = None if force else valid_record(stage, run_dir, round_index, key)
+    shards = None
     if record is not None:
         follow_record(run_dir, key, record)  # type: ignore[arg-type]  (a valid record has a key)
     elif key is not None:
         settle_lock(run_dir, key, stage, round_index)
+        if sharded(stage, job):
+            shards = run_shards(stage, run_dir, round_index, job, key, refresh=force)
     call = stage_task(stage, run_dir, valid=record is not None)
-    return call(run_dir, round_index, job, key, return_state=True)
+    if shards is None:  # the task's parameters are those of every local run
+        return call(run_dir, round_index, job, key, return_state=True)
+    return call(run_dir, round_index, job, key, shards, return_state=True)

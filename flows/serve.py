@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import serve
+from prefect.deployments.runner import EntrypointType
 from prefect.schedules import Cron
 
 from flows.training import add_iteration_flow, train_flow
@@ -23,26 +24,30 @@ DEFAULT_CRON = "0 2 * * *"  # 02:00 UTC every night (UTC avoids daylight-saving 
 
 
 def build_deployments(*, nightly_run: str | None = None, output_dir: str = "storage/runs",
-                      cron: str = DEFAULT_CRON) -> list[Any]:
-    """The deployments of the table above; ``pbrl-add-iteration/nightly`` only when a run is named."""
+                      cron: str = DEFAULT_CRON, pool: str | None = None) -> list[Any]:
+    """The deployments of the table above; ``pbrl-add-iteration/nightly`` only when a run is named. With
+    ``pool`` they are bound to that Prefect work pool and load their flows by module path (``flows.training
+    .train_flow``), so a worker finds them wherever pbrl is installed, whatever its working directory."""
+    kw: dict[str, Any] = {} if pool is None else {"work_pool_name": pool,
+                                                  "entrypoint_type": EntrypointType.MODULE_PATH}
     deployments = [
         TRAINER_FLOWS[trainer].to_deployment(
             name=name, description=f"Train a {trainer!r} run from a form of its options, each with its default and "
             "description, grouped: " + ", ".join(group for group, _ in GROUPS) + ".", tags=["pbrl", "form"],
-            concurrency_limit=1)
+            concurrency_limit=1, **kw)
         for trainer, name in DEPLOYMENT_NAMES.items()]
     deployments.append(config_file.to_deployment(
         name="config-file", description="Train from a YAML config file plus key=value overrides, as `pbrl train "
-        "CONFIG --set ...` (same validation, same run folder).", tags=["pbrl"], concurrency_limit=1))
+        "CONFIG --set ...` (same validation, same run folder).", tags=["pbrl"], concurrency_limit=1, **kw))
     deployments.append(train_flow.to_deployment(
         name="train", description="Train a run from a whole pbrl job given as one JSON object (for scripts and "
         "the API; the forms are pbrl-train/madpo ... and pbrl-train/config-file).", tags=["pbrl"],
-        concurrency_limit=1))
+        concurrency_limit=1, **kw))
     if nightly_run:
         deployments.append(add_iteration_flow.to_deployment(
             name="nightly", description=f"Add one iteration to run {nightly_run!r} every night.",
             schedule=Cron(cron, timezone="UTC"), parameters={"run_name": nightly_run, "output_dir": output_dir},
-            concurrency_limit=1, tags=["pbrl", "nightly"]))
+            concurrency_limit=1, tags=["pbrl", "nightly"], **kw))
     return deployments
 
 
@@ -53,6 +58,27 @@ def register_deployments(**kwargs: Any) -> dict[str, Any]:
         ``{"<flow>/<deployment>": deployment id}``, e.g. ``ids["pbrl-train/madpo-iter"]``.
     """
     return {f"{d.flow_name}/{d.name}": d.apply() for d in build_deployments(**kwargs)}
+
+
+def deploy_to_pool(pool: str, **kwargs: Any) -> dict[str, Any]:
+    """Register the deployments (``build_deployments(**kwargs)``) against the Prefect work pool ``pool`` on the
+    server at PREFECT_API_URL, creating it as a ``process`` pool when it does not exist. Runs then start on
+    whichever machine runs ``prefect worker start --pool <pool>`` (pbrl installed there, run folders on storage
+    it shares with the others).
+
+    Returns:
+        ``{"<flow>/<deployment>": deployment id}``.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        except ObjectAlreadyExists:
+            pass  # an existing pool is used as it is (its type too: docker, kubernetes, ...)
+    return {f"{d.flow_name}/{d.name}": d.apply() for d in build_deployments(pool=pool, **kwargs)}
 
 
 def serve_deployments(**kwargs: Any) -> None:

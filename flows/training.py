@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows.ray_runner import ray_session
 from flows.round import call_stage, evaluation_due, round_flow
 from pbrl.config import JobConfig, is_iterative
 from pbrl.metrics import write_run_metrics
@@ -48,11 +49,12 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
     config = with_run_name(config)
     run_dir = str(prepare_run(config, resume=resume, run_dir=Path(run_dir) if run_dir else None))
     stages: list[dict[str, Any]] = []
-    if evaluation_due(config, 0):
-        stages.append(call_stage("evaluate", run_dir, 0, config))
-    for r in range(1, num_rounds(config) + 1):
-        stages.extend(round_flow(run_dir, config.run_name, r, config))
-        write_run_metrics(run_dir)
+    with ray_session(config):  # runner 'ray': one Ray connection for the whole run; nothing for 'local'
+        if evaluation_due(config, 0):
+            stages.append(call_stage("evaluate", run_dir, 0, config))
+        for r in range(1, num_rounds(config) + 1):
+            stages.extend(round_flow(run_dir, config.run_name, r, config))
+            write_run_metrics(run_dir)
     write_run_metrics(run_dir)
     messages = [f"round {s['round']} {s['stage']}: {m}" for s in stages for m in s["manifest"].get("messages", [])]
     for m in messages:

@@ -33,7 +33,8 @@ from pbrl.run import generated_run_name
 # the first group with a matching pattern; an option no group claims still appears, under "other".
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run", ("seed", "run_name", "output_dir", "task", "task_options", "train_dataset", "eval_dataset",
-             "formatters", "max_train_items", "reward_func", "reward_processor", "policy_checkpoint_dir")),
+             "formatters", "max_train_items", "reward_func", "reward_processor", "policy_checkpoint_dir", "runner",
+             "ray_address", "shard_size")),
     ("agents", ("num_agents", "agent_model", "agents", "agent_devices", "max_memory", "lora_*", "torch_dtype",
                 "mixed_precision", "parallel_training", "collaboration_mode", "joint_mode", "num_turns")),
     ("collection", ("preference_num_candidates", "pair_selection", "preference_pairs_per_sample",

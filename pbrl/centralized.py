@@ -7,7 +7,8 @@ response back into one text per role. The default, :class:`TaggedAdapter`, asks 
 ``"pkg.module:Name"`` (a class, instantiated without arguments, or an object) through :func:`load_adapter`.
 
 A response that cannot be parsed raises :class:`CentralizedParseError`; the caller drops that candidate and
-counts it (★ the reference aborts training on it).
+counts it (★ the reference aborts training on it). The same adapter splits the joint responses of centralized
+collaboration (``collaboration_mode: centralized``, :mod:`pbrl.collaboration`) for the task reward.
 
 The centralized prompt of the default adapter (``{n}`` agents, ``{i}`` 1-based)::
 
@@ -108,8 +109,9 @@ def load_adapter(path: str | None) -> CentralizedAdapter:
     return adapter
 
 
-def split_roles(adapter: CentralizedAdapter, completion: str, num_agents: int) -> list[str] | None:
-    """The role texts of one joint response, or None when the adapter cannot parse it (the caller counts it).
+def parse_roles(adapter: CentralizedAdapter, completion: str, num_agents: int) -> tuple[list[str] | None, str | None]:
+    """The role texts of one joint response and why it could not be parsed: ``(roles, None)`` or
+    ``(None, reason)`` (the adapter's :class:`CentralizedParseError` message; the caller drops and counts it).
 
     Raises:
         ValueError: the adapter returned something other than ``num_agents`` strings (a bug in the adapter,
@@ -117,9 +119,19 @@ def split_roles(adapter: CentralizedAdapter, completion: str, num_agents: int) -
     """
     try:
         roles = adapter.parse_completion(completion, num_agents)
-    except CentralizedParseError:
-        return None
+    except CentralizedParseError as exc:
+        return None, str(exc) or "unparsable"
     if isinstance(roles, str) or len(roles) != num_agents or not all(isinstance(r, str) for r in roles):
         raise ValueError(f"{ADAPTER_FIELD}: parse_completion must return exactly {num_agents} strings, got "
                          f"{roles!r}")
-    return list(roles)
+    return list(roles), None
+
+
+def split_roles(adapter: CentralizedAdapter, completion: str, num_agents: int) -> list[str] | None:
+    """The role texts of one joint response, or None when the adapter cannot parse it (the caller counts it).
+
+    Raises:
+        ValueError: the adapter returned something other than ``num_agents`` strings (a bug in the adapter,
+            never dropped silently).
+    """
+    return parse_roles(adapter, completion, num_agents)[0]

@@ -114,6 +114,21 @@ def _print_rounds(run_dir: Path) -> None:
     console.print(f"report: {write_report_png(run_dir, table)}")
 
 
+def _runner_set(runner: str | None) -> list[str]:
+    """``--runner X`` as the override ``runner=X`` (validated with every other option)."""
+    return [] if runner is None else [f"runner={runner}"]
+
+
+def _with_runner(job: JobConfig, runner: str) -> JobConfig:
+    """A stored job with another runner, validated like a config file (``ray_address`` is kept only for ray)."""
+    from pbrl.config import parse_job
+
+    data = job.model_dump(mode="json") | {"runner": runner}
+    if runner != "ray":
+        data["ray_address"] = None
+    return parse_job(data)
+
+
 def _train_with_progress(job: JobConfig, resume: bool) -> dict[str, Any]:
     """Run the training flow under a one-line progress display (stage events from :mod:`pbrl.progress`)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -146,6 +161,8 @@ def train(
     ] = None,
     resume: Annotated[bool, typer.Option(help="Continue an existing run from its last complete stage.")] = False,
     run: Annotated[Path | None, typer.Option(help="Resume this run folder (with --resume, instead of CONFIG).")] = None,
+    runner: Annotated[str | None, typer.Option(help="Where item-parallel stages run: local or ray (the config's "
+                                                    "runner option; same artifacts either way).")] = None,
 ) -> None:
     """Train a run (MADPO / MADPO-iterative) through the Prefect flows, with a progress display.
 
@@ -154,6 +171,7 @@ def train(
     from pbrl import orchestration
     from pbrl.preflight import preflight
     from pbrl.run import open_job, run_dir_for
+    from pbrl.shards import require_ray_extra
 
     if run is not None and not resume:
         raise _fail(ValueError("--run continues an existing run: add --resume"))
@@ -163,11 +181,15 @@ def train(
     folder: Path | None = run
     try:
         with _expected_errors(2):
-            job = open_job(run) if run is not None else _load(config, set_, run_name)
+            job = open_job(run) if run is not None else _load(config, [*(set_ or []), *_runner_set(runner)],
+                                                                 run_name)
+            if run is not None and runner is not None:  # a stored run may resume on another runner
+                job = _with_runner(job, runner)
             folder = run if run is not None else run_dir_for(job)
             # A resumed run reads its stored items; a new one's items are loaded and formatted here.
             stored = folder / "items.parquet"
             preflight(job, check_items=not (resume and stored.is_file()))  # before Prefect: one clear message
+            require_ray_extra(job)
         orchestration.mark_interrupts()
         with _expected_errors(1):
             out = _train_with_progress(job, resume)
@@ -296,6 +318,40 @@ def serve(
     from pbrl import orchestration
 
     orchestration.serve(nightly_run=nightly_run, output_dir=output_dir, cron=cron)
+
+
+@app.command()
+def deploy(
+    pool: Annotated[str, typer.Option(help="Prefect work pool to register against (created as a 'process' "
+                                           "pool when missing).")],
+    nightly_run: Annotated[str | None, typer.Option(help="Run name that the nightly deployment extends.")] = None,
+    output_dir: Annotated[str, typer.Option(help="Where the nightly run lives.")] = "storage/runs",
+    cron: Annotated[str, typer.Option(help="Nightly schedule, cron in UTC.")] = "0 2 * * *",
+) -> None:
+    """Register the deployments of `pbrl serve` against a Prefect work pool instead of serving them here: runs
+    start on the machines that run `prefect worker start --pool NAME` (pbrl installed there; run folders on a
+    filesystem every worker shares).
+
+    Example: PREFECT_API_URL=http://head:4200/api pbrl deploy --pool gpu-pool --nightly-run docs-1
+    """
+    import os
+
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:  # before any server is contacted (as in `pbrl serve`)
+        CronSchedule(cron=cron, timezone="UTC")
+    except ValueError:
+        raise _fail(ValueError(f"--cron: got {cron!r}; expected a 5-field cron expression in UTC "
+                               "(minute hour day-of-month month day-of-week), e.g. '0 2 * * *'")) from None
+    if not os.environ.get("PREFECT_API_URL"):
+        raise _fail(ValueError("PREFECT_API_URL is not set: start `prefect server start` and export "
+                               "PREFECT_API_URL=http://127.0.0.1:4200/api"))
+    from pbrl import orchestration
+
+    ids = orchestration.deploy(pool, nightly_run=nightly_run, output_dir=output_dir, cron=cron)
+    for name in ids:
+        console.print(f"deployed {name} -> work pool {pool}")
+    console.print(f"start a worker on each machine: prefect worker start --pool {pool}")
 
 
 @models_app.command("list")

@@ -83,9 +83,17 @@ class _CommonFields(_Fields):
                                              "environment_steps_per_pair x pairs at every update step.")
     environment_steps_per_pair: StrictInt = Field(2, ge=1, description="Env steps one pair counts for on the metrics' "
                                                   "env-step axis (the reference's unit: a pair = two joint samples).")
-    collaboration_mode: Literal["decentralized"] = Field(
-        "decentralized", description="'decentralized': one policy per agent (only value; the reference's "
-        "'centralized' joint actor is not available in this version).")
+    collaboration_mode: Literal["decentralized", "centralized"] = Field(
+        "decentralized", description="'decentralized': one policy per agent, each answering its own prompt; "
+        "'centralized': one actor (one policy, agent_0) writes every role in one joint response from the "
+        "centralized prompt of comparator_centralized_adapter, which also splits it into roles for the reward "
+        "(num_agents is then the number of roles; an unparsable response is dropped and counted). MADPO learns "
+        "from the joint completion as one sequence; iterative trainers' comparator generation is centralized too. "
+        "Not available with the MARLHF trainers.")
+    comparator_centralized_adapter: NonEmptyStr | None = Field(
+        None, description="With comparator_generation_mode or collaboration_mode 'centralized': import path "
+        "'pkg.module:Name' of the adapter that builds the centralized prompt and splits the joint response into "
+        "roles; None = <agent_1>…</agent_1> sections.")
     parallel_training: Literal["none", "mp"] = Field(
         "none", description="'none': every agent on the first device of agent_devices; 'mp': agent i on device i "
         "of agent_devices (required).")
@@ -160,9 +168,6 @@ class _IterativeFields(_Fields):
     comparator_centralized_agent_index: StrictInt = Field(0, description="With 'centralized': which agent's "
                                                           "comparator writes the joint response; in [0, num_agents) "
                                                           "(checked only in centralized mode).")
-    comparator_centralized_adapter: NonEmptyStr | None = Field(
-        None, description="With 'centralized': import path 'pkg.module:Name' of the adapter that builds the "
-        "centralized prompt and splits the joint response into roles; None = <agent_1>…</agent_1> sections.")
     comparator_api_format: Literal["generic", "openai", "anthropic", "openai_responses"] = Field(
         "generic", description="Request/response format of the API comparator.")
     comparator_api_url: NonEmptyStr | None = Field(None, description="Endpoint URL of the API comparator; "
@@ -277,6 +282,16 @@ class _RunFields(_Fields):
         "the config file's name; the Python trainers and runs started from the Prefect UI or a deployment use "
         "'<trainer>-<UTC time YYYYmmdd-HHMMSS>' (e.g. 'madpo_iter-20250102-030405').")
     output_dir: NonEmptyStr = Field("storage/runs", description="Folder that holds run folders.")
+    runner: Literal["local", "ray"] = Field(
+        "local", description="Where the item-parallel stages run: 'local' (in the flow's process) or 'ray' "
+        "(sample-candidates, score-with-oracle and evaluate split into shards of shard_size items, each a Prefect "
+        "task on prefect-ray's RayTaskRunner; needs the 'ray' extra). The artifacts are the same either way.")
+    ray_address: NonEmptyStr | None = Field(
+        None, description="With runner 'ray': the Ray cluster to use, 'auto' (the cluster this machine belongs to) or "
+        "an address such as 'ray://head:10001'; None = a local Ray started by the run (or the one already "
+        "initialised in this process).")
+    shard_size: StrictInt = Field(16, ge=1, description="With runner 'ray': items per shard of a sharded stage (the "
+                                  "last shard takes the rest).")
     task: NonEmptyStr | None = Field(None, description="Registered task name (e.g. 'humaneval_coop'); or give "
                                      "train_dataset + formatters + reward_func.")
     task_options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for the task factory.")

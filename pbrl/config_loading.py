@@ -36,7 +36,8 @@ from pbrl.config_models import (
 from pbrl.errors import ConfigError, Problem
 
 _Model = TypeVar("_Model", bound=BaseModel)
-_HASH_EXCLUDED = frozenset({"run_name", "output_dir"})
+# Where a run lives, and where its stages execute (the artifacts are the same on every runner), never key a cache.
+_HASH_EXCLUDED = frozenset({"run_name", "output_dir", "runner", "ray_address", "shard_size"})
 
 
 class _YAMLLoader(yaml.SafeLoader):

@@ -78,7 +78,9 @@ def derive_values(data: Mapping[str, Any], fields: Iterable[str]) -> tuple[dict[
 
     * ``train_batch_size`` None (or absent) -> ``rollout_buffer_size`` (MADPOConfig.__post_init__);
     * MARLHF: ``advantage_mode`` <- ``rl_algorithm`` for the group-baseline backends (the reference's
-      ``_apply_magrpo_family_args``); a different given value is replaced, with a notice.
+      ``_apply_magrpo_family_args``); a different given value is replaced, with a notice;
+    * iterative: ``comparator_generation_mode`` <- ``'centralized'`` with ``collaboration_mode='centralized'``
+      (the reference's ``__post_init__``); a different given value is replaced, with a notice.
 
     A source option of the wrong type is left for validation to report; its dependant then takes its own
     default. Returns (the values, the notices).
@@ -97,4 +99,13 @@ def derive_values(data: Mapping[str, Any], fields: Iterable[str]) -> tuple[dict[
                 notes.append(f"advantage_mode={given!r} is replaced by {mode!r}: with rl_algorithm={algorithm!r} "
                              "the advantage mode follows the algorithm, as in the reference")
             out["advantage_mode"] = mode
+    if "comparator_generation_mode" in fields and out.get("collaboration_mode") == "centralized":
+        # Centralized collaboration: the comparator is one actor writing every role too (the reference's
+        # MADPOIterConfig.__post_init__ sets it the same way).
+        given = out.get("comparator_generation_mode")
+        if given is not None and given != "centralized":
+            notes.append(f"comparator_generation_mode={given!r} is replaced by 'centralized': with "
+                         "collaboration_mode='centralized' one actor writes every role, on the comparator side "
+                         "too, as in the reference")
+        out["comparator_generation_mode"] = "centralized"
     return out, notes

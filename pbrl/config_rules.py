@@ -32,6 +32,7 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 _MEMORY_SIZE = re.compile(r"^\d+(\.\d+)?(GiB|MiB|KiB|GB|MB|KB)$", re.IGNORECASE)  # accelerate's sizes
 _MEMORY_DEVICES = ("cpu", "mps", "disk")
 AUTO = "auto"
+CENTRALIZED = "centralized"  # collaboration_mode: one actor writes every role (pbrl.collaboration)
 # Device options that may be 'auto', by trainer field set (each is read only where that trainer has it).
 _AUTO_FIELDS = ("agent_devices", "comparator_devices", "reference_devices", "reward_model_device")
 _GROUP_BASELINE = ("magrpo", "mareinforce", "marloo", "maremax")
@@ -65,6 +66,12 @@ def _rule(registry: list[Rule], *fields: str) -> Callable[[Callable[[Values], li
         return registry[-1]
 
     return wrap
+
+
+def _actors(v: Values) -> int:
+    """The number of policies: 1 with collaboration_mode='centralized' (one actor writes every role), else
+    num_agents (pbrl.collaboration.num_actors over a mapping of values)."""
+    return 1 if v["collaboration_mode"] == CENTRALIZED else v["num_agents"]
 
 
 def _only_with(field: str, value: Any, condition: str) -> Problem:
@@ -127,12 +134,13 @@ def _reward_paths(v: Values) -> list[Problem]:
         "reward_processor", v["reward_processor"])
 
 
-@_rule(COMMON_RULES, "reference_devices", "num_agents", "reference_kl_enabled")
+@_rule(COMMON_RULES, "reference_devices", "num_agents", "reference_kl_enabled", "collaboration_mode")
 def _reference_devices(v: Values) -> list[Problem]:
-    # As in the reference (validate_reference_kl_config): the devices matter only when the KL is on.
+    # As in the reference (validate_reference_kl_config): the devices matter only when the KL is on; one per
+    # actor (1 when centralized).
     if not v["reference_kl_enabled"]:
         return []
-    return device_problems("reference_devices", v["reference_devices"], v["num_agents"])
+    return device_problems("reference_devices", v["reference_devices"], _actors(v))
 
 
 # --------------------------------------------------------------------------- iterative trainers
@@ -171,21 +179,40 @@ def same_model_problems(list_field: str, models: list[str] | None, one_field: st
                     f"{one_field} once per agent")]
 
 
-@_rule(ITERATIVE_RULES, "comparator_policy", "comparator_agents", "num_agents")
+@_rule(ITERATIVE_RULES, "comparator_policy", "comparator_agents", "num_agents", "collaboration_mode")
 def _comparator_agent_count(v: Values) -> list[Problem]:
     agents = v["comparator_agents"]
-    if v["comparator_policy"] == "model" and agents is not None and len(agents) != v["num_agents"]:
-        return [Problem("comparator_agents", agents, f"must name one model per agent (num_agents={v['num_agents']})")]
-    return []
+    if v["comparator_policy"] != "model" or agents is None or len(agents) == _actors(v):
+        return []
+    if v["collaboration_mode"] == CENTRALIZED:
+        return [Problem("comparator_agents", agents, "must name exactly one model with collaboration_mode="
+                        "'centralized' (one actor writes every role); or give comparator_model_name")]
+    return [Problem("comparator_agents", agents, f"must name one model per agent (num_agents={v['num_agents']})")]
 
 
-@_rule(ITERATIVE_RULES, "comparator_centralized_agent_index", "num_agents", "comparator_generation_mode")
+@_rule(ITERATIVE_RULES, "comparator_centralized_agent_index", "num_agents", "comparator_generation_mode",
+       "collaboration_mode")
 def _centralized_index(v: Values) -> list[Problem]:
     # As in the reference: the index is read (and checked) only in centralized comparator generation.
     index, n = v["comparator_centralized_agent_index"], v["num_agents"]
+    if v["collaboration_mode"] == CENTRALIZED:
+        if index == 0:
+            return []
+        return [Problem("comparator_centralized_agent_index", index, "must be 0 with collaboration_mode="
+                        "'centralized': one actor (index 0) writes every role")]
     if v["comparator_generation_mode"] != "centralized" or 0 <= index < n:
         return []
     return [Problem("comparator_centralized_agent_index", index, f"must be in [0, num_agents) = [0, {n})")]
+
+
+@_rule(ITERATIVE_RULES, "collaboration_mode", "comparator_generation_mode")
+def _centralized_generation(v: Values) -> list[Problem]:
+    # The configuration sets it (pbrl.config_notices.derive_values, as the reference's __post_init__); this
+    # holds for a mapping validated without that step.
+    if v["collaboration_mode"] != CENTRALIZED or v["comparator_generation_mode"] == "centralized":
+        return []
+    return [Problem("comparator_generation_mode", v["comparator_generation_mode"], "must be 'centralized' with "
+                    "collaboration_mode='centralized' (the comparator is one actor writing every role too)")]
 
 
 @_rule(ITERATIVE_RULES, "comparator_policy", "comparator_api_url", "comparator_api_model", "comparator_api_key_env")
@@ -217,12 +244,12 @@ def _api_key_env(v: Values) -> list[Problem]:
                     "(letters, digits and '_', e.g. OPENAI_API_KEY), not the key itself")]
 
 
-@_rule(ITERATIVE_RULES, "comparator_devices", "num_agents", "comparator_policy")
+@_rule(ITERATIVE_RULES, "comparator_devices", "num_agents", "comparator_policy", "collaboration_mode")
 def _comparator_devices(v: Values) -> list[Problem]:
     # Read only where a separate comparator policy is loaded ('current' samples the live agents).
     if v["comparator_policy"] not in _SEPARATE_COMPARATORS:
         return []
-    return device_problems("comparator_devices", v["comparator_devices"], v["num_agents"])
+    return device_problems("comparator_devices", v["comparator_devices"], _actors(v))
 
 
 @_rule(ITERATIVE_RULES, "comparator_api_headers")
@@ -296,6 +323,37 @@ def _critic_devices(v: Values) -> list[Problem]:
     return device_problems("critic_devices", v["critic_devices"], v["num_agents"])
 
 
+@_rule(MARLHF_RULES, "rl_algorithm", "use_separate_critic", "critic_model_name", "critic_devices",
+       "critic_value_head_hidden_dim", "value_head_hidden_dim")
+def _critic_layout(v: Values) -> list[Problem]:
+    # pbrl.critics: maac's centralized critic reads every agent and is always a separate model; a value head on
+    # the policy (iac, use_separate_critic: false) has no critic model, device or separate-critic head.
+    problems = []
+    head_only = v["rl_algorithm"] == "iac" and not v["use_separate_critic"]
+    if v["rl_algorithm"] == "maac" and not v["use_separate_critic"]:
+        problems.append(Problem("use_separate_critic", False, "maac's centralized critic reads every agent and is "
+                                "always a separate model; set it to true, or use rl_algorithm: iac for value heads"))
+    if head_only:
+        problems += [Problem(f, v[f], "use_separate_critic: false puts a value head on each agent's policy, so "
+                             "there is no separate critic for this setting; leave it null")
+                     for f in ("critic_model_name", "critic_devices", "critic_value_head_hidden_dim")
+                     if v[f] is not None]
+    elif v["rl_algorithm"] in _ACTOR_CRITIC and v["value_head_hidden_dim"] is not None:
+        problems.append(Problem("value_head_hidden_dim", v["value_head_hidden_dim"], "sizes the value head on the "
+                                "policy (rl_algorithm: iac with use_separate_critic: false); use "
+                                "critic_value_head_hidden_dim for a separate critic"))
+    return problems
+
+
+@_rule(MARLHF_RULES, "collaboration_mode")
+def _marlhf_collaboration(v: Values) -> list[Problem]:
+    if v["collaboration_mode"] != CENTRALIZED:
+        return []
+    return [Problem("collaboration_mode", v["collaboration_mode"], "not available with trainer 'marlhf' or "
+                    "'marlhf_iter' in this version (the joint reward model and RL backends train one policy per "
+                    "agent); use trainer 'madpo' or 'madpo_iter', or collaboration_mode 'decentralized'")]
+
+
 @_rule(MARLHF_RULES, "reward_model_device")
 def _reward_model_device(v: Values) -> list[Problem]:
     device = v["reward_model_device"]
@@ -320,6 +378,15 @@ def _run_name(v: Values) -> list[Problem]:
     if name is None or (_RUN_NAME.match(name) and set(name) != {"."}):
         return []
     return [Problem("run_name", name, "allowed characters: letters, digits, '-', '_', '.' (and not only dots)")]
+
+
+@_rule(RUN_RULES, "runner", "ray_address")
+def _runner_fields(v: Values) -> list[Problem]:
+    # Whether the 'ray' extra is installed is checked where a run starts (pbrl.shards.require_ray_extra), not
+    # here: a stored Ray run must stay readable (status, report) on a machine without Ray.
+    if v["runner"] == "local" and v["ray_address"] is not None:
+        return [_only_with("ray_address", v["ray_address"], "runner='ray'")]
+    return []
 
 
 @_rule(RUN_RULES, "agent_model", "agents")
@@ -382,11 +449,14 @@ def _task_options(v: Values) -> list[Problem]:
 JOB_RULES: list[Rule] = []
 
 
-@_rule(JOB_RULES, "agents", "num_agents")
+@_rule(JOB_RULES, "agents", "num_agents", "collaboration_mode")
 def _agent_count(v: Values) -> list[Problem]:
-    if v["agents"] is not None and len(v["agents"]) != v["num_agents"]:
-        return [Problem("agents", v["agents"], f"must name one model per agent (num_agents={v['num_agents']})")]
-    return []
+    if v["agents"] is None or len(v["agents"]) == _actors(v):
+        return []
+    if v["collaboration_mode"] == CENTRALIZED:
+        return [Problem("agents", v["agents"], "must name exactly one model with collaboration_mode='centralized' "
+                        "(one actor writes every role; num_agents counts the roles); or give agent_model")]
+    return [Problem("agents", v["agents"], f"must name one model per agent (num_agents={v['num_agents']})")]
 
 
 @_rule(JOB_RULES, "formatters", "num_agents")
@@ -397,13 +467,15 @@ def _formatter_count(v: Values) -> list[Problem]:
     return []
 
 
-@_rule(JOB_RULES, "agent_devices", "num_agents")
+@_rule(JOB_RULES, "agent_devices", "num_agents", "collaboration_mode")
 def _agent_device_count(v: Values) -> list[Problem]:
     spec = v["agent_devices"]
-    if isinstance(spec, list) and len(spec) not in (1, v["num_agents"]):
-        return [Problem("agent_devices", spec, f"must list 1 device or one per agent "
-                        f"(num_agents={v['num_agents']})")]
-    return []
+    if not isinstance(spec, list) or len(spec) in (1, _actors(v)):
+        return []
+    if v["collaboration_mode"] == CENTRALIZED:
+        return [Problem("agent_devices", spec, "must list 1 device with collaboration_mode='centralized' (one "
+                        "actor)")]
+    return [Problem("agent_devices", spec, f"must list 1 device or one per agent (num_agents={v['num_agents']})")]
 
 
 @_rule(JOB_RULES, "parallel_training", "agent_devices")

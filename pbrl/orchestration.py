@@ -177,3 +177,11 @@ def serve(**kwargs: Any) -> None:
     from flows.serve import serve_deployments
 
     serve_deployments(**kwargs)
+
+
+def deploy(pool: str, **kwargs: Any) -> dict[str, Any]:
+    """Register the deployments against the work pool ``pool`` on the running Prefect server (no serving)."""
+    _prepare_logging()
+    from flows.serve import deploy_to_pool
+
+    return deploy_to_pool(pool, **kwargs)

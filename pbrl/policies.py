@@ -68,7 +68,8 @@ class PolicySource:
 
     @classmethod
     def from_job(cls, job: JobConfig) -> PolicySource:
-        """The job's agent fields (``agents`` or ``agent_model`` × ``num_agents``, ``lora_*``,
+        """The job's agent fields (``agents`` or ``agent_model`` × the actors: ``num_agents``, or 1 with
+        ``collaboration_mode: centralized``, :func:`pbrl.collaboration.num_actors`; ``lora_*``,
         ``torch_dtype``, ``agent_devices``, ``mixed_precision``, ``max_memory``) as a PolicySource. The one place
         that reads them."""
         lora = None
@@ -77,7 +78,10 @@ class PolicySource:
             if job.lora_target_modules:
                 kwargs["target_modules"] = tuple(job.lora_target_modules)
             lora = LoraSettings(**kwargs)
-        models = tuple(job.agents) if job.agents else (str(job.agent_model),) * job.num_agents
+        from pbrl.collaboration import num_actors
+
+        # One policy per agent; one actor (agent_0) for every role in centralized collaboration.
+        models = tuple(job.agents) if job.agents else (str(job.agent_model),) * num_actors(job)
         # parallel_training 'none' puts every agent on the first device, 'mp' agent i on device i (reference).
         spec = placement_spec(job.agent_devices, job.parallel_training)
         devices = spec if spec is None or isinstance(spec, str) else tuple(spec)

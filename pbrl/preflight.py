@@ -18,7 +18,8 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
     """Check what a config cannot check on its own, before any run folder is touched or Prefect started:
     the trainer is available, the task and its import paths resolve, the items load and every agent's
     formatter formats every item, every model source exists offline (a packaged model is converted here,
-    once), ``lora_target_modules`` name modules of the model, and the comparator policy is available.
+    once), ``lora_target_modules`` name modules of the model, the comparator policy is available, and with
+    centralized collaboration the adapter imports.
     ``check_items=False`` skips the items (a resumed run reads its stored ``items.parquet``).
 
     Returns:
@@ -34,14 +35,20 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
 
     problems: list[Problem] = []
     if job.trainer in ("marlhf", "marlhf_iter") and job.rl_algorithm in ("maac", "iac"):
-        problems.append(Problem("rl_algorithm", job.rl_algorithm, "the actor-critic backends are not available "
-                                "in this version; available: magrpo, mareinforce, marloo, maremax"))
+        problems += _actor_critic_problems(job)
     if is_iterative(job.trainer):
         problems += comparator_preflight_problems(
             job.comparator_policy, model_sources=job.comparator_agents or [job.comparator_model_name or ""],
             model_field="comparator_agents" if job.comparator_agents else "comparator_model_name",
             key_env=job.comparator_api_key_env, generation_mode=job.comparator_generation_mode,
             adapter_path=getattr(job, "comparator_centralized_adapter", None))
+    if getattr(job, "collaboration_mode", "decentralized") == "centralized":  # the actor's adapter imports
+        from pbrl.collaboration import job_adapter
+
+        try:
+            job_adapter(job)
+        except ConfigError as exc:
+            problems += exc.problems
     try:
         task = task or resolve_task(job)
     except ConfigError as exc:
@@ -106,6 +113,30 @@ def _precision_and_placement_problems(job: JobConfig) -> list[Problem]:
                                 max_memory=job.max_memory, trainable=True, lora_targets=None)
             except ConfigError as exc:
                 problems += exc.problems
+    return problems
+
+
+def _actor_critic_problems(job: JobConfig) -> list[Problem]:
+    """A ``maac``/``iac`` critic backbone (:mod:`pbrl.critics`) resolves offline and shares the agents'
+    vocabulary (the critic reads the agents' token ids). The critic layout is checked with the config
+    (:mod:`pbrl.config_rules`)."""
+    from pbrl.models import load_tokenizer, resolve_model_source
+    from pbrl.policies import PolicySource
+
+    problems = []
+    head_only = job.rl_algorithm == "iac" and not job.use_separate_critic
+    if job.critic_model_name and not head_only:
+        try:
+            critic = load_tokenizer(resolve_model_source(job.critic_model_name, field="critic_model_name"))
+            agents = PolicySource.from_job(job).models
+            if any(load_tokenizer(resolve_model_source(m)).get_vocab() != critic.get_vocab() for m in set(agents)):
+                problems.append(Problem("critic_model_name", job.critic_model_name, "has another vocabulary than "
+                                        "the agents' models; a critic reads the agents' token ids, so give a "
+                                        "backbone with the agents' tokenizer"))
+        except ConfigError as exc:
+            problems += exc.problems
+        except ArtifactError as exc:
+            problems.append(Problem("critic_model_name", job.critic_model_name, str(exc)))
     return problems
 
 

@@ -8,8 +8,11 @@ R_ij = R_j − c·KL_ij (c = ``reference_kl_coef``, KL only when enabled, else R
 backend turns each item's group R_i1..R_iG into advantages; agent i's loss is
 −mean_j A_ij · log π_i(a_i^j | h_i) with the log-prob summed over every completion token, EOS included.
 
-Advantage backends are a name → function mapping (:data:`ADVANTAGE_BACKENDS`, :class:`AdvantageBackend`);
-the actor-critic backends (``maac``, ``iac``) plug in as further entries whose baseline is a critic.
+Advantage backends are a name → function mapping (:data:`ADVANTAGE_BACKENDS`, :class:`AdvantageBackend`) of
+the group-baseline family. The actor-critic backends (``maac``, ``iac``) take their baseline from critics
+(:class:`pbrl.critics.CriticSet`): A_ij = R_ij − V (V recorded before the update, a constant), normalised over
+the batch when ``advantage_normalization`` is on (the reference's actor-critic rule: (A − mean) / std, std
+clamped at 1e-6); after the agents' steps each critic takes one step on its clipped value loss.
 
 Shape legend: b items in a batch, g generations per item, n = b·g rows, a agents, c completion positions.
 """
@@ -24,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from pbrl.critics import ACTOR_CRITIC, CriticSet, actor_critic_advantages, normalize_batch
 from pbrl.madpo import TrainablePolicy, has_dropout, trainable_parameters, training_forward
 from pbrl.precision import autocast, backward_and_step
 from pbrl.scoring import completion_token_logprobs as scoring_token_logprobs
@@ -73,20 +77,21 @@ ADVANTAGE_BACKENDS: dict[str, AdvantageBackend] = {
     "marloo": leave_one_out_advantages,
     "maremax": group_max_advantages,
 }
-ACTOR_CRITIC = ("maac", "iac")  # critic baselines: a separate issue; they plug in as ADVANTAGE_BACKENDS entries
 
 
 def advantage_backend(name: str) -> AdvantageBackend:
     """The backend named by ``rl_algorithm``.
 
     Raises:
-        ValueError: an actor-critic backend (not available in this version) or an unknown name.
+        ValueError: an actor-critic backend (its baseline is a critic, :class:`pbrl.critics.CriticSet`, not a
+            function of the rewards) or an unknown name.
     """
     if name in ADVANTAGE_BACKENDS:
         return ADVANTAGE_BACKENDS[name]
     if name in ACTOR_CRITIC:
-        raise ValueError(f"rl_algorithm: got {name!r}; the actor-critic backends are not available in this "
-                         f"version; allowed: {', '.join(ADVANTAGE_BACKENDS)}")
+        raise ValueError(f"rl_algorithm: got {name!r}; an actor-critic backend takes its baseline from critics "
+                         f"(pbrl.critics.CriticSet), not from the group; group backends: "
+                         f"{', '.join(ADVANTAGE_BACKENDS)}")
     raise ValueError(f"rl_algorithm: got {name!r}; allowed: {', '.join(ADVANTAGE_BACKENDS)}")
 
 
@@ -220,7 +225,7 @@ Scorer = Callable[[list[list[list[int]]], list[list[list[int]]]], list[tuple[flo
 def run_rl(policies: Sequence[TrainablePolicy], prompt_ids: Sequence[Sequence[list[int]]], item_ids: list[str],
            settings: RLSettings, *, sample: Sampler, score: Scorer,
            references: Sequence[ReferencePolicy] | None, order_seed: int,
-           dropout_seed: Callable[[int, int], int | None]) -> RLResult:
+           dropout_seed: Callable[[int, int], int | None], critics: CriticSet | None = None) -> RLResult:
     """``settings.epochs`` passes over the items in seeded order, ``settings.batch_size`` items per step.
 
     Args:
@@ -234,8 +239,16 @@ def run_rl(policies: Sequence[TrainablePolicy], prompt_ids: Sequence[Sequence[li
         references: one per agent when the KL is on, else None.
         order_seed: seed of the item order of every epoch.
         dropout_seed: (agent, step) → the dropout seed of that training forward (None: no dropout).
+        critics: the critics of an actor-critic backend (``maac``/``iac``), updated in place; None otherwise.
+
+    Raises:
+        ValueError: an actor-critic backend without critics, or critics with a group backend.
     """
-    backend, g, a = advantage_backend(settings.backend), settings.num_generations, len(policies)
+    if (settings.backend in ACTOR_CRITIC) != (critics is not None):
+        raise ValueError(f"rl_algorithm: {settings.backend!r} " + ("needs critics" if critics is None else
+                                                                     "takes no critics"))
+    backend = None if critics is not None else advantage_backend(settings.backend)
+    g, a = settings.num_generations, len(policies)
     out = RLResult(skipped=[0] * a)
     rng = np.random.default_rng(order_seed)
     for epoch in range(settings.epochs):
@@ -259,19 +272,31 @@ def run_rl(policies: Sequence[TrainablePolicy], prompt_ids: Sequence[Sequence[li
                                                           pad_token_id=policies[i].pad_token_id)
                     ref, _ = references[i].token_logprobs(prompts[i], completions[i])
                     kl[i] = k3_kl(pol, ref, mask)
+            critic_batch = critics.evaluate(prompts, completions) if critics is not None else None
+            if critic_batch is not None:  # a critic input that does not fit leaves its item group out
+                ok &= critic_batch.ok.view(len(chunk), g).all(dim=-1)
+            valid = ok.repeat_interleave(g)  # (n,)
             metrics: dict[str, float] = {}
             advantages = torch.zeros((a, len(rows_items)), dtype=torch.float64)  # (a, n)
+            returns = torch.zeros((a, len(rows_items)), dtype=torch.float64)  # (a, n): R − c·KL_i
             for i in range(a):
                 shaped = rewards - (settings.kl_coef or 0.0) * kl[i].view(len(chunk), g)  # (b, g)
-                adv = backend(shaped)
-                adv = normalize_group(adv) if settings.normalize else adv
-                advantages[i] = torch.where(ok[:, None], adv, torch.zeros_like(adv)).reshape(-1)  # (n,)
+                returns[i] = shaped.reshape(-1)
+                if critic_batch is not None:
+                    adv = actor_critic_advantages(returns[i], critic_batch.values[i])  # (n,)
+                    adv = normalize_batch(adv, valid) if settings.normalize else adv
+                    advantages[i] = torch.where(valid, adv, torch.zeros_like(adv))
+                else:
+                    adv = backend(shaped)
+                    adv = normalize_group(adv) if settings.normalize else adv
+                    advantages[i] = torch.where(ok[:, None], adv, torch.zeros_like(adv)).reshape(-1)  # (n,)
                 loss, outcome = rl_agent_step(policies[i], prompts[i], completions[i], advantages[i],
                                               max_grad_norm=settings.max_grad_norm,
                                               seed=dropout_seed(i, out.steps))
                 out.skipped[i] += outcome == "skipped"
                 metrics[f"rl/loss_agent_{i}"] = loss
-            valid = ok.repeat_interleave(g)  # (n,)
+            if critic_batch is not None:  # after the policy steps: a value head sees its moved backbone
+                metrics.update(critics.update(critic_batch, returns, valid))
             metrics["rl/reward_mean"] = float(rewards.reshape(-1)[valid].mean()) if valid.any() else float("nan")
             for r in range(len(rows_items)):
                 for i in range(a):
@@ -282,6 +307,8 @@ def run_rl(policies: Sequence[TrainablePolicy], prompt_ids: Sequence[Sequence[li
                         "completion": x.text, "finish_reason": x.finish_reason, "seed": x.seed,
                         "joint_ids": scored[r][1], "reward": scored[r][0], "kl": float(kl[i, r]),
                         "advantage": float(advantages[i, r]) if bool(valid[r]) else None,
+                        "value": float(critic_batch.values[i, r]) if critic_batch is not None and bool(valid[r])
+                        else None,  # written once ROLLOUTS declares it
                     })
             out.steps += 1
             out.batch_sizes.append(len(rows_items))

@@ -269,5 +269,5 @@ def prepare_run(
     if getattr(job, "policy_checkpoint_dir", None):
         from pbrl.export import export_policy_checkpoint
 
-        export_policy_checkpoint(paths.initial, job.policy_checkpoint_dir, 0, job.num_agents)
+        export_policy_checkpoint(paths.initial, job.policy_checkpoint_dir, 0, PolicySource.from_job(job).num_agents)
     return run_dir

@@ -147,6 +147,7 @@ ROLLOUTS = pa.schema(  # rounds/<r>/rollouts.parquet (MARLHF): one row per (step
         ("reward", pa.float64()),  # the reward model's score of the joint response; null when not scored
         ("kl", pa.float64()),  # this agent's k3 KL to its reference, nats (0 without reference KL)
         ("advantage", pa.float64()),  # this agent's advantage; null when the item's group was left out
+        ("value", pa.float64()),  # maac/iac: this agent's critic value V at rollout time; null otherwise
     ]
 )
 

@@ -64,3 +64,28 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+class HalvesAdapter:
+    """A centralized-collaboration adapter for the tiny random model, which never writes ``<agent_i>`` tags
+    (``comparator_centralized_adapter: pbrl.testing:HalvesAdapter``, used by ``tiny-centralized.yaml``): the
+    tagged prompt of :class:`pbrl.centralized.TaggedAdapter`, and role i = the i-th of n equal character runs
+    of the stripped response (the last run takes the remainder).
+
+    Raises:
+        CentralizedParseError: the response has fewer than 2·n characters.
+    """
+
+    def build_prompt(self, item: dict, agent_prompts: list[str]) -> str:
+        from pbrl.centralized import TaggedAdapter
+
+        return TaggedAdapter().build_prompt(item, agent_prompts)
+
+    def parse_completion(self, completion: str, num_agents: int) -> list[str]:
+        from pbrl.centralized import CentralizedParseError
+
+        text = completion.strip()
+        if len(text) < 2 * num_agents:
+            raise CentralizedParseError(f"{len(text)} characters")
+        size = len(text) // num_agents
+        return [text[i * size:(i + 1) * size if i < num_agents - 1 else len(text)] for i in range(num_agents)]

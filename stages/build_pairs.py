@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from pbrl.collaboration import num_actors
 from pbrl.config import JobConfig, is_iterative
 from pbrl.pairs import Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
 from pbrl.policies import PolicySource
@@ -30,7 +31,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
     iterative = is_iterative(job.trainer)
-    joint = read_joint_responses(paths.candidates(round_index), job.num_agents)
+    joint = read_joint_responses(paths.candidates(round_index), num_actors(job))  # one actor when centralized
     scores: dict[str, dict[str, dict[int, tuple[float, float]]]] = defaultdict(lambda: defaultdict(dict))
     for s in read_rows(paths.scores(round_index), SCORES):
         if s["failure"] is None:

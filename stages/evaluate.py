@@ -12,7 +12,9 @@ Rows of ``eval.parquet`` are item-major: the s-th row of an item is its sample s
 Metrics (:mod:`pbrl.stats`, item-level bootstrap): ``eval/reward_mean`` with ``eval/reward_ci_low/high``, and
 from round 1 on, when round 0 was evaluated, the paired difference to round 0 over the shared draws,
 ``eval/paired_diff_mean`` with ``eval/paired_diff_ci_low/high``. The manifest counts the evaluation items that
-also occur among the training items (same content, ids aside): held-out evaluation needs 0.
+also occur among the training items (same content, ids aside): held-out evaluation needs 0. With
+``collaboration_mode: centralized`` one actor writes each draw's joint response, split into roles for the task
+reward (role texts in ``eval_roles.parquet``; an unparsable draw fails with ``centralized_parse``).
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from pbrl.collaboration import actor_job, actor_prompts, is_centralized, job_adapter, score_joint, write_eval_roles
 from pbrl.config import JobConfig
-from pbrl.items import format_prompts, read_items
+from pbrl.items import read_items
 from pbrl.oracle import score_batch
 from pbrl.policies import PolicySource, load_agent, policy_checkpoint
 from pbrl.run import resolve_task
 from pbrl.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.schema import EVAL, read_rows, write_table
 from pbrl.seeds import derive_seed
+from pbrl.shards import ShardSet, gather_shards
 from pbrl.stagekit import StageRecord
 from pbrl.stats import SampleKey, mean_interval, paired_difference
 from pbrl.storage import RunPaths, StageManifest
@@ -75,18 +79,26 @@ def rewards_by_draw(rows: Sequence[dict]) -> dict[SampleKey, float]:
     return {key: row["reward"] for key, row in zip(keys, rows, strict=True) if row["failure"] is None}
 
 
-def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
-    record = StageRecord(NAME, run_dir, round_index, job)
-    paths = record.paths
+def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[dict]:
+    """The items this stage splits into shards (runner 'ray'): the first ``eval_num_samples`` evaluation items."""
+    return read_items(paths, "eval")[: job.eval_num_samples]
+
+
+def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]) -> tuple[list[dict], dict[str, int]]:
+    """The eval rows of ``items`` (all evaluated items, or one shard's), item-major; no counts.
+
+    Each draw samples with its own seed and is scored on its own, so the rows of a subset are the same rows
+    as in a run over all items.
+    """
     task = resolve_task(job, paths.root)
-    items = read_items(paths, "eval")[: job.eval_num_samples]
+    adapter = job_adapter(job) if is_centralized(job) else None  # one actor: its joint responses split into roles
+    job = actor_job(job)
     draws = [(item, s) for item in items for s in range(job.eval_samples_per_item)]  # item-major rows
     checkpoint = policy_checkpoint(paths, round_index)
     settings = SamplingSettings(max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
                                 top_k=job.top_k, batch_size=job.eval_batch_size)  # rows per generate call
     prompts, completions = [], []
-    for agent in range(job.num_agents):
-        agent_prompts = format_prompts(task.formatters[agent], [item for item, _ in draws], agent)
+    for agent, agent_prompts in enumerate(actor_prompts(job, task, [item for item, _ in draws])):
         policy = load_agent(PolicySource.from_job(job), agent, checkpoint, trainable=False)
         seeds = [eval_seed(job.seed, agent, item["item_id"], s) for item, s in draws]
         names = [f"agent {agent}, eval item {item['item_id']!r}, sample {s}" for item, s in draws]
@@ -99,8 +111,10 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         task.reward_func, task.reward_processor, [[g.text for g in gens] for gens in completions],
         prompts=[[prompts[a][j] for a in range(job.num_agents)] for j in range(len(draws))],
         batch_items=[item for item, _ in draws],
-    ) if draws else []
-    rows = [
+    ) if draws and adapter is None else []
+    if adapter is not None:  # centralized collaboration: the task reward on the role texts (pbrl.collaboration)
+        scores, _ = score_joint(adapter, task, [g.text for g in completions[0]], [item for item, _ in draws])
+    return [
         {"item_id": item["item_id"], "prompts": [prompts[a][j] for a in range(job.num_agents)],
          "completions": [completions[a][j].text for a in range(job.num_agents)],
          "completion_ids": [completions[a][j].completion_ids for a in range(job.num_agents)],
@@ -108,8 +122,24 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
          "stop_token_ids": [completions[a][j].stop_token_id for a in range(job.num_agents)],
          "raw_reward": s.raw, "reward": s.reward, "failure": s.failure}
         for j, ((item, _), s) in enumerate(zip(draws, scores, strict=True))
-    ]
+    ], {}
+
+
+def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet | None = None) -> StageManifest:
+    """Evaluate the round's policies, or (``shards``) gather the rows the shards wrote (:mod:`pbrl.shards`,
+    contiguous item ranges in order, so the rows stay item-major); the table written is the same either way."""
+    record = StageRecord(NAME, run_dir, round_index, job)
+    paths = record.paths
+    items = items_to_shard(paths, round_index, job)
+    checkpoint = policy_checkpoint(paths, round_index)
+    if shards is None:
+        rows, _ = collect(paths, round_index, job, items)
+    else:
+        rows, _ = gather_shards(paths, round_index, NAME, shards, EVAL)
     write_table(paths.eval(round_index), rows, EVAL)
+    outputs = [paths.eval(round_index)]
+    if is_centralized(job):  # the role texts of each draw (pbrl.collaboration)
+        outputs.append(write_eval_roles(rows, paths.round_dir(round_index), job))
     seen = items_seen_in_training(items, read_items(paths, "train"))
     rewards = rewards_by_draw(rows)
     record.counts = {"items": len(items), "samples": len(rows), "failed": len(rows) - len(rewards),
@@ -119,7 +149,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
                    "this evaluation is not held out; give eval_dataset or a task with its own eval items")
     record.metrics = summary_metrics(paths, round_index, job.seed, rewards)
     record.details = {"checkpoint": paths.rel(checkpoint), "samples_per_item": job.eval_samples_per_item}
-    return record.finish(input_files(paths, round_index, job), [paths.eval(round_index)])
+    return record.finish(input_files(paths, round_index, job), outputs)
 
 
 def summary_metrics(paths: RunPaths, round_index: int, seed: int, rewards: dict[SampleKey, float]

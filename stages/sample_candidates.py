@@ -5,6 +5,8 @@ Round r samples from the policy after round r-1. Iterative trainers also collect
 batched across items and candidates; each row's tokens depend only on its seed
 ``(seed, round, side, agent, item, candidate)``. Comparator completions are stored in each target agent's
 vocabulary (text from another tokenizer, an API or a centralized response is encoded once, here).
+With ``collaboration_mode: centralized`` one actor (agent_0) samples joint responses on the joint prompt
+(:mod:`pbrl.collaboration`); the oracle splits them into roles.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from pbrl.api_comparator import ApiSettings
 from pbrl.centralized import ADAPTER_FIELD, load_adapter
+from pbrl.collaboration import actor_job, actor_prompts, is_centralized, num_actors
 from pbrl.comparators import (
     CandidateRow,
     Comparator,
@@ -25,12 +28,13 @@ from pbrl.comparators import (
     target_side,
 )
 from pbrl.config import JobConfig, is_iterative
-from pbrl.items import format_prompts, read_items
+from pbrl.items import read_items
 from pbrl.policies import PolicySource, load_agent
 from pbrl.run import resolve_task
 from pbrl.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.schema import CANDIDATES, write_table
 from pbrl.seeds import derive_seed
+from pbrl.shards import ShardSet, gather_shards
 from pbrl.stagekit import StageRecord
 from pbrl.storage import RunPaths, StageManifest
 
@@ -55,10 +59,11 @@ def comparator_settings(job: JobConfig, paths: RunPaths | None = None, round_ind
     if job.comparator_agents:
         models = tuple(job.comparator_agents)
     elif job.comparator_model_name:
-        models = (job.comparator_model_name,) * job.num_agents
+        models = (job.comparator_model_name,) * num_actors(job)
     else:
         models = ()
-    centralized = job.comparator_generation_mode == "centralized"
+    # Centralized collaboration: the one actor's comparator already writes the joint response (split by the oracle).
+    centralized = job.comparator_generation_mode == "centralized" and not is_centralized(job)
     return ComparatorSettings(
         policy=job.comparator_policy,
         num_candidates=job.comparator_num_candidates or job.preference_num_candidates,
@@ -108,11 +113,19 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
     return [paths.items, *sorted(checkpoints)]
 
 
-def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
-    record = StageRecord(NAME, run_dir, round_index, job)
-    paths = record.paths
+def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[dict]:
+    """The items this stage splits into shards (runner 'ray'): the train items."""
+    return read_items(paths, "train")
+
+
+def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]) -> tuple[list[dict], dict[str, int]]:
+    """Every candidate row of ``items`` (all train items, or one shard's), unsorted, and the comparator's counts.
+
+    Each row's tokens depend only on its own seed, so the rows of a subset are the same rows as in a run over
+    all items.
+    """
     task = resolve_task(job, paths.root)
-    items = read_items(paths, "train")
+    job = actor_job(job)  # centralized collaboration: one actor, agent_0, on the joint prompt (pbrl.collaboration)
     comp = comparator(paths, round_index, job)
     plan = sides(paths, round_index, job, comp)
     settings = sampling_settings(job)
@@ -123,8 +136,8 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
 
     rows: list[CandidateRow] = []
     prompts, prompt_ids, tokenizers = [], [], []
-    for agent in range(job.num_agents):
-        prompts.append(format_prompts(task.formatters[agent], items, agent))
+    for agent, agent_prompts in enumerate(actor_prompts(job, task, items)):
+        prompts.append(agent_prompts)
         for (checkpoint, _), group in groups.items():
             policy = load_agent(PolicySource.from_job(job), agent, checkpoint, trainable=False,
                                 devices=group[0].devices)
@@ -153,19 +166,34 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         output = comp.candidates(request)
         rows = [r for r in rows if r.side != "comparator"] + output.rows
         counts = output.counts
+    return [r.as_dict() for r in rows], counts
+
+
+def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet | None = None) -> StageManifest:
+    """Sample every train item's candidates, or (``shards``) gather the rows the shards wrote
+    (:mod:`pbrl.shards`); the table written is the same either way."""
+    record = StageRecord(NAME, run_dir, round_index, job)
+    paths = record.paths
+    items = read_items(paths, "train")
+    comp = comparator(paths, round_index, job)
+    plan = sides(paths, round_index, job, comp)
+    if shards is None:
+        rows, counts = collect(paths, round_index, job, items)
+    else:
+        rows, counts = gather_shards(paths, round_index, NAME, shards, CANDIDATES)
 
     order = {"target": 0, "comparator": 1}
     position = {item["item_id"]: n for n, item in enumerate(items)}
-    rows.sort(key=lambda r: (order[r.side], position[r.item_id], r.candidate_index, r.agent_index))
-    write_table(paths.candidates(round_index), [r.as_dict() for r in rows], CANDIDATES)
+    rows.sort(key=lambda r: (order[r["side"]], position[r["item_id"]], r["candidate_index"], r["agent_index"]))
+    write_table(paths.candidates(round_index), rows, CANDIDATES)
     record.counts = {"items": len(items), "rows": len(rows)}
     record.counts["target_candidates"] = len(items) * job.preference_num_candidates
     if comp is not None:
-        record.counts["comparator_candidates"] = len({(r.item_id, r.candidate_index) for r in rows
-                                                      if r.side == "comparator"})
+        record.counts["comparator_candidates"] = len({(r["item_id"], r["candidate_index"]) for r in rows
+                                                      if r["side"] == "comparator"})
         record.counts.update(counts)
-        record.counts["encoded_from_text"] = sum(r.ids_source == "encoded_from_text" for r in rows)
-    record.counts["length_finishes"] = sum(r.finish_reason == "length" for r in rows)
+        record.counts["encoded_from_text"] = sum(r["ids_source"] == "encoded_from_text" for r in rows)
+    record.counts["length_finishes"] = sum(r["finish_reason"] == "length" for r in rows)
     sources = {s.side: paths.rel(s.checkpoint) for s in plan}
     if comp is not None and "comparator" not in sources:
         sources["comparator"] = f"{job.comparator_policy} ({job.comparator_generation_mode})"

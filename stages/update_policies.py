@@ -14,6 +14,10 @@ A round without pairs writes no checkpoint: its manifest names the previous poli
 ``checkpoints/round_<r>/`` left by an earlier attempt of the round is deleted once that manifest is written
 (a process killed in between leaves it unreferenced, so it is never loaded).
 
+With ``rl_algorithm: maac | iac`` the critics (:mod:`pbrl.critics`) are checkpointed beside the policies in
+``checkpoints/round_<r>/critic_<k>/`` (trainable weights, AdamW state, ``critic.json``) and the next round
+restores them from there, exactly like the agents; round 1 builds them fresh from the run seed.
+
 Training forwards run with dropout on (``lora_dropout``); each agent's masks in each step come from their
 own seed ``(seed, round, "update-policies", "dropout", agent, step)``, so a rerun is bitwise identical.
 Trainable weights are float32 whatever ``torch_dtype`` is (see :func:`pbrl.models.load_model`).
@@ -29,12 +33,14 @@ from pathlib import Path
 
 import torch
 
+from pbrl.collaboration import actor_job
 from pbrl.config import JobConfig
+from pbrl.critics import ACTOR_CRITIC, Critic, CriticSet, CriticSpec, new_critic, restore_critic, save_critic
 from pbrl.env_steps import NEVER_LOGGED, env_step_axis, train_log
 from pbrl.errors import ArtifactError
 from pbrl.export import export_policy_checkpoint
 from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step
-from pbrl.models import save_agent
+from pbrl.models import resolve_devices, save_agent
 from pbrl.policies import (
     TRAINER_STATE,
     PolicySource,
@@ -45,7 +51,7 @@ from pbrl.policies import (
     trainable_policy,
 )
 from pbrl.replay_store import run_identity, stored_rounds
-from pbrl.reward_model import RewardScorer, is_marlhf, reward_device, reward_model_dir
+from pbrl.reward_model import RewardScorer, is_marlhf, joint_template_for, reward_device, reward_model_dir
 from pbrl.rl import ReferencePolicy, RLSettings, rl_metrics, rollouts_path, run_rl
 from pbrl.sampling import SamplingSettings, generate
 from pbrl.schema import ROLLOUTS, SELECTED_PAIRS, read_joint_responses, read_rows, read_selected_pairs, write_table
@@ -103,6 +109,7 @@ def _remove_stale(checkpoint: Path) -> None:
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     record = StageRecord(NAME, run_dir, round_index, job)
+    job = actor_job(job)  # centralized collaboration: one policy (agent_0), trained on the joint completions
     paths = record.paths
     pairs = selected_pairs(paths, round_index)
     start = policy_checkpoint(paths, round_index - 1)
@@ -196,11 +203,11 @@ def _load_policies(job: JobConfig, start: Path) -> tuple[list[TrainablePolicy], 
 
 
 def _save_round(paths: RunPaths, job: JobConfig, round_index: int, start: Path, policies: list[TrainablePolicy],
-                batch_sizes: list[int], step_metrics: list[dict[str, float]], *, environment_steps_per_pair: int
-                ) -> tuple[Path, list[int], list[dict[str, float]]]:
-    """Write ``checkpoints/round_<r>/`` (weights, optimizer state, trainer_state.json last) and return it
-    with the env-step axis and the logged train rows (the reference's axis and logging_steps gate, carried
-    across rounds in trainer_state.json)."""
+                batch_sizes: list[int], step_metrics: list[dict[str, float]], *, environment_steps_per_pair: int,
+                critics: list[Critic] | None = None) -> tuple[Path, list[int], list[dict[str, float]]]:
+    """Write ``checkpoints/round_<r>/`` (weights, optimizer state, the critics of maac/iac in ``critic_<k>/``,
+    trainer_state.json last) and return it with the env-step axis and the logged train rows (the reference's
+    axis and logging_steps gate, carried across rounds in trainer_state.json)."""
     previous = read_trainer_state(start)
     axis = env_step_axis(batch_sizes, start=previous.get("env_step", 0),
                          environment_steps_per_pair=environment_steps_per_pair,
@@ -213,6 +220,8 @@ def _save_round(paths: RunPaths, job: JobConfig, round_index: int, start: Path, 
         for agent, policy in enumerate(policies):
             save_agent(policy.model, tmp / f"agent_{agent}")
             save_training_state(policy, tmp / f"agent_{agent}")  # optimizer.pt (+ grad_scaler.pt with fp16)
+        for k, critic in enumerate(critics or []):
+            save_critic(critic, tmp / f"critic_{k}")  # trainable weights, optimizer.pt, critic.json
         directory = job_replay_dir(paths, job)
         write_json(tmp / TRAINER_STATE, {
             "round": round_index,
@@ -272,14 +281,17 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
                     backend=job.rl_algorithm, normalize=job.advantage_normalization,
                     kl_coef=job.reference_kl_coef if job.reference_kl_enabled else None,
                     max_grad_norm=job.max_grad_norm)
+    critics = _critics(job, paths, start, policies) if job.rl_algorithm in ACTOR_CRITIC else None
     result = run_rl(policies, [[prompts[item][i] for item in item_ids] for i in range(a)], item_ids, rl,
                     sample=sample, score=scorer.score, references=references, order_seed=seed("order"),
-                    dropout_seed=lambda agent, step: seed("dropout", agent, index=step))
+                    dropout_seed=lambda agent, step: seed("dropout", agent, index=step), critics=critics)
     rollouts = rollouts_path(paths.round_dir(round_index))
     write_table(rollouts, result.rollouts, ROLLOUTS)
     checkpoint, axis, log = _save_round(paths, job, round_index, start, policies, result.batch_sizes,
-                                        result.step_metrics, environment_steps_per_pair=1)
-    record.metrics = {**rl_metrics(result, a), "train/env_step": float(axis[-1]) if axis else float("nan")}
+                                        result.step_metrics, environment_steps_per_pair=1,
+                                        critics=critics.critics if critics is not None else None)
+    record.metrics = {**rl_metrics(result, a), **(critics.metrics() if critics is not None else {}),
+                      "train/env_step": float(axis[-1]) if axis else float("nan")}
     reward_mean = sum(p["candidate_reward_mean"] for p in pairs) / len(pairs)
     record.metrics.update({"turn_1/reward_mean": reward_mean, "turn_1/expected_return": reward_mean})
     record.counts = {"pairs": len(pairs), "items": len(item_ids), "epochs": job.num_train_epochs,
@@ -295,6 +307,46 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
     manifest = record.finish(input_files(paths, round_index, job), [checkpoint, rollouts])
     _export(job, checkpoint, round_index)
     return manifest
+
+
+def _critics(job: JobConfig, paths: RunPaths, start: Path, policies: list[TrainablePolicy]) -> CriticSet:
+    """The maac/iac critics at ``start``: built fresh from the run seed (``start`` is the initial checkpoint),
+    else restored from ``start/critic_<k>/`` (weights and AdamW state).
+
+    Raises:
+        ArtifactError: a round checkpoint without its critics, or with critics of another configuration.
+    """
+    source, a = PolicySource.from_job(job), job.num_agents
+    separate = job.rl_algorithm == "maac" or job.use_separate_critic
+    count = 1 if job.rl_algorithm == "maac" else a
+    sources = [job.critic_model_name or source.models[k] for k in range(count)]
+    spec_devices = job.critic_devices if job.critic_devices is not None else job.agent_devices
+    devices = resolve_devices(spec_devices if spec_devices is None or isinstance(spec_devices, str)
+                              else list(spec_devices), a, field="critic_devices")
+    critics = []
+    for k in range(count):
+        spec = (CriticSpec("separate", sources[k], source.lora, job.critic_value_head_hidden_dim) if separate
+                else CriticSpec("value_head", None, None, job.value_head_hidden_dim))
+        critic = new_critic(spec, seed=derive_seed(job.seed, round_index=0, stage="init-critic", agent=k),
+                            learning_rate=job.critic_learning_rate or job.agent_learning_rate,
+                            device=_critic_device(devices[k], policies[k]) if separate else "cpu",
+                            policy=None if separate else policies[k].model, pad_token_id=policies[k].pad_token_id)
+        folder = start / f"critic_{k}"
+        if folder.is_dir():
+            restore_critic(critic, folder)
+        elif start != paths.initial:
+            raise ArtifactError(f"{folder}: missing; the checkpoint was written without the {job.rl_algorithm} "
+                                f"critics: rerun {NAME} of the round that wrote {paths.rel(start)}")
+        critics.append(critic)
+    template = (joint_template_for(sources[0], source.models)[0] if job.rl_algorithm == "maac" else None)
+    return CriticSet(job.rl_algorithm, job.critic_type, critics, template=template,
+                     max_length=job.reward_max_length, value_loss_coef=job.value_loss_coef,
+                     clip_range=job.value_clip_range, max_grad_norm=job.max_grad_norm)
+
+
+def _critic_device(device: str, policy: TrainablePolicy) -> str:
+    """A separate critic's device: as configured, or (``auto`` placement) the device of its agent's inputs."""
+    return str(policy.model.get_input_embeddings().weight.device) if device == "auto" else device
 
 
 def _export(job: JobConfig, checkpoint: Path, round_index: int) -> None:

@@ -191,7 +191,8 @@ BAD = [
     ("madpo", {"parallel_training": "auto"}, "parallel_training"),
     ("madpo", {"parallel_training": "null"}, "parallel_training"),
     ("madpo", {"parallel_training": "mp"}, "agent_devices"),
-    ("madpo", {"collaboration_mode": "centralized"}, "collaboration_mode"),
+    ("madpo", {"collaboration_mode": "Centralized"}, "collaboration_mode"),  # exact values, no aliases
+    ("marlhf", {"collaboration_mode": "centralized"}, "collaboration_mode"),  # not available with MARLHF
     ("madpo", {"advantage_mode": "baseline"}, "advantage_mode"),
     ("madpo", {"discount": float("inf")}, "discount"),
     ("madpo", {"early_termination_threshold": "high"}, "early_termination_threshold"),
@@ -271,6 +272,10 @@ BAD = [
     ("marlhf", {"rl_algorithm": "maac", "critic_devices": ["cpu", "cpu", "cpu"]}, "critic_devices"),
     ("marlhf", {"critic_value_head_hidden_dim": 0}, "critic_value_head_hidden_dim"),
     ("marlhf", {"value_head_hidden_dim": -1}, "value_head_hidden_dim"),
+    # pbrl.critics: maac's critic is always separate; a value head on the policy has no separate-critic settings
+    ("marlhf", {"rl_algorithm": "maac", "use_separate_critic": False}, "use_separate_critic"),
+    ("marlhf", {"rl_algorithm": "iac", "use_separate_critic": False, "critic_model_name": "m"}, "critic_model_name"),
+    ("marlhf", {"rl_algorithm": "iac", "value_head_hidden_dim": 8}, "value_head_hidden_dim"),
     ("marlhf", {"rl_algorithm": "iac", "advantage_mode": "rank"}, "advantage_mode"),
     # run level
     ("madpo", {"seed": -1}, "seed"),
@@ -502,7 +507,8 @@ ALLOWED = [
     ("madpo", {"rollout_buffer_size": 4, "train_batch_size": 3, "eval_batch_size": 8, "logging_steps": 1,
                "use_environment_step": False, "environment_steps_per_pair": 1}),
     ("marlhf", {"rl_algorithm": "maac", "num_generations": 1, "critic_devices": ["cpu", "cpu"], "critic_type": "q",
-                "use_separate_critic": False, "value_head_hidden_dim": 64, "reward_model_device": "cuda:1"}),
+                "critic_value_head_hidden_dim": 64, "reward_model_device": "cuda:1"}),
+    ("marlhf", {"rl_algorithm": "iac", "use_separate_critic": False, "value_head_hidden_dim": 64}),
     ("marlhf", {"rl_algorithm": "iac", "advantage_mode": "max", "advantage_normalization": False}),
     # issue #19: 'auto' placement within max_memory (accelerate's format), mixed precision
     ("madpo", {"agent_devices": "auto"}),  # max_memory None = all free memory
@@ -852,8 +858,7 @@ def test_is_iterative_unknown_name() -> None:
         is_iterative("madpo-iter")
 
 
-# SPEC §2's option table, transcribed: which trainers have each option. (`collaboration_mode`, in the SPEC
-# table, is not implemented yet.)
+# SPEC §2's option table, transcribed: which trainers have each option.
 SPEC_COMMON = {
     "num_agents", "num_turns", "joint_mode", "preference_num_candidates", "pair_selection",
     "preference_pairs_per_sample", "dpo_beta", "num_train_epochs", "agent_learning_rate", "train_batch_size",
@@ -883,8 +888,9 @@ SPEC_ITERATIVE |= {
     "log_reward_distribution", "policy_checkpoint_dir", "comparator_api_max_n_per_request", "comparator_api_headers",
     "comparator_api_key_header", "comparator_api_key_prefix", "comparator_api_extra_body",
 }
-# pbrl's own option (issue #12): the pluggable parser of centralized comparator responses.
-SPEC_ITERATIVE |= {"comparator_centralized_adapter"}
+# pbrl's own option (issue #12): the pluggable parser of centralized responses (comparator generation, and the
+# one actor of collaboration_mode: centralized in every trainer).
+SPEC_COMMON |= {"comparator_centralized_adapter"}
 SPEC_MARLHF |= {"reward_model_device", "critic_devices", "use_separate_critic", "critic_type",
                 "critic_value_head_hidden_dim", "value_head_hidden_dim"}
 SPEC_OPTIONS = {

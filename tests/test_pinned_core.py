@@ -14,7 +14,15 @@ Wrong versions (mutmut ids of ``pbrl/*``) made to fail here, by family:
   completions (float64 zeros), the row-count error text.
 - madpo: the joint margin summed over the whole batch (``sum(dim=None)``), an agent whose pairs are all
   identical stopping the loop (``break``) or reported skipped, a non-finite gradient reported as not skipped
-  or stopping the other agents, gradients left behind (``set_to_none=False``), ``accuracy`` not reported.
+  or stopping the other agents, gradients left behind (``set_to_none=False``), ``accuracy`` not reported;
+  gradient accumulation (``micro_batch_size``): a parameter's missing (None) gradient multiplied or divided
+  (``_AccumulatedGradients.backward``, ``allow_unused=False``), a micro-batch's gradient dropped, kept alone or
+  subtracted, an identical-pair micro-batch stopping the loop (``break``) or, last, breaking the final sum,
+  the clipping or the fp16 scaler left out of the accumulated step; the dropout seeds of micro-batches
+  (``micro_seed`` values, ``None`` passed to the detached or the training pass); the choice of scorer under
+  activation checkpointing (``_score``); ``has_dropout`` counting p = 0; the seeds error text.
+- scoring: the (b, 0) float32 / bool shapes of all-empty completions, token log-probs not in eval mode by
+  default (``dropout=True``).
 """
 
 from __future__ import annotations
@@ -287,3 +295,253 @@ def test_non_finite_gradient_skips_only_that_agent(tiny_model_dir):
     assert torch.equal(_flat(agents[0].model), before[0])
     assert not torch.equal(_flat(agents[1].model), before[1])
     assert all(p.grad is None for a in agents for p in a.model.parameters())
+
+
+def test_micro_batches_accumulate_past_a_trainable_parameter_the_loss_never_reaches(tiny_model_dir):
+    """One agent, two pairs in micro-batches of one, SGD at lr 1: it moves by (β / b) Σ_j σ(−β Δ^j) ∇Δ^j (the
+    whole-batch step), though one trainable parameter is outside the forward (its gradient is None in every
+    micro-batch: it must stay None, not break the accumulation)."""
+    beta = 0.5
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(30)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=gen))
+    model.register_parameter("unused", torch.nn.Parameter(torch.ones(3)))
+    agent = TrainablePolicy(model, torch.optim.SGD(model.parameters(), lr=1.0), pad_token_id=0)
+    ref = _policy(tiny_model_dir, 30).model
+    brute = [_brute_margin_and_grad(ref, PROMPTS[j], WINNERS[j], LOSERS[j]) for j in range(2)]
+    expected = sum(beta / 2 / (1 + math.exp(beta * m)) * g for m, g in brute)
+
+    def used() -> torch.Tensor:
+        return torch.cat([p.detach().flatten().clone() for n, p in model.named_parameters() if n != "unused"]).double()
+
+    before = used()
+    stats = madpo_step([agent], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=beta, max_grad_norm=None,
+                       micro_batch_size=1)
+    assert stats.skipped == (False,)
+    assert torch.allclose(used() - before, expected, rtol=1e-3, atol=5e-6)
+    assert torch.equal(model.unused.detach(), torch.ones(3)) and model.unused.grad is None
+
+
+def test_micro_seed_hand_values():
+    from pbrl.madpo import micro_seed
+
+    assert micro_seed(None, 0) is None and micro_seed(None, 3) is None
+    assert micro_seed(5, 0) == 5  # micro-batch 0 keeps the agent's seed
+    assert (micro_seed(5, 1), micro_seed(5, 2)) == (5_000_016, 5_000_017)  # 5 · 1 000 003 + index
+    assert micro_seed(2**62, 3) == 2**62 + 3  # (2^62 · odd) mod 2^63 = 2^62: kept below 2^63
+
+
+def test_has_dropout_needs_a_positive_rate():
+    from pbrl.madpo import has_dropout
+
+    assert not has_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)))
+    assert has_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))
+
+
+def test_scorer_choice_follows_activation_checkpointing(tiny_model_dir):
+    from pbrl.madpo import _score
+    from pbrl.scoring import shared_prompt_logprobs
+
+    class Old:  # transformers < 5 names it is_gradient_checkpointing only
+        is_gradient_checkpointing = True
+
+    class Plain:
+        pass
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert _score(model) is shared_prompt_logprobs
+    model.gradient_checkpointing_enable()
+    assert _score(model) is sequence_logprobs  # the KV cache is off under checkpointing
+    assert _score(Old()) is sequence_logprobs and _score(Plain()) is shared_prompt_logprobs
+
+
+def _dropout_policy(model_dir, tmp_path, seed: int = 0) -> TrainablePolicy:
+    from pbrl.madpo import trainable_parameters
+    from pbrl.models import LoraSettings, init_lora_adapter, load_policy
+
+    lora = LoraSettings(r=4, dropout=0.5)
+    adapter = init_lora_adapter(model_dir, lora, tmp_path / f"adapter{seed}", seed=seed)
+    model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, trainable=True)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.fill_(0.1)  # the adapter path, where the dropout sits, now changes the output
+    return TrainablePolicy(model, torch.optim.SGD(trainable_parameters(model), lr=0.0), 0)
+
+
+def test_micro_batch_margins_use_each_micro_batchs_dropout_seed(tiny_model_dir, tmp_path):
+    """Dropout on, micro-batches of one pair: the reported margins are those of the training forwards with
+    micro-batch k's seed (micro_seed(seed, k)), for two agents (the detached pass) and for one (its own pass)."""
+    from pbrl.madpo import agent_margins, micro_seed
+
+    agents = [_dropout_policy(tiny_model_dir, tmp_path, s) for s in (0, 1)]  # SGD at lr 0: nothing moves
+    seeds = [7, 11]
+
+    def expected(policy, seed):
+        with torch.no_grad():
+            return torch.cat([agent_margins(policy, PROMPTS[k:k + 1], WINNERS[k:k + 1], LOSERS[k:k + 1],
+                                            micro_seed(seed, k)) for k in range(2)])
+
+    want = [expected(a, s) for a, s in zip(agents, seeds, strict=True)]
+    with torch.no_grad():
+        evaluated = agent_margins(agents[0], PROMPTS, WINNERS, LOSERS)
+    assert not torch.allclose(want[0].float(), evaluated.float(), atol=1e-3)  # the dropout masks matter
+    batch = PairBatch([PROMPTS, PROMPTS], [WINNERS, WINNERS], [LOSERS, LOSERS])
+    stats = madpo_step(agents, batch, beta=0.1, max_grad_norm=1.0, seeds=seeds, micro_batch_size=1)
+    assert torch.allclose(stats.margins, torch.stack(want, dim=1).float(), atol=1e-5)
+    one = madpo_step(agents[:1], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=0.1, max_grad_norm=1.0,
+                     seeds=seeds[:1], micro_batch_size=1)
+    assert torch.allclose(one.margins[:, 0], want[0].float(), atol=1e-5)
+    with pytest.raises(ValueError) as info:
+        madpo_step(agents, batch, beta=0.1, max_grad_norm=1.0)
+    assert str(info.value) == ("seeds: a policy has dropout (lora_dropout > 0), so its training forwards need one "
+                               "dropout seed per agent")
+
+
+def test_accumulation_sums_every_micro_batch_skips_identical_pairs_and_clips(tiny_model_dir):
+    """Four pairs in micro-batches of one, SGD at lr 1: pairs 0 and 3 are identical (no gradient, first and
+    last), pairs 1 and 2 carry the step, (β / 4) Σ_j σ(−β Δ^j) ∇Δ^j, accumulated past a trainable parameter the
+    loss never reaches. Then the same with the gradient norm clipped to a tenth of its norm."""
+    beta = 0.5
+    prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]]
+    winners = [WINNERS[0], WINNERS[0], WINNERS[1], LOSERS[1]]
+    losers = [WINNERS[0], LOSERS[0], LOSERS[1], LOSERS[1]]
+    ref = _policy(tiny_model_dir, 30).model
+    brute = [_brute_margin_and_grad(ref, prompts[j], winners[j], losers[j]) for j in (1, 2)]
+    expected = sum(beta / 4 / (1 + math.exp(beta * m)) * g for m, g in brute)
+
+    def agent():
+        policy = _policy(tiny_model_dir, 30)
+        policy.model.register_parameter("unused", torch.nn.Parameter(torch.ones(3)))
+        policy.optimizer = torch.optim.SGD(policy.model.parameters(), lr=1.0)
+        return policy
+
+    def used(model) -> torch.Tensor:
+        return torch.cat([p.detach().flatten().clone() for n, p in model.named_parameters() if n != "unused"]).double()
+
+    norm = float(expected.norm())
+    for max_grad_norm in (None, norm / 10):
+        policy = agent()
+        before = used(policy.model)
+        stats = madpo_step([policy], PairBatch([prompts], [winners], [losers]), beta=beta,
+                           max_grad_norm=max_grad_norm, micro_batch_size=1)
+        moved = used(policy.model) - before
+        assert stats.skipped == (False,) and policy.model.unused.grad is None
+        scale = 1.0 if max_grad_norm is None else max_grad_norm / (norm + 1e-6)  # clip_grad_norm_'s factor
+        assert torch.allclose(moved, scale * expected, rtol=1e-3, atol=5e-6 * scale)
+
+
+def test_fp16_accumulated_step_goes_through_the_loss_scaler(tiny_model_dir):
+    """fp16, micro-batches of one, scale 2^120: the float16 gradients overflow, so the step is skipped, the
+    weights stay and the scale halves (the scaler is the agent's, not a fresh unscaled backward)."""
+    from pbrl.precision import make_precision
+
+    policy = _policy(tiny_model_dir, 30, lr=1e-2)
+    policy.precision = make_precision("fp16", "cpu")
+    policy.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**120)
+    before = _flat(policy.model)
+    stats = madpo_step([policy], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=0.1, max_grad_norm=1.0,
+                       micro_batch_size=1)
+    assert stats.skipped == (True,) and policy.precision.scaler.get_scale() == 2.0**119
+    assert torch.equal(_flat(policy.model), before)
+
+
+def test_token_logprobs_of_all_empty_completions_have_zero_columns(tiny):
+    from pbrl.scoring import completion_token_logprobs
+
+    logps, mask = completion_token_logprobs(tiny, [[2, 40], [2]], [[], []], pad_token_id=0)
+    assert logps.shape == (2, 0) and logps.dtype == torch.float32
+    assert mask.shape == (2, 0) and mask.dtype == torch.bool
+
+
+def test_token_logprobs_run_in_eval_mode_unless_asked(tiny_model_dir, tmp_path):
+    """A model left in train mode with LoRA dropout 0.5: the default call is deterministic (eval mode) and
+    gives the eval values; dropout=True keeps train mode, so the masks change the values."""
+    from pbrl.scoring import completion_token_logprobs
+
+    model = _dropout_policy(tiny_model_dir, tmp_path).model
+    model.train()
+    first = completion_token_logprobs(model, PROMPTS, WINNERS, pad_token_id=0)[0]
+    assert torch.equal(first, completion_token_logprobs(model, PROMPTS, WINNERS, pad_token_id=0)[0])
+    model.eval()
+    assert torch.equal(first, completion_token_logprobs(model, PROMPTS, WINNERS, pad_token_id=0)[0])
+    model.train()
+    torch.manual_seed(0)
+    noisy = completion_token_logprobs(model, PROMPTS, WINNERS, pad_token_id=0, dropout=True)[0]
+    assert not torch.allclose(noisy, first, atol=1e-4) and model.training
+
+
+def test_margins_under_activation_checkpointing_score_rows_in_one_padded_pass(tiny_model_dir):
+    """With gradient checkpointing on, a training forward has no KV cache, so agent_margins must score with
+    sequence_logprobs: its margins are then sequence_logprobs' winner minus loser values."""
+    from pbrl.madpo import agent_margins
+
+    policy = _policy(tiny_model_dir, 30)
+    policy.model.gradient_checkpointing_enable()
+    got = agent_margins(policy, PROMPTS, WINNERS, LOSERS, seed=0)
+    with torch.no_grad():
+        want = (sequence_logprobs(policy.model, PROMPTS, WINNERS, pad_token_id=0)
+                - sequence_logprobs(policy.model, PROMPTS, LOSERS, pad_token_id=0))
+    assert torch.allclose(got.detach().double(), want, atol=1e-5)
+
+
+def test_a_non_finite_earlier_micro_batch_skips_the_whole_step(tiny_model_dir, monkeypatch):
+    """Micro-batch 0's margin is NaN, micro-batch 1's is finite: the batch loss is NaN, so the agent's step is
+    skipped and nothing moves (not a step on the finite micro-batches alone)."""
+    import pbrl.madpo as madpo
+
+    real = madpo.agent_margins
+
+    def poisoned(policy, prompt_ids, winner_ids, loser_ids, seed=None):
+        out = real(policy, prompt_ids, winner_ids, loser_ids, seed)
+        return out * math.nan if list(winner_ids[0]) == WINNERS[0] else out
+
+    monkeypatch.setattr(madpo, "agent_margins", poisoned)
+    policy = _policy(tiny_model_dir, 30, lr=1e-2)
+    before = _flat(policy.model)
+    stats = madpo_step([policy], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=0.1, max_grad_norm=1.0,
+                       micro_batch_size=1)
+    assert stats.skipped == (True,) and torch.equal(_flat(policy.model), before)
+
+
+def test_fp16_accumulation_unscales_each_earlier_micro_batch_once(tiny_model_dir):
+    """fp16 (loss scale 2^16), two pairs in micro-batches of one, SGD at lr 1: the step is the float32 one,
+    (β / 2) Σ_j σ(−β Δ^j) ∇Δ^j, to float16 rounding. Micro-batch 0's gradient is taken on the scaled loss and
+    divided by the scale once; divided twice or multiplied instead, it would be off by a factor 2^±32."""
+    from pbrl.precision import make_precision
+
+    beta = 0.5
+    ref = _policy(tiny_model_dir, 30).model
+    brute = [_brute_margin_and_grad(ref, PROMPTS[j], WINNERS[j], LOSERS[j]) for j in range(2)]
+    expected = sum(beta / 2 / (1 + math.exp(beta * m)) * g for m, g in brute)
+    policy = _policy(tiny_model_dir, 30)
+    policy.precision = make_precision("fp16", "cpu")
+    before = _flat(policy.model)
+    stats = madpo_step([policy], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=beta, max_grad_norm=None,
+                       micro_batch_size=1)
+    moved = _flat(policy.model) - before
+    assert stats.skipped == (False,)
+    scale = float(expected.abs().max())
+    assert float((moved - expected).abs().max()) < 0.02 * scale
+
+
+def test_training_forward_margins_run_under_the_policys_autocast(tiny_model_dir):
+    """With a dropout seed (a training forward), agent_margins runs under the policy's autocast too: bfloat16
+    margins differ from the float32 ones by more than float32 rounding, yet stay close."""
+    from pbrl.madpo import agent_margins
+    from pbrl.precision import make_precision
+
+    policy = _policy(tiny_model_dir, 30)
+    full = agent_margins(policy, PROMPTS, WINNERS, LOSERS, seed=0).detach()
+    policy.precision = make_precision("bf16", "cpu")
+    half = agent_margins(policy, PROMPTS, WINNERS, LOSERS, seed=0).detach()
+    assert not torch.equal(half, full) and torch.allclose(half, full, atol=0.05)
+
+
+def test_shared_prompt_scoring_of_an_empty_batch(tiny):
+    from pbrl.scoring import shared_prompt_logprobs
+
+    out = shared_prompt_logprobs(tiny, [], [], pad_token_id=0)
+    assert out.shape == (0,) and out.dtype == torch.float64

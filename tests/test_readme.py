@@ -46,7 +46,8 @@ def test_every_readme_block_is_covered():
     shells = [_strip(b) for b in blocks("bash")]
     assert shells[0] == ["make demo", "make test"]
     assert [line.split()[0] for line in shells[1]] == ["prefect", "export", "pbrl"]
-    assert len(shells) == 2
+    assert [line.split()[0] for line in shells[2]] == ["ray", "prefect", "export", "pbrl", "prefect", "pbrl"]
+    assert len(shells) == 3
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -132,3 +133,59 @@ def with_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
+
+
+@pytest.mark.flow
+def test_more_than_one_machine_block_runs_as_written(tmp_path):
+    """The "More than one machine" block on one machine: a Ray head, a Prefect server, the deployments on a work
+    pool, a worker polling it, and a run with ``--runner ray`` on that Ray head (its shards are on disk)."""
+    import httpx
+
+    lines = _strip(blocks("bash")[2])
+    ray_port, api_port = _free_port(), _free_port()
+    env = _env(tmp_path)
+    procs: list[subprocess.Popen] = []
+    try:
+        for line in lines:
+            line = (line.replace("6379", str(ray_port)).replace("4200", str(api_port))
+                    .replace("flows/configs/", f"{ROOT}/flows/configs/"))
+            if line.startswith("export "):
+                key, value = line.split(None, 1)[1].split("=", 1)
+                env[key] = value
+                continue
+            if line.endswith("&"):
+                procs.append(subprocess.Popen(line[:-1].split(), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL, start_new_session=True))
+                if line.startswith("prefect server"):
+                    _wait_healthy(httpx, f"http://127.0.0.1:{api_port}/api")
+                continue
+            out = subprocess.run(line.split(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+            assert out.returncode == 0, (line, out.stdout[-3000:], out.stderr[-3000:])
+        run_dir = tmp_path / "storage" / "runs" / "tiny-madpo-iter"
+        assert (run_dir / "rounds/0002/evaluate.manifest.json").is_file()
+        assert (run_dir / "rounds/0002/shards/sample-candidates/0000-of-0001.parquet").is_file()  # ran on Ray
+        url = env["PREFECT_API_URL"]
+        pools = httpx.post(f"{url}/work_pools/filter", json={}, timeout=10).json()
+        assert [p["name"] for p in pools if p["type"] == "process"] == ["pbrl-pool"]
+        deployments = httpx.post(f"{url}/deployments/filter", json={}, timeout=10).json()
+        assert {d["work_pool_name"] for d in deployments} == {"pbrl-pool"}
+    finally:
+        for proc in reversed(procs):
+            with_group(proc, signal.SIGTERM)
+        for proc in reversed(procs):
+            try:
+                proc.wait(timeout=60)  # `ray start --block` stops its Ray processes first (up to ~40 s here)
+            except subprocess.TimeoutExpired:
+                with_group(proc, signal.SIGKILL)
+
+
+def _wait_healthy(httpx, url: str) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail("prefect server did not start")
