@@ -1,6 +1,7 @@
-"""Run the benchmarks (generation, scoring, orchestration, peer_trl, round) in order, each in its own process, and
-print a table of their ratios with the targets of SPEC §10 and issue #14, and whether each was met. ``peer_trl``
-needs the ``bench`` extra (TRL); ``round`` runs one demo round (minutes on SmolLM2).
+"""Run the benchmarks (generation, scoring, orchestration, peer_trl, round, scale_out) in order, each in its own
+process, and print a table of their ratios with the targets of SPEC §10 and issue #14, and whether each was met.
+``peer_trl`` needs the ``bench`` extra (TRL); ``round`` runs one demo round (minutes on SmolLM2); ``scale_out``
+starts a local Ray (the ``ray`` extra, part of ``dev``).
 
 Each benchmark writes ``benchmarks/results/<benchmark>-<model>.json``; this script adds
 ``benchmarks/results/summary-<model>.json``. Missed targets do not fail the run (the numbers come from
@@ -22,7 +23,7 @@ from typing import Any
 
 from benchkit import REPO_ROOT, RESULTS_DIR, result_path, verdict_of
 
-BENCHMARKS = ("generation", "scoring", "orchestration", "peer_trl", "round")
+BENCHMARKS = ("generation", "scoring", "orchestration", "peer_trl", "round", "scale_out")
 HERE = Path(__file__).resolve().parent
 
 

@@ -27,7 +27,7 @@ from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
 
 from pbrl.config import JobConfig
-from pbrl.shards import Shard, ShardSet, plan_shards, require_ray_extra, shard_done, write_shard
+from pbrl.shards import Shard, ShardSet, plan_shards, ray_init_kwargs, require_ray_extra, shard_done, write_shard
 from pbrl.storage import RunPaths
 from stages import STAGE_MODULES
 
@@ -114,15 +114,6 @@ def shards_flow(stage: str, run_dir: str, round_index: int, job: JobConfig, key:
     futures.wait()
     states = [f.result() for f in futures]  # raises the first failure
     return {"shards": [vars(s) for s in plan], "states": states}
-
-
-def ray_init_kwargs(job: JobConfig) -> dict[str, Any]:
-    """``ray.init`` keywords for ``job``: ``address="local"`` for a Ray of its own when ``ray_address`` is unset
-    (a plain ``ray.init()`` would join whatever cluster this machine last started with ``ray start``), else the
-    address (``auto`` included)."""
-    if job.ray_address is None:
-        return {"address": "local", "include_dashboard": False}
-    return {"address": job.ray_address}
 
 
 def ray_task_runner(job: JobConfig):

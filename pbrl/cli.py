@@ -89,7 +89,10 @@ def validate(config: Path, set_: SetOption = None) -> None:
     with _expected_errors(2):
         job = _load(config, set_)
         preflight(job, prepare_models=False)  # task, import paths, datasets and models exist
-    console.print(f"OK: {config} ({job.trainer}, {job.num_agents} agents)")
+    from pbrl.collaboration import is_centralized
+
+    agents = f"{job.num_agents} roles, one actor" if is_centralized(job) else f"{job.num_agents} agents"
+    console.print(f"OK: {config} ({job.trainer}, {agents})")
 
 
 HEADERS = {"train_pairs": "train", "accuracy": "acc", "eval_reward": "eval", "eval_vs_round0": "vs r0",

@@ -389,6 +389,18 @@ def _runner_fields(v: Values) -> list[Problem]:
     return []
 
 
+@_rule(RUN_RULES, "runner", "agent_devices")
+def _ray_devices(v: Values) -> list[Problem]:
+    # On Ray a shard task or an agent actor reserves its GPUs from the devices named here (flows/ray_runner.py,
+    # pbrl/ray_agents.py); 'auto' names none, so the work would silently land on a CPU.
+    devices = v["agent_devices"]
+    named = devices if isinstance(devices, list) else [devices]
+    if v["runner"] != "ray" or "auto" not in named:
+        return []
+    return [Problem("agent_devices", devices, "'auto' cannot be reserved on Ray (runner='ray'); name the devices "
+                    "('cpu', 'cuda:0' or one per agent) so that each shard and agent actor asks Ray for its GPU")]
+
+
 @_rule(RUN_RULES, "agent_model", "agents")
 def _agent_source(v: Values) -> list[Problem]:
     if v["agent_model"] is None and v["agents"] is None:

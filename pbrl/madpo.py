@@ -12,10 +12,10 @@ from a seed per agent and step; sampling and evaluation forwards run in eval mod
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -220,6 +220,43 @@ def _agent_update(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, ot
     return own_margins, not stepped
 
 
+class StepAgent(Protocol):
+    """One agent as :func:`madpo_agents_step` drives it: the two phases of a step on the agent's side of the
+    batch. Each method returns its result, or a handle that the step's ``gather`` turns into it (so that a
+    remote agent's calls run in parallel with the others': :mod:`pbrl.ray_agents`). :class:`LocalAgent` is
+    the in-process one."""
+
+    def has_dropout(self) -> bool: ...
+
+    def detached_margins(self, prompt_ids, winner_ids, loser_ids, seed: int | None, parts: list[slice]) -> Any:
+        """Phase 1: the agent's (b,) float32 CPU margins without a graph (:func:`_detached_margins`)."""
+        ...
+
+    def update(self, prompt_ids, winner_ids, loser_ids, others: torch.Tensor, seed: int | None,
+               parts: list[slice], *, beta: float, max_grad_norm: float | None) -> Any:
+        """Phase 2: the agent's step against ``others`` (b,); ``((b,) own margins, skipped)``
+        (:func:`_agent_update`)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalAgent:
+    """A :class:`StepAgent` in this process: the :class:`TrainablePolicy` functions, results returned as they are."""
+
+    policy: TrainablePolicy
+
+    def has_dropout(self) -> bool:
+        return has_dropout(self.policy.model)
+
+    def detached_margins(self, prompt_ids, winner_ids, loser_ids, seed, parts) -> torch.Tensor:
+        return _detached_margins(self.policy, prompt_ids, winner_ids, loser_ids, seed, parts)
+
+    def update(self, prompt_ids, winner_ids, loser_ids, others, seed, parts, *, beta, max_grad_norm
+               ) -> tuple[torch.Tensor, bool]:
+        return _agent_update(self.policy, prompt_ids, winner_ids, loser_ids, others, seed, parts, beta=beta,
+                             max_grad_norm=max_grad_norm)
+
+
 def madpo_step(policies: Sequence[TrainablePolicy], batch: PairBatch, *, beta: float,
                max_grad_norm: float | None, seeds: Sequence[int] | None = None,
                micro_batch_size: int | None = None) -> StepStats:
@@ -237,33 +274,44 @@ def madpo_step(policies: Sequence[TrainablePolicy], batch: PairBatch, *, beta: f
 
     ``seeds``: one dropout seed per agent for this step's training forwards (derive them with
     :func:`pbrl.seeds.derive_seed`, a new one per step). Without ``seeds`` the forwards run without dropout,
-    which only models without dropout allow.
+    which only models without dropout allow. The two phases are :func:`madpo_agents_step`'s over
+    :class:`LocalAgent` s.
 
     Raises:
         ValueError: ``seeds`` is not one per agent, or is missing while a model has dropout.
     """
-    if seeds is not None and len(seeds) != len(policies):
-        raise ValueError(f"seeds: got {len(seeds)} for {len(policies)} agents; give one dropout seed per agent")
-    if seeds is None and any(has_dropout(p.model) for p in policies):
+    return madpo_agents_step([LocalAgent(p) for p in policies], batch, beta=beta, max_grad_norm=max_grad_norm,
+                             seeds=seeds, micro_batch_size=micro_batch_size)
+
+
+def madpo_agents_step(agents: Sequence[StepAgent], batch: PairBatch, *, beta: float, max_grad_norm: float | None,
+                      seeds: Sequence[int] | None = None, micro_batch_size: int | None = None,
+                      gather: Callable[[list[Any]], list[Any]] = list) -> StepStats:
+    """:func:`madpo_step` over :class:`StepAgent` s: phase 1 asks every agent for its detached margins, the
+    "others" term of agent i is the sum over the other agents, phase 2 asks every agent for its step.
+    ``gather`` turns a phase's list of per-agent results (or handles, e.g. Ray object refs with ``ray.get``)
+    into the results; the agents of one phase are all asked before it is called, so remote agents work in
+    parallel. Same arguments, result and errors as :func:`madpo_step`.
+    """
+    if seeds is not None and len(seeds) != len(agents):
+        raise ValueError(f"seeds: got {len(seeds)} for {len(agents)} agents; give one dropout seed per agent")
+    if seeds is None and any(agent.has_dropout() for agent in agents):
         raise ValueError("seeds: a policy has dropout (lora_dropout > 0), so its training forwards need one "
                          "dropout seed per agent")
     parts = micro_batches(batch.size, micro_batch_size)
-    agent_seeds = [None if seeds is None else seeds[i] for i in range(len(policies))]
-    args = [(batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i]) for i in range(len(policies))]
-    if len(policies) > 1:
-        margins = torch.stack([_detached_margins(p, *args[i], agent_seeds[i], parts)
-                               for i, p in enumerate(policies)], dim=1)  # (b, a)
+    agent_seeds = [None if seeds is None else seeds[i] for i in range(len(agents))]
+    args = [(batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i]) for i in range(len(agents))]
+    if len(agents) > 1:
+        margins = torch.stack(gather([agent.detached_margins(*args[i], agent_seeds[i], parts)
+                                      for i, agent in enumerate(agents)]), dim=1)  # (b, a)
     else:  # one agent: no other margins to wait for
         margins = torch.zeros(batch.size, 1)
     total = margins.sum(dim=1)  # (b,)
-    skipped, own = [], []
-    for i, policy in enumerate(policies):
-        others = total - margins[:, i]  # (b,)
-        mine, was_skipped = _agent_update(policy, *args[i], others, agent_seeds[i], parts, beta=beta,
-                                          max_grad_norm=max_grad_norm)
-        own.append(mine)
-        skipped.append(was_skipped)
-    if len(policies) == 1:
+    results = gather([agent.update(*args[i], total - margins[:, i], agent_seeds[i], parts, beta=beta,
+                                   max_grad_norm=max_grad_norm) for i, agent in enumerate(agents)])
+    own = [mine for mine, _ in results]
+    skipped = [was_skipped for _, was_skipped in results]
+    if len(agents) == 1:
         margins = own[0][:, None]  # (b, 1)
     return StepStats(
         loss=float(madpo_loss(margins, beta).mean()),

@@ -23,6 +23,7 @@ from pbrl.models import (
     load_tokenizer,
     resolve_devices,
     resolve_model_source,
+    save_agent,
     save_optimizer,
 )
 from pbrl.placement import AUTO, main_device, normalize_max_memory, placement_spec
@@ -210,3 +211,22 @@ def save_training_state(policy: TrainablePolicy, agent_dir: Path) -> None:
     """Write ``optimizer.pt`` (and, for fp16, ``grad_scaler.pt``) into ``agent_dir``, atomically each."""
     save_optimizer(policy.optimizer, Path(agent_dir) / OPTIMIZER_FILE)
     save_precision_state(policy.precision, Path(agent_dir))
+
+
+def trainable_agent(job: JobConfig, start: Path, agent: int) -> tuple[TrainablePolicy, Any]:
+    """Agent ``agent``'s policy at ``start``, trainable, with its AdamW (weight_decay=0), mixed precision and the
+    optimizer/grad-scaler state stored beside the weights, activation checkpointing on with
+    ``gradient_checkpointing``; and its tokenizer. Also what a Ray actor loads (:mod:`pbrl.ray_agents`)."""
+    source = PolicySource.from_job(job)
+    policy = load_agent(source, agent, start, trainable=True)
+    trainable = trainable_policy(source, policy, learning_rate=job.agent_learning_rate,
+                                 state_dir=start / f"agent_{agent}")
+    if job.gradient_checkpointing:  # recompute activations in backward (transformers' option)
+        trainable.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return trainable, policy.tokenizer
+
+
+def write_agent(policy: TrainablePolicy, agent_dir: Path) -> None:
+    """A checkpoint's ``agent_<i>/``: the weights (or adapter), ``optimizer.pt`` (+ ``grad_scaler.pt`` with fp16)."""
+    save_agent(policy.model, agent_dir)
+    save_training_state(policy, agent_dir)

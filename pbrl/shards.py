@@ -136,3 +136,12 @@ def gather_shards(paths: RunPaths, round_index: int, stage: str, shard_set: Shar
         rows += read_rows(shard_table(paths, round_index, stage, shard), schema)
         counts.update(read_json(shard_record(paths, round_index, stage, shard))["counts"])
     return rows, dict(counts)
+
+
+def ray_init_kwargs(job: Any) -> dict[str, Any]:
+    """``ray.init`` keywords for ``job``: ``address="local"`` for a Ray of its own when ``ray_address`` is unset
+    (a plain ``ray.init()`` would join whatever cluster this machine last started with ``ray start``), else the
+    address (``auto`` included)."""
+    if job.ray_address is None:
+        return {"address": "local", "include_dashboard": False}
+    return {"address": job.ray_address}

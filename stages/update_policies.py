@@ -29,7 +29,9 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,16 +41,16 @@ from pbrl.critics import ACTOR_CRITIC, Critic, CriticSet, CriticSpec, new_critic
 from pbrl.env_steps import NEVER_LOGGED, env_step_axis, train_log
 from pbrl.errors import ArtifactError
 from pbrl.export import export_policy_checkpoint
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step
-from pbrl.models import resolve_devices, save_agent
+from pbrl.madpo import LocalAgent, PairBatch, StepAgent, TrainablePolicy, madpo_agents_step
+from pbrl.models import resolve_devices
 from pbrl.policies import (
     TRAINER_STATE,
     PolicySource,
     load_agent,
     policy_checkpoint,
     read_trainer_state,
-    save_training_state,
-    trainable_policy,
+    trainable_agent,
+    write_agent,
 )
 from pbrl.replay_store import run_identity, stored_rounds
 from pbrl.reward_model import RewardScorer, is_marlhf, joint_template_for, reward_device, reward_model_dir
@@ -129,13 +131,27 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         _export(job, start, round_index)
         return manifest
 
-    policies, tokenizers = _load_policies(job, start)
-    if job.gradient_checkpointing:  # recompute activations in backward (transformers' option)
-        for policy in policies:
-            policy.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if is_marlhf(job.trainer):
+        policies, tokenizers = _load_policies(job, start)
         return _run_marlhf(record, job, pairs, start, policies, tokenizers)
+    if job.runner == "ray":  # one Ray actor per agent (pbrl.ray_agents); the same numbers as in process
+        from pbrl.ray_agents import gather, remote_agents, write_agents
 
+        with remote_agents(job, start) as agents:
+            record.details = {"agents_on": "ray_actors"}
+            return _run_madpo(record, job, pairs, start, agents, gather=gather,
+                              write=lambda folder: write_agents(agents, folder))
+    policies, _ = _load_policies(job, start)
+    return _run_madpo(record, job, pairs, start, [LocalAgent(p) for p in policies], gather=list,
+                      write=lambda folder: _write_agents(policies, folder))
+
+
+def _run_madpo(record: StageRecord, job: JobConfig, pairs: list[dict], start: Path, agents: list[StepAgent], *,
+               gather: Callable[[list[Any]], list[Any]], write: Callable[[Path], None]) -> StageManifest:
+    """MADPO (SPEC §5.5): ``num_train_epochs`` passes over ``pairs`` in batches, each a
+    :func:`pbrl.madpo.madpo_agents_step` over ``agents`` (in process or Ray actors, results through ``gather``);
+    ``write(folder)`` writes every ``agent_<i>/`` into the checkpoint's temporary folder."""
+    paths, round_index = record.paths, record.round_index
     rng = numpy_rng(job.seed, round_index=round_index, stage=NAME)
     losses, accuracies, steps, skipped = [], [], 0, [0] * job.num_agents
     batch_sizes: list[int] = []
@@ -147,9 +163,9 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
             chunk = [pairs[j] for j in order[begin:begin + job.train_batch_size]]
             seeds = [derive_seed(job.seed, round_index=round_index, stage=NAME, side="dropout", agent=i,
                                  index=steps) for i in range(job.num_agents)]
-            stats = madpo_step(policies, _batch(chunk, job.num_agents), beta=job.dpo_beta,
-                               max_grad_norm=job.max_grad_norm, seeds=seeds,
-                               micro_batch_size=-(-job.train_batch_size // job.gradient_accumulation_steps))
+            stats = madpo_agents_step(agents, _batch(chunk, job.num_agents), beta=job.dpo_beta,
+                                      max_grad_norm=job.max_grad_norm, seeds=seeds, gather=gather,
+                                      micro_batch_size=-(-job.train_batch_size // job.gradient_accumulation_steps))
             steps += 1
             batch_sizes.append(len(chunk))
             losses.append(stats.loss)
@@ -161,7 +177,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
                 skipped[i] += int(s)
 
     step_metrics = [{"madpo/loss": loss, "madpo/accuracy": acc} for loss, acc in zip(losses, accuracies, strict=True)]
-    checkpoint, axis, log = _save_round(paths, job, round_index, start, policies, batch_sizes, step_metrics,
+    checkpoint, axis, log = _save_round(paths, job, round_index, start, write, batch_sizes, step_metrics,
                                         environment_steps_per_pair=job.environment_steps_per_pair)
 
     finite_losses = [x for x in losses if math.isfinite(x)]
@@ -182,7 +198,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     if sum(skipped):
         record.say(f"{sum(skipped)} agent step(s) skipped: non-finite loss or gradient")
     record.metrics["train/env_step"] = float(axis[-1]) if axis else float("nan")
-    record.details = {"checkpoint": paths.rel(checkpoint), "updated": True,
+    record.details = {**record.details, "checkpoint": paths.rel(checkpoint), "updated": True,
                       "train_log": [{k: v for k, v in row.items() if math.isfinite(v)} for row in log]}
     manifest = record.finish(input_files(paths, round_index, job), [checkpoint])
     _export(job, checkpoint, round_index)
@@ -191,23 +207,22 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
 
 def _load_policies(job: JobConfig, start: Path) -> tuple[list[TrainablePolicy], list]:
     """Every agent's policy at ``start``, trainable, with its AdamW (and the state stored beside it)."""
-    source = PolicySource.from_job(job)
-    policies, tokenizers = [], []
-    for agent in range(job.num_agents):
-        policy = load_agent(source, agent, start, trainable=True)
-        # AdamW (weight_decay=0), mixed precision, and the optimizer/grad-scaler state stored beside the weights.
-        policies.append(trainable_policy(source, policy, learning_rate=job.agent_learning_rate,
-                                         state_dir=start / f"agent_{agent}"))
-        tokenizers.append(policy.tokenizer)
-    return policies, tokenizers
+    loaded = [trainable_agent(job, start, agent) for agent in range(job.num_agents)]
+    return [policy for policy, _ in loaded], [tokenizer for _, tokenizer in loaded]
 
 
-def _save_round(paths: RunPaths, job: JobConfig, round_index: int, start: Path, policies: list[TrainablePolicy],
+def _write_agents(policies: list[TrainablePolicy], folder: Path) -> None:
+    for agent, policy in enumerate(policies):
+        write_agent(policy, folder / f"agent_{agent}")
+
+
+def _save_round(paths: RunPaths, job: JobConfig, round_index: int, start: Path, write_agents: Callable[[Path], None],
                 batch_sizes: list[int], step_metrics: list[dict[str, float]], *, environment_steps_per_pair: int,
                 critics: list[Critic] | None = None) -> tuple[Path, list[int], list[dict[str, float]]]:
-    """Write ``checkpoints/round_<r>/`` (weights, optimizer state, the critics of maac/iac in ``critic_<k>/``,
-    trainer_state.json last) and return it with the env-step axis and the logged train rows (the reference's
-    axis and logging_steps gate, carried across rounds in trainer_state.json)."""
+    """Write ``checkpoints/round_<r>/`` (``write_agents(folder)``: every agent's weights and optimizer state; the
+    critics of maac/iac in ``critic_<k>/``; trainer_state.json last) and return it with the env-step axis and the
+    logged train rows (the reference's axis and logging_steps gate, carried across rounds in
+    trainer_state.json)."""
     previous = read_trainer_state(start)
     axis = env_step_axis(batch_sizes, start=previous.get("env_step", 0),
                          environment_steps_per_pair=environment_steps_per_pair,
@@ -217,9 +232,7 @@ def _save_round(paths: RunPaths, job: JobConfig, round_index: int, start: Path, 
     last_logged = int(log[-1]["env_step"]) if log else previous.get("last_logged_env_step", NEVER_LOGGED)
     checkpoint = paths.round_checkpoint(round_index)
     with atomic_dir(checkpoint) as tmp:
-        for agent, policy in enumerate(policies):
-            save_agent(policy.model, tmp / f"agent_{agent}")
-            save_training_state(policy, tmp / f"agent_{agent}")  # optimizer.pt (+ grad_scaler.pt with fp16)
+        write_agents(tmp)  # agent_<i>/: weights, optimizer.pt (+ grad_scaler.pt with fp16)
         for k, critic in enumerate(critics or []):
             save_critic(critic, tmp / f"critic_{k}")  # trainable weights, optimizer.pt, critic.json
         directory = job_replay_dir(paths, job)
@@ -287,7 +300,8 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
                     dropout_seed=lambda agent, step: seed("dropout", agent, index=step), critics=critics)
     rollouts = rollouts_path(paths.round_dir(round_index))
     write_table(rollouts, result.rollouts, ROLLOUTS)
-    checkpoint, axis, log = _save_round(paths, job, round_index, start, policies, result.batch_sizes,
+    checkpoint, axis, log = _save_round(paths, job, round_index, start,
+                                        lambda folder: _write_agents(policies, folder), result.batch_sizes,
                                         result.step_metrics, environment_steps_per_pair=1,
                                         critics=critics.critics if critics is not None else None)
     record.metrics = {**rl_metrics(result, a), **(critics.metrics() if critics is not None else {}),

@@ -77,3 +77,21 @@ def assert_same_artifacts(a: dict, b: dict) -> None:
                 assert (torch.equal(va, vb) if torch.is_tensor(va) else va == vb), (key, k)
         else:
             assert a[key] == b[key], key
+
+
+def lora_dropout_policy(model_dir: Path, tmp_path: Path, seed: int = 0):
+    """The tiny model with a LoRA adapter (r=4, dropout 0.5) whose B weights are 0.1, so the adapter path,
+    where the dropout sits, changes the output; trainable, with SGD at lr 0 (the weights never move)."""
+    import torch
+
+    from pbrl.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.models import LoraSettings, init_lora_adapter, load_policy
+
+    lora = LoraSettings(r=4, dropout=0.5)
+    adapter = init_lora_adapter(model_dir, lora, tmp_path / f"adapter{seed}", seed=seed)
+    model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, trainable=True)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.fill_(0.1)
+    return TrainablePolicy(model, torch.optim.SGD(trainable_parameters(model), lr=0.0), 0)

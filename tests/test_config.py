@@ -274,6 +274,7 @@ BAD = [
     ("marlhf", {"value_head_hidden_dim": -1}, "value_head_hidden_dim"),
     # pbrl.critics: maac's critic is always separate; a value head on the policy has no separate-critic settings
     ("marlhf", {"rl_algorithm": "maac", "use_separate_critic": False}, "use_separate_critic"),
+    ("madpo", {"runner": "ray", "agent_devices": "auto"}, "agent_devices"),  # Ray reserves named devices only
     ("marlhf", {"rl_algorithm": "iac", "use_separate_critic": False, "critic_model_name": "m"}, "critic_model_name"),
     ("marlhf", {"rl_algorithm": "iac", "value_head_hidden_dim": 8}, "value_head_hidden_dim"),
     ("marlhf", {"rl_algorithm": "iac", "advantage_mode": "rank"}, "advantage_mode"),

@@ -48,6 +48,7 @@ from pbrl.replay import (
     sample_within,
 )
 from pbrl.scoring import sequence_logprobs
+from tests.helpers import lora_dropout_policy
 
 MODES = "current, nearest_k, all_history, lambda_decay"
 
@@ -357,26 +358,12 @@ def test_scorer_choice_follows_activation_checkpointing(tiny_model_dir):
     assert _score(Old()) is sequence_logprobs and _score(Plain()) is shared_prompt_logprobs
 
 
-def _dropout_policy(model_dir, tmp_path, seed: int = 0) -> TrainablePolicy:
-    from pbrl.madpo import trainable_parameters
-    from pbrl.models import LoraSettings, init_lora_adapter, load_policy
-
-    lora = LoraSettings(r=4, dropout=0.5)
-    adapter = init_lora_adapter(model_dir, lora, tmp_path / f"adapter{seed}", seed=seed)
-    model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, trainable=True)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.fill_(0.1)  # the adapter path, where the dropout sits, now changes the output
-    return TrainablePolicy(model, torch.optim.SGD(trainable_parameters(model), lr=0.0), 0)
-
-
 def test_micro_batch_margins_use_each_micro_batchs_dropout_seed(tiny_model_dir, tmp_path):
     """Dropout on, micro-batches of one pair: the reported margins are those of the training forwards with
     micro-batch k's seed (micro_seed(seed, k)), for two agents (the detached pass) and for one (its own pass)."""
     from pbrl.madpo import agent_margins, micro_seed
 
-    agents = [_dropout_policy(tiny_model_dir, tmp_path, s) for s in (0, 1)]  # SGD at lr 0: nothing moves
+    agents = [lora_dropout_policy(tiny_model_dir, tmp_path, s) for s in (0, 1)]  # SGD at lr 0: nothing moves
     seeds = [7, 11]
 
     def expected(policy, seed):
@@ -461,7 +448,7 @@ def test_token_logprobs_run_in_eval_mode_unless_asked(tiny_model_dir, tmp_path):
     gives the eval values; dropout=True keeps train mode, so the masks change the values."""
     from pbrl.scoring import completion_token_logprobs
 
-    model = _dropout_policy(tiny_model_dir, tmp_path).model
+    model = lora_dropout_policy(tiny_model_dir, tmp_path).model
     model.train()
     first = completion_token_logprobs(model, PROMPTS, WINNERS, pad_token_id=0)[0]
     assert torch.equal(first, completion_token_logprobs(model, PROMPTS, WINNERS, pad_token_id=0)[0])

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from pbrl.rl import RLResult, advantage_backend, normalize_group, rl_agent_step, rl_metrics
+from tests.helpers import lora_dropout_policy
 
 
 def _row(agent: int, reward: float | None, kl: float, advantage: float | None) -> dict:
@@ -268,22 +269,8 @@ COMPLETIONS = [[70, 71, 3], [80, 3]]
 ADVANTAGES = torch.tensor([1.0, -1.0], dtype=torch.float64)
 
 
-def _lora_dropout_policy(model_dir, tmp_path):
-    from pbrl.madpo import TrainablePolicy, trainable_parameters
-    from pbrl.models import LoraSettings, init_lora_adapter, load_policy
-
-    lora = LoraSettings(r=4, dropout=0.5)
-    adapter = init_lora_adapter(model_dir, lora, tmp_path / "adapter", seed=0)
-    model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, trainable=True)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.fill_(0.1)  # the adapter path, where the dropout sits, now changes the output
-    return TrainablePolicy(model, torch.optim.SGD(trainable_parameters(model), lr=0.0), 0)
-
-
 def test_rl_agent_step_draws_dropout_masks_from_its_seed_and_refuses_none(tiny_model_dir, tmp_path):
-    policy = _lora_dropout_policy(tiny_model_dir, tmp_path)  # SGD at lr 0: the weights never move
+    policy = lora_dropout_policy(tiny_model_dir, tmp_path)  # SGD at lr 0: the weights never move
     first = rl_agent_step(policy, PROMPTS, COMPLETIONS, ADVANTAGES, max_grad_norm=1.0, seed=1)
     again = rl_agent_step(policy, PROMPTS, COMPLETIONS, ADVANTAGES, max_grad_norm=1.0, seed=1)
     other = rl_agent_step(policy, PROMPTS, COMPLETIONS, ADVANTAGES, max_grad_norm=1.0, seed=2)

@@ -21,6 +21,7 @@ import pytest
 from pbrl.config_loading import config_hash, load_job
 from pbrl.errors import ConfigError
 from pbrl.shards import Shard, plan_shards
+from pbrl.storage import read_json
 from pbrl.tasks.toy import toy_reward
 from tests.helpers import assert_same_artifacts, run_artifacts
 
@@ -120,6 +121,88 @@ def test_a_shard_asks_ray_for_one_gpu_per_distinct_cuda_device():
     assert shard_resources(job(agent_devices="cpu")) == {"num_cpus": 1}
 
 
+def test_an_agent_actor_asks_ray_for_its_own_gpu_or_a_share_of_one():
+    from pbrl.ray_agents import agent_resources
+
+    def job(devices=None):
+        return load_job(ITER_YAML, ["output_dir=/tmp/x", *([f"agent_devices={devices}"] if devices else [])])
+
+    assert agent_resources(job("cpu")) == [{"num_cpus": 1}, {"num_cpus": 1}]
+    assert agent_resources(job("auto")) == [{"num_cpus": 1}, {"num_cpus": 1}]  # accelerate's placement: no GPU
+    assert agent_resources(job("[cuda:0, cuda:1]")) == [{"num_cpus": 1, "num_gpus": 1}] * 2
+    assert agent_resources(job("cuda:0")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2  # both agents on one GPU
+    assert agent_resources(job("[cuda, cuda:0]")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2
+
+
+def _two_policies(model_dir, root):
+    import torch
+
+    from pbrl.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.models import LoraSettings, init_lora_adapter, load_policy
+
+    lora = LoraSettings(r=4, dropout=0.1)  # dropout on: the seeds choose the masks
+    out = []
+    for agent in (0, 1):
+        adapter = init_lora_adapter(model_dir, lora, root / f"agent_{agent}", seed=agent)
+        model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, device="cpu", dtype="float32",
+                            trainable=True)
+        out.append(TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=1e-2, weight_decay=0.0),
+                                   pad_token_id=0))
+    return out
+
+
+def test_the_two_phase_step_over_deferred_agents_is_the_original_arithmetic_bitwise(tiny_model_dir, tmp_path):
+    """:func:`pbrl.madpo.madpo_agents_step` over agents whose calls return handles (as Ray actors' do) asks every
+    agent for phase 1 before gathering, then every agent for phase 2; its parameters, AdamW state and statistics
+    equal, bit for bit, the pre-refactor ``madpo_step`` written out here: every agent's detached margins, then
+    each agent's update in turn against the others' sum."""
+    import torch
+
+    from pbrl.losses import madpo_loss
+    from pbrl.madpo import LocalAgent, PairBatch, _agent_update, _detached_margins, madpo_agents_step, micro_batches
+
+    prompts = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50], [2, 40, 41, 42, 3, 2, 50]]
+    winners = [[[70, 71, 72, 3], [80, 81, 3], [75, 3]], [[71, 3], [82, 83, 84, 3], [76, 77, 3]]]
+    losers = [[[90, 91, 3], [100, 101, 102, 103, 104], [95, 96, 3]], [[92, 3], [105, 3], [76, 77, 3]]]
+    batch = PairBatch(prompt_ids=[prompts, prompts], winner_ids=winners, loser_ids=losers)
+    reference, remote = _two_policies(tiny_model_dir, tmp_path / "a"), _two_policies(tiny_model_dir, tmp_path / "b")
+    events: list[str] = []
+
+    class Deferred(LocalAgent):
+        def detached_margins(self, *args):
+            events.append(f"margins {remote.index(self.policy)}")
+            return lambda: LocalAgent.detached_margins(self, *args)
+
+        def update(self, *args, **kw):
+            events.append(f"update {remote.index(self.policy)}")
+            return lambda: LocalAgent.update(self, *args, **kw)
+
+    def gather(handles):
+        events.append("gather")
+        return [h() for h in handles]
+
+    for step in range(2):
+        seeds = [1000 + 10 * step, 1001 + 10 * step]
+        parts = micro_batches(batch.size, 2)  # two micro-batches: [0, 2) and [2, 3)
+        args = [(batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i]) for i in (0, 1)]
+        margins = torch.stack([_detached_margins(p, *args[i], seeds[i], parts) for i, p in enumerate(reference)], 1)
+        total = margins.sum(dim=1)
+        skipped = [_agent_update(p, *args[i], total - margins[:, i], seeds[i], parts, beta=0.1, max_grad_norm=1.0)[1]
+                   for i, p in enumerate(reference)]
+        events.clear()
+        stats = madpo_agents_step([Deferred(p) for p in remote], batch, beta=0.1, max_grad_norm=1.0, seeds=seeds,
+                                  micro_batch_size=2, gather=gather)
+        assert events == ["margins 0", "margins 1", "gather", "update 0", "update 1", "gather"]
+        assert torch.equal(stats.margins, margins) and stats.skipped == tuple(skipped) == (False, False)
+        assert stats.loss == float(madpo_loss(margins, 0.1).mean())
+    for ref, got in zip(reference, remote, strict=True):
+        for (name, a), (_, b) in zip(ref.model.named_parameters(), got.model.named_parameters(), strict=True):
+            assert torch.equal(a, b), name
+        sa, sb = ref.optimizer.state_dict()["state"], got.optimizer.state_dict()["state"]
+        assert sa.keys() == sb.keys() and len(sa) > 0
+        assert all(torch.equal(sa[k][n], sb[k][n]) for k in sa for n in sa[k])
+
+
 @needs_ray
 def test_runner_options_are_validated_and_never_key_a_cache():
     local = load_job(ITER_YAML, ["output_dir=/tmp/x"])
@@ -164,6 +247,14 @@ def test_ray_run_is_byte_identical_to_local_and_a_killed_shard_alone_is_retried(
     ray_job = load_job(ITER_YAML, [*common, "run_name=ray", "runner=ray", "shard_size=1"])
     sharded = train_flow(ray_job)
     local_dir, ray_dir = Path(local["run_dir"]), Path(ray_dir_ := sharded["run_dir"])
+
+    # update-policies ran one Ray actor per agent (the local run in process), to the same weights and AdamW state
+    # (run_artifacts compares every optimizer.pt tensor exactly; the files' zip names differ, by design)
+    for r in (1, 2):
+        assert read_json(ray_dir / f"rounds/000{r}/update-policies.manifest.json")["details"]["agents_on"] == \
+            "ray_actors"
+        assert "agents_on" not in read_json(local_dir / f"rounds/000{r}/update-policies.manifest.json")["details"]
+    assert len(list(ray_dir.glob("checkpoints/round_*/agent_*/optimizer.pt"))) == 4
 
     # every Parquet artifact, the replay files and the final adapter weights: the same bytes
     assert_same_artifacts(run_artifacts(ray_dir, ARTIFACTS), run_artifacts(local_dir, ARTIFACTS))
