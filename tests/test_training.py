@@ -72,7 +72,7 @@ def test_base_trainer_with_all_ties_ends_without_update(tmp_path):
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    import stages.update_policies as up
+    import pbrl.policies as up   # write_agent (weights, then optimizer state) lives there
     from pbrl import orchestration
     from pbrl.config import load_job
 
