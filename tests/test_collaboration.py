@@ -371,3 +371,13 @@ def test_tiny_centralized_config_trains_two_rounds_then_reruns_cached(tmp_path, 
     job = load_job(TINY, [*overrides, "run_name=tiny-centralized"])
     out = orchestration.train(job, resume=True)
     assert {s["state"] for s in out["stages"]} == {"Cached"}
+
+
+def test_validate_reports_the_roles_and_the_one_actor_of_a_centralized_config(tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from pbrl.cli import app
+
+    result = CliRunner().invoke(app, ["validate", str(TINY), "--set", f"agent_model={tiny_model_dir}"])
+    assert result.exit_code == 0, result.output
+    assert "(madpo_iter, 2 roles, one actor)" in " ".join(result.output.split())
