@@ -10,7 +10,8 @@ with the driver's torch thread count), since each actor runs the same functions 
 
 Resources: an actor whose agent's device (``agent_devices``) is a ``cuda`` device asks for that GPU (a share
 of it, ``1/k``, when k agents name the same device) and loads on ``cuda:0``, the first GPU Ray gives it;
-any other device asks for 1 CPU (``auto`` and ``cpu`` ask for no GPU). The run folder must be on storage the
+any other device asks for 1 CPU only (``agent_devices: auto`` is refused with ``runner: ray`` by the config
+rules: Ray reserves named devices). The run folder must be on storage the
 actors' nodes see (a shared POSIX filesystem), as for the shard tasks.
 """
 
@@ -52,15 +53,15 @@ def _cuda_name(device: str) -> str | None:
 
 class AgentActor:
     """One agent's trainable policy and AdamW, in a Ray actor (wrapped with ``ray.remote`` by
-    :func:`start_agents`). Its methods are the :class:`pbrl.madpo.StepAgent` phases and the checkpoint write."""
+    :func:`remote_agents`). Its methods are the :class:`pbrl.madpo.StepAgent` phases and the checkpoint write."""
 
     def __init__(self, job: JobConfig, agent: int, start: str, num_threads: int) -> None:
         from pbrl.policies import trainable_agent
 
         torch.set_num_threads(num_threads)  # the driver's: the same float reductions, so the same bits on CPU
-        if _cuda_name(resolve_devices(_spec(job.agent_devices), job.num_agents)[agent]) is not None:
+        devices = list(resolve_devices(_spec(job.agent_devices), job.num_agents))
+        if _cuda_name(devices[agent]) is not None:
             # Ray numbers the GPUs it gave this actor from 0: the agent's device is this actor's cuda:0.
-            devices = list(resolve_devices(_spec(job.agent_devices), job.num_agents))
             devices[agent] = "cuda:0"
             job = job.model_copy(update={"agent_devices": devices})
         self.agent = agent
