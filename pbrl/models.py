@@ -176,7 +176,8 @@ def load_model(
         placement["device_map"] = device_map
         if "disk" in device_map.values():
             placement["offload_folder"] = tempfile.mkdtemp(prefix="pbrl-offload-")
-    with torch.random.fork_rng(devices=[]):
+
+    def from_pretrained() -> Any:
         model = AutoModelForCausalLM.from_pretrained(
             src, dtype=weights_dtype, local_files_only=True, use_safetensors=True, **placement
         )
@@ -185,6 +186,13 @@ def load_model(
         if device == AUTO and getattr(model, "hf_device_map", None) is None:
             model.hf_device_map = dict(placement["device_map"])  # transformers omits a one-device map
         _fill_pad_ids(model, src)
+        return model
+
+    with torch.random.fork_rng(devices=[]):
+        if lora is not None and device != AUTO:  # a frozen base: one copy per process, shared by every adapter
+            model = _shared_base((str(src), weights_dtype, device), from_pretrained)
+        else:
+            model = from_pretrained()
         if lora is None:
             model.requires_grad_(trainable)
         else:
@@ -194,6 +202,34 @@ def load_model(
             param.data = param.data.float()  # float32 master weights for whatever trains
     model.train(trainable)
     return model if device == AUTO else model.to(device)
+
+
+# Frozen base weights shared by every LoRA policy of this process over the same base (source, dtype, device):
+# agents differ only in their adapters, so k agents hold one copy of the base instead of k (SmolLM2-135M in
+# float32: 513 MiB a copy; issue #14, the demo's peak RSS). Keyed weakly: the entry lives while a policy uses it.
+_SHARED_BASES: weakref.WeakValueDictionary[tuple[str, torch.dtype, str], torch.nn.Module] = (
+    weakref.WeakValueDictionary())
+
+
+def _shared_base(key: tuple[str, torch.dtype, str], load: Any) -> Any:
+    """A module tree of its own over the shared frozen weights of ``key``'s base (loaded by ``load()`` when no
+    live policy holds them): ``copy.deepcopy`` with the base's parameters and buffers memoised, so the new tree
+    (its LoRA layers, train/eval flags, config, hooks) is the caller's alone while its weight tensors are the
+    very ones of the base. Nothing in pbrl writes a frozen base weight in place (LoRA trains adapters only;
+    adapters are never merged); moving the tree moves the shared weights, which is why the device is in the
+    key. The tree keeps the base object alive (outside ``Module.__setattr__``, so it is no submodule)."""
+    import copy
+    import itertools
+
+    base = _SHARED_BASES.get(key)
+    if base is None:
+        base = load()
+        base.requires_grad_(False)
+        _SHARED_BASES[key] = base
+    memo: dict[int, Any] = {id(t): t for t in itertools.chain(base.parameters(), base.buffers())}
+    tree = copy.deepcopy(base, memo)
+    tree.__dict__["_pbrl_shared_base"] = base
+    return tree
 
 
 def _fill_pad_ids(model: Any, src: Path) -> None:

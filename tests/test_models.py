@@ -229,6 +229,36 @@ def test_lora_checkpoint_round_trip_saves_only_adapter(tiny: Path, tmp_path: Pat
     assert torch.equal(logits(models.load_policy(tiny, checkpoint_dir=out, lora=lora)), trained)
 
 
+def test_lora_policies_share_one_frozen_base_and_nothing_else(tiny: Path, tmp_path: Path) -> None:
+    """Issue #14: k LoRA agents over one base hold one copy of its weights (the demo's peak RSS), while their
+    adapters, modes and outputs stay their own; the shared copy goes when the last policy using it does."""
+    import gc
+    import weakref
+
+    lora = LoraSettings(r=4)
+    dirs = [models.init_lora_adapter(tiny, lora, tmp_path / f"agent_{i}", seed=i) for i in range(2)]
+    a = models.load_policy(tiny, checkpoint_dir=dirs[0], lora=lora, trainable=True)
+    alone = logits(a)
+    b = models.load_policy(tiny, checkpoint_dir=dirs[1], lora=lora)
+    frozen = {n: p for n, p in a.named_parameters() if "lora_" not in n}
+    other = dict(b.named_parameters())
+    assert frozen and all(p.data_ptr() == other[n].data_ptr() for n, p in frozen.items())
+    lora_a = [p for n, p in a.named_parameters() if "lora_" in n]
+    assert all(p.data_ptr() != other[n].data_ptr() for n, p in a.named_parameters() if "lora_" in n)
+    assert a.training and not b.training  # modes are per tree
+    before_b = logits(b)
+    perturb(lora_a, seed=3)  # "training" agent 0 moves agent 0 only
+    assert torch.equal(logits(b), before_b) and not torch.equal(logits(a), alone)
+    assert all(not p.requires_grad for p in frozen.values())
+    fresh = models.load_model(tiny)  # no LoRA: weights of its own
+    assert fresh.model.embed_tokens.weight.data_ptr() != frozen[next(iter(frozen))].data_ptr()
+    shared = weakref.ref(a.base_model.model.__dict__["_pbrl_shared_base"])
+    assert shared() is b.base_model.model.__dict__["_pbrl_shared_base"]
+    del a, b, frozen, other, lora_a
+    gc.collect()
+    assert shared() is None
+
+
 def test_save_agent_replaces_existing_folder(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "agent_0"
     model = models.load_model(tiny, trainable=True)
