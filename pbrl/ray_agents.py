@@ -31,19 +31,24 @@ from pbrl.models import resolve_devices
 
 
 def agent_resources(job: JobConfig) -> list[dict[str, float]]:
-    """Ray resources of each agent's actor: ``{"num_cpus": 1}``, plus ``num_gpus`` when the agent's device is a
-    ``cuda`` device: 1 for a device of its own, ``1/k`` for a device k agents share (so the actors ask Ray for
-    one GPU per distinct ``cuda`` device in all, like a shard task)."""
-    devices = [_cuda_name(d) for d in resolve_devices(_spec(job.agent_devices), job.num_agents)]
+    """Ray resources of each agent's actor: ``{"num_cpus": 1}``, plus ``num_gpus`` when the agent's device (as the
+    in-process run places it, :func:`placed_devices`) is a ``cuda`` device: 1 for a device of its own, ``1/k``
+    for a device k agents share (so the actors ask Ray for one GPU per distinct device the agents use)."""
+    devices = [cuda_device_name(d) for d in placed_devices(job)]
     sharing = Counter(d for d in devices if d is not None)
     return [{"num_cpus": 1, **({"num_gpus": 1 / sharing[d]} if d is not None else {})} for d in devices]
 
 
-def _spec(spec: Any) -> Any:
-    return list(spec) if isinstance(spec, tuple) else spec
+def placed_devices(job: JobConfig) -> list[str]:
+    """Each agent's device as the in-process run places it: ``agent_devices`` through ``parallel_training``
+    ('none' puts every agent on the first device, 'mp' agent i on device i; :func:`pbrl.placement.placement_spec`)."""
+    from pbrl.policies import PolicySource
+
+    spec = PolicySource.from_job(job).devices
+    return list(resolve_devices(list(spec) if isinstance(spec, tuple) else spec, job.num_agents))
 
 
-def _cuda_name(device: str) -> str | None:
+def cuda_device_name(device: str) -> str | None:
     """``cuda:<k>`` for a CUDA device (``cuda`` alone is ``cuda:0``), None for anything else."""
     if device == "auto" or torch.device(device).type != "cuda":
         return None
@@ -59,11 +64,11 @@ class AgentActor:
         from pbrl.policies import trainable_agent
 
         torch.set_num_threads(num_threads)  # the driver's: the same float reductions, so the same bits on CPU
-        devices = list(resolve_devices(_spec(job.agent_devices), job.num_agents))
-        if _cuda_name(devices[agent]) is not None:
+        devices = placed_devices(job)
+        if cuda_device_name(devices[agent]) is not None:
             # Ray numbers the GPUs it gave this actor from 0: the agent's device is this actor's cuda:0.
             devices[agent] = "cuda:0"
-            job = job.model_copy(update={"agent_devices": devices})
+            job = job.model_copy(update={"agent_devices": devices, "parallel_training": "mp"})
         self.agent = agent
         self.local = LocalAgent(trainable_agent(job, Path(start), agent)[0])
 

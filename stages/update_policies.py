@@ -25,6 +25,7 @@ Trainable weights are float32 whatever ``torch_dtype`` is (see :func:`pbrl.model
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -258,7 +259,9 @@ def _reward_model_fitted(paths: RunPaths, round_index: int) -> bool:
 def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: Path,
                 policies: list[TrainablePolicy], tokenizers: list) -> StageManifest:
     """MARLHF policy learning (SPEC §5.7, :func:`pbrl.rl.run_rl`) against this round's fitted reward model,
-    on every train item, with the prompt ids stored in this round's candidates."""
+    on every train item, with the prompt ids stored in this round's candidates. The rollouts are generated in
+    process, or with ``runner: ray`` in shards on Ray workers (:func:`pbrl.ray_rollouts.ray_rollouts`, SPEC §11):
+    the same tokens, every row having its own seed."""
     paths, round_index, a, g = record.paths, record.round_index, job.num_agents, job.num_generations
     scorer = RewardScorer(reward_model_dir(paths.round_dir(round_index)), a,
                           device=reward_device(job.reward_model_device, job.agent_devices, a))
@@ -274,12 +277,21 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
         return derive_seed(job.seed, round_index=round_index, stage=NAME, side=side, agent=agent, item=item,
                            index=index)
 
+    def generate_here(agent: int, rows: list[list[int]], seeds: list[int], names: list[str]) -> list:
+        return generate(policies[agent].model, tokenizers[agent], rows, seeds, settings, row_names=names)
+
+    if job.runner == "ray":  # the step's rows in shards on Ray workers (pbrl.ray_rollouts); the same tokens
+        from pbrl.ray_rollouts import ray_rollouts
+
+        generator = ray_rollouts(job, start, policies, settings, len(item_ids))
+    else:
+        generator = contextlib.nullcontext((generate_here, {}))
+
     def sample(agent: int, rows: list[list[int]], items: list[str], epoch: int) -> list:
-        draws = [epoch * g + r % g for r in range(len(rows))]
-        return generate(policies[agent].model, tokenizers[agent], rows,
-                        [seed("rollout", agent, item, k) for item, k in zip(items, draws, strict=True)], settings,
-                        row_names=[f"agent {agent}, item {item!r}, rollout {k}" for item, k in zip(items, draws,
-                                                                                                strict=True)])
+        draws = list(zip(items, [epoch * g + r % g for r in range(len(rows))], strict=True))
+        # generate_rows: the generator the `with` below opens (in process, or the Ray workers)
+        return generate_rows(agent, rows, [seed("rollout", agent, item, k) for item, k in draws],
+                             [f"agent {agent}, item {item!r}, rollout {k}" for item, k in draws])
 
     references = None
     if job.reference_kl_enabled:
@@ -295,9 +307,10 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
                     kl_coef=job.reference_kl_coef if job.reference_kl_enabled else None,
                     max_grad_norm=job.max_grad_norm)
     critics = _critics(job, paths, start, policies) if job.rl_algorithm in ACTOR_CRITIC else None
-    result = run_rl(policies, [[prompts[item][i] for item in item_ids] for i in range(a)], item_ids, rl,
-                    sample=sample, score=scorer.score, references=references, order_seed=seed("order"),
-                    dropout_seed=lambda agent, step: seed("dropout", agent, index=step), critics=critics)
+    with generator as (generate_rows, rollout_details):
+        result = run_rl(policies, [[prompts[item][i] for item in item_ids] for i in range(a)], item_ids, rl,
+                        sample=sample, score=scorer.score, references=references, order_seed=seed("order"),
+                        dropout_seed=lambda agent, step: seed("dropout", agent, index=step), critics=critics)
     rollouts = rollouts_path(paths.round_dir(round_index))
     write_table(rollouts, result.rollouts, ROLLOUTS)
     checkpoint, axis, log = _save_round(paths, job, round_index, start,
@@ -317,6 +330,7 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
         record.say(f"{result.dropped_groups} item group(s) left out of their update: a joint response did not "
                    f"fit reward_max_length={job.reward_max_length}")
     record.details = {"checkpoint": paths.rel(checkpoint), "updated": True, "rl_algorithm": job.rl_algorithm,
+                      **rollout_details,
                       "train_log": [{k: v for k, v in row.items() if math.isfinite(v)} for row in log]}
     manifest = record.finish(input_files(paths, round_index, job), [checkpoint, rollouts])
     _export(job, checkpoint, round_index)

@@ -129,7 +129,10 @@ def test_an_agent_actor_asks_ray_for_its_own_gpu_or_a_share_of_one():
 
     assert agent_resources(job("cpu")) == [{"num_cpus": 1}, {"num_cpus": 1}]
     assert agent_resources(job("auto")) == [{"num_cpus": 1}, {"num_cpus": 1}]  # accelerate's placement: no GPU
-    assert agent_resources(job("[cuda:0, cuda:1]")) == [{"num_cpus": 1, "num_gpus": 1}] * 2
+    # parallel_training 'none' (the default) puts both agents on the first device, as the in-process run does
+    assert agent_resources(job("[cuda:0, cuda:1]")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2
+    assert agent_resources(load_job(ITER_YAML, ["output_dir=/tmp/x", "agent_devices=[cuda:0, cuda:1]",
+                                                "parallel_training=mp"])) == [{"num_cpus": 1, "num_gpus": 1}] * 2
     assert agent_resources(job("cuda:0")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2  # both agents on one GPU
     assert agent_resources(job("[cuda, cuda:0]")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2
 
