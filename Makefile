@@ -28,7 +28,8 @@ bench: install
 	$(PY) benchmarks/run_all.py --model $(MODEL)
 
 # Do the agents learn? Held-out eval reward per round with 95 % intervals and the paired gain vs round 0, over 3
-# seeds (README, "Learning benchmark"; several hours on 2 CPU cores). LEARN_ARGS=--quick: one seed, ~30-60 min.
+# seeds at the demo's sizes, 2 rounds each (README, "Learning benchmark"; about 20 min on 2 idle CPU cores, an hour
+# on a busy machine). LEARN_ARGS=--quick: one seed; LEARN_ARGS="--scale full": the larger sizes, hours.
 LEARN_ARGS ?=
 learn: install
 	nice -n 10 $(PY) benchmarks/learning.py $(LEARN_ARGS)

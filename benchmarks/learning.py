@@ -17,7 +17,8 @@ Per round it records (from the run's files, nothing re-derived by hand):
 - drift without a KL term: each agent's mean completion length in tokens, and its share of completions cut
   at ``max_new_tokens``, on the evaluation draws;
 - the MADPO training loss / accuracy and the seconds of each round (sum of its stages' own seconds);
-- ``humaneval_coop``: also the share of the problems' tests the joint code passes (pass rate).
+- ``humaneval_docs``: the mean of each part of the reward (lengths in bounds, length ratio, identifier coverage);
+  ``humaneval_coop``: the share of the problems' tests the joint code passes (pass rate).
 
 At the end: a table per seed, and whether each seed's paired interval excludes 0 by round 2.
 Writes ``benchmarks/results/learning-<task>-<model>[-<scale>].json`` and a ``.png`` next to it.
@@ -174,9 +175,23 @@ def round_record(paths: RunPaths, job: JobConfig, r: int, pairs: list[tuple[dict
         upd = read_manifest(paths, r, "update-policies")
         rec["madpo/loss"], rec["madpo/accuracy"] = upd.metrics.get("madpo/loss"), upd.metrics.get("madpo/accuracy")
         rec["round_seconds"] = round(sum(read_manifest(paths, r, s).seconds for s in ROUND_STAGES), 1)
+    items = {x["item_id"]: x for x in read_items(paths, "eval")}
     if job.task == "humaneval_coop":
-        rec["pass_rate"] = pass_rate(rows, {x["item_id"]: x for x in read_items(paths, "eval")})
+        rec["pass_rate"] = pass_rate(rows, items)
+    if job.task == "humaneval_docs":
+        rec.update(docs_term_means(rows, items))
     return rec
+
+
+def docs_term_means(rows: list[dict], items: dict[str, dict]) -> dict[str, float]:
+    """``humaneval_docs``: the mean of each part of the reward over the evaluation draws (``terms/lengths``,
+    ``terms/ratio``, ``terms/coverage``, each in [0, 1]; an empty text counts 0 for every part), to show which
+    part of the reward the agents learn."""
+    from pbrl.tasks.humaneval_docs import docs_terms
+
+    parts = [docs_terms(row["completions"][0], row["completions"][1], items[row["item_id"]]) for row in rows]
+    return {f"terms/{name}": statistics.fmean((p or {}).get(name, 0.0) for p in parts)
+            for name in ("lengths", "ratio", "coverage")}
 
 
 def seed_result(run_dir: Path, job: JobConfig) -> dict[str, Any]:
@@ -208,6 +223,9 @@ def print_table(res: dict[str, Any], num_agents: int) -> None:
                                             f"[{fmt(x['eval/paired_diff_ci_low'], '+.2f')}, "
                                             f"{fmt(x['eval/paired_diff_ci_high'], '+.2f')}]")
         extra = f" | pass {x['pass_rate']:.2f}" if "pass_rate" in x else ""
+        if "terms/ratio" in x:
+            extra += " | lengths/ratio/coverage " + "/".join(f"{x[f'terms/{t}']:.2f}" for t in
+                                                              ("lengths", "ratio", "coverage"))
         print(f"  {x['round']} | {fmt(x['eval/reward_mean'])} [{fmt(x['eval/reward_ci_low'])}, "
               f"{fmt(x['eval/reward_ci_high'])}] | {gain} | {fmt(x.get('heldout_pair_accuracy'))} | {tokens} | "
               f"{fmt(x.get('round_seconds'), '.0f')}{extra}")

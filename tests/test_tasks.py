@@ -18,7 +18,7 @@ from pbrl.tasks.humaneval_coop import (
     problem_preamble,
     strip_fences,
 )
-from pbrl.tasks.humaneval_docs import coverage, docs_reward, docs_score, key_identifiers, ratio_score
+from pbrl.tasks.humaneval_docs import coverage, docs_reward, docs_score, docs_terms, key_identifiers, ratio_score
 from pbrl.tasks.toy import constant_reward, toy_reward
 
 
@@ -160,14 +160,17 @@ def test_docs_reward_by_hand(problems: dict[str, dict]) -> None:
     # (a) 1: 3 <= 5 <= 60 and 15 <= 23 <= 400; (b) 118/28 = 4.21 in [2, 6] -> 1;
     # (c) numbers, threshold mentioned, has_close_elements not -> 2/3.  Total 2 + 2/3.
     assert docs_score(summary, explanation, item) == pytest.approx(2 + 2 / 3)
+    assert docs_terms(summary, explanation, item) == pytest.approx({"lengths": 1.0, "ratio": 1.0, "coverage": 2 / 3})
     # (a) 1: 3 and 15 words; (b) 15 words "ww" = 44 chars / "a b c" 5 chars = 8.8 -> (10-8.8)/4 = 0.3;
     # (c) 0.  Total 1.3.
     assert docs_score("a b c", " ".join(["ww"] * 15), item) == pytest.approx(1.3)
     # (a) 0: explanation has 3 words < 15; (b) 31 chars / 18 chars = 1.722 -> 0.722 (= 13/18);
     # (c) has_close_elements, numbers -> 2/3.  Total 13/18 + 12/18 = 25/18.
     assert docs_score("one two three four", "has_close_elements uses numbers", item) == pytest.approx(25 / 18)
+    assert docs_terms("one two three four", "has_close_elements uses numbers", item) == pytest.approx(
+        {"lengths": 0.0, "ratio": 13 / 18, "coverage": 2 / 3})
     # empty summary: 0 whatever the explanation
-    assert docs_score("   ", explanation, item) == 0.0
+    assert docs_score("   ", explanation, item) == 0.0 and docs_terms("   ", explanation, item) is None
     assert docs_reward([summary, ""], [explanation, explanation], batch_items=[item, item]) == pytest.approx(
         [2 + 2 / 3, 0.0]
     )

@@ -99,11 +99,20 @@ def docs_score(summary: str, explanation: str, item: dict[str, Any]) -> float:
     part is at most 1, so an over-long explanation that lists every identifier still scores below a good
     one.
     """
+    terms = docs_terms(summary, explanation, item)
+    return 0.0 if terms is None else sum(terms.values())
+
+
+def docs_terms(summary: str, explanation: str, item: dict[str, Any]) -> dict[str, float] | None:
+    """The three parts of :func:`docs_score`, each in [0, 1]: ``lengths`` (a), ``ratio`` (b), ``coverage`` (c);
+    None when the summary or the explanation is empty (the reward is then 0). What the learning benchmark
+    reports per round, to show which part the agents learn."""
     s, e = summary.strip(), explanation.strip()
     if not s or not e:
-        return 0.0
+        return None
     lengths_ok = _within(len(s.split()), SUMMARY_WORDS) and _within(len(e.split()), EXPLANATION_WORDS)
-    return float(lengths_ok) + ratio_score(len(e) / len(s)) + coverage(e, key_identifiers(item))
+    return {"lengths": float(lengths_ok), "ratio": ratio_score(len(e) / len(s)),
+            "coverage": coverage(e, key_identifiers(item))}
 
 
 def docs_reward(
