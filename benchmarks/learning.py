@@ -157,7 +157,8 @@ def pass_rate(rows: list[dict], items: dict[str, dict]) -> float:
     return statistics.fmean(shares)
 
 
-def round_record(paths: RunPaths, job: JobConfig, r: int, pairs: list[tuple[dict, dict]]) -> dict[str, Any]:
+def round_record(paths: RunPaths, job: JobConfig, r: int, pairs: list[tuple[dict, dict]],
+                 items: dict[str, dict]) -> dict[str, Any]:
     from pbrl.schema import EVAL, read_rows
 
     ev = read_manifest(paths, r, "evaluate")
@@ -175,7 +176,6 @@ def round_record(paths: RunPaths, job: JobConfig, r: int, pairs: list[tuple[dict
         upd = read_manifest(paths, r, "update-policies")
         rec["madpo/loss"], rec["madpo/accuracy"] = upd.metrics.get("madpo/loss"), upd.metrics.get("madpo/accuracy")
         rec["round_seconds"] = round(sum(read_manifest(paths, r, s).seconds for s in ROUND_STAGES), 1)
-    items = {x["item_id"]: x for x in read_items(paths, "eval")}
     if job.task == "humaneval_coop":
         rec["pass_rate"] = pass_rate(rows, items)
     if job.task == "humaneval_docs":
@@ -204,7 +204,8 @@ def seed_result(run_dir: Path, job: JobConfig) -> dict[str, Any]:
                          "evaluation")
     pairs = held_out_pairs(read_rows(paths.eval(0), EVAL), job.tie_tolerance)
     done = [r for r in range(job.num_iterations + 1) if read_manifest(paths, r, "evaluate") is not None]
-    rounds = [round_record(paths, job, r, pairs) for r in done]  # an interrupted run: its evaluated rounds
+    items = {x["item_id"]: x for x in read_items(paths, "eval")}  # read once, used by every round
+    rounds = [round_record(paths, job, r, pairs, items) for r in done]  # an interrupted run: its evaluated rounds
     first_excluding = next((x["round"] for x in rounds[1:] if (x["eval/paired_diff_ci_low"] or 0) > 0), None)
     return {"seed": job.seed, "rounds": rounds, "first_round_gain_excludes_0": first_excluding}
 

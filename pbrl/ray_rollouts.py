@@ -15,7 +15,7 @@ its own copy of the agent's model when it has not already (one copy per agent pe
 stage's start checkpoint with :func:`pbrl.policies.load_agent`, as the driver loads it: the same dtypes).
 
 Resources: a worker holds every agent's model, so it asks Ray for 1 CPU plus one GPU per distinct ``cuda``
-device in ``agent_devices`` (a shard task's request, :func:`flows.ray_runner.shard_resources`), numbered from
+device the agents are placed on (:func:`pbrl.ray_agents.placed_devices`), numbered from
 ``cuda:0`` inside the worker in the order of the devices' names; CPU agents ask for no GPU. The pool has as
 many workers as the largest step has shards, capped by what the cluster can hold at once (an actor Ray cannot
 place would hold its shards forever). A worker whose process dies is restarted once by Ray and its shard

@@ -287,12 +287,6 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
     else:
         generator = contextlib.nullcontext((generate_here, {}))
 
-    def sample(agent: int, rows: list[list[int]], items: list[str], epoch: int) -> list:
-        draws = list(zip(items, [epoch * g + r % g for r in range(len(rows))], strict=True))
-        # generate_rows: the generator the `with` below opens (in process, or the Ray workers)
-        return generate_rows(agent, rows, [seed("rollout", agent, item, k) for item, k in draws],
-                             [f"agent {agent}, item {item!r}, rollout {k}" for item, k in draws])
-
     references = None
     if job.reference_kl_enabled:
         source = PolicySource.from_job(job)
@@ -308,6 +302,11 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
                     max_grad_norm=job.max_grad_norm)
     critics = _critics(job, paths, start, policies) if job.rl_algorithm in ACTOR_CRITIC else None
     with generator as (generate_rows, rollout_details):
+        def sample(agent: int, rows: list[list[int]], items: list[str], epoch: int) -> list:
+            draws = list(zip(items, [epoch * g + r % g for r in range(len(rows))], strict=True))
+            return generate_rows(agent, rows, [seed("rollout", agent, item, k) for item, k in draws],
+                                 [f"agent {agent}, item {item!r}, rollout {k}" for item, k in draws])
+
         result = run_rl(policies, [[prompts[item][i] for item in item_ids] for i in range(a)], item_ids, rl,
                         sample=sample, score=scorer.score, references=references, order_seed=seed("order"),
                         dropout_seed=lambda agent, step: seed("dropout", agent, index=step), critics=critics)
