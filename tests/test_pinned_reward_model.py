@@ -17,7 +17,8 @@ Wrong versions (mutmut ids of ``pbrl/reward_model.py``) made to fail here, by fa
 - ``score_joint`` / ``pair_metrics``: the batching (``batch_size`` slices), the margin sign, accuracy counting
   a zero margin, the NaN of no pairs.
 - ``fit_bradley_terry``: the step count, a non-finite loss or gradient norm not skipped (or stepping, or
-  stopping the pass), the gradient norm not clipped, the winner and loser halves swapped.
+  stopping the pass), the skip count set instead of added, the gradient norm not clipped, the winner and loser
+  halves swapped.
 - ``RewardScorer.score``: a dropped joint response given a score, scores out of order, ``reward_max_length``
   not read from the saved record.
 """
@@ -265,6 +266,11 @@ def test_fit_skips_a_non_finite_loss_and_a_non_finite_gradient_and_goes_on():
     got = fit_bradley_terry(clipped, pairs, epochs=1, batch_size=1, learning_rate=0.1, seed=0, max_grad_norm=1.0)
     assert got == {"steps": 3, "skipped_steps": 2}
     assert clipped.a.item() == pytest.approx(step, rel=1e-6)
+
+    twice = TwoWeights()  # two non-finite losses in a row: each is counted (the count adds, it is not set)
+    got = fit_bradley_terry(twice, [([math.nan], [0.0]), ([0.0], [math.nan])], epochs=1, batch_size=1,
+                            learning_rate=0.1, seed=0, max_grad_norm=None)
+    assert got == {"steps": 2, "skipped_steps": 2} and (twice.a.item(), twice.b.item()) == (0.0, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------- scorer

@@ -9,6 +9,11 @@ Wrong versions (mutmut ids of ``pbrl/rl.py``) made to fail here, by family:
   taking a non-loss key (``rl/reward_mean`` of a step) or none, the per-agent KL means and skip counts, and
   the NaN of an empty pass (``mean`` / ``np.std`` on nothing, ``float(None)``).
 - ``normalize_group``: the standard deviation over the whole batch (``dim=None``) instead of per item.
+- ``run_rl`` with critics (``maac``/``iac``): the error's backend name and wording, the critics not asked or
+  asked with other prompts/completions, their fit check ignored or replacing/widening the reward check
+  (``ok = …``, ``ok |= …``, ``all(dim=None | -2)``), the advantage not R − V or not normalised over the valid
+  rows, invalid rows given an advantage, the critics not updated or updated with other returns or validity, the
+  rollouts' ``value`` field lost or misnamed.
 """
 
 from __future__ import annotations
@@ -307,3 +312,116 @@ def test_rl_agent_step_steps_through_the_fp16_loss_scaler(tiny_model_dir):
     _, outcome = rl_agent_step(policy, PROMPTS, COMPLETIONS, ADVANTAGES, max_grad_norm=1.0, seed=None)
     assert outcome == "skipped" and policy.precision.scaler.get_scale() == 2.0**119
     assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters())
+
+
+# ---------------------------------------------------------------------------------------------- actor-critic path
+class _StubCritics:
+    """What ``run_rl`` asks of a :class:`pbrl.critics.CriticSet`, with hand-set values: V of agent i for
+    generation k of item x is ``VALUES[x] + 0.1 * i + 0.01 * k``; the critic input of item "c" does not fit."""
+
+    VALUES = {"a": 0.5, "b": 0.25, "c": 1.0}
+
+    def __init__(self, item_of_row):
+        self.item_of_row = item_of_row  # filled by the sampler: the item of each row of the step
+        self.evaluated, self.updated = [], []
+
+    def evaluate(self, prompts, completions):
+        from pbrl.critics import CriticBatch
+
+        self.evaluated.append((prompts, completions))
+        rows = self.item_of_row
+        values = torch.tensor([[self.VALUES[x] + 0.1 * i + 0.01 * (r % 2) for r, x in enumerate(rows)]
+                               for i in range(2)], dtype=torch.float64)  # (a, n)
+        return CriticBatch(rows=[[None] * len(rows)], values=values, ok=torch.tensor([x != "c" for x in rows]))
+
+    def update(self, batch, returns, valid):
+        self.updated.append((batch, returns.clone(), valid.clone()))
+        return {"critic/value_loss": 0.75}
+
+
+def _actor_critic_pass(tiny_model_dir, *, normalize: bool):
+    from pbrl.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.models import load_model
+    from pbrl.rl import RLSettings, run_rl
+    from pbrl.sampling import Generation
+
+    def policy():
+        model = load_model(tiny_model_dir, trainable=True)
+        return TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=1e-3, weight_decay=0.0), 0)
+
+    item_of_row: list[str] = []
+    critics = _StubCritics(item_of_row)
+
+    def sample(agent, rows, items, epoch):
+        item_of_row[:] = items
+        return [Generation([100 + 10 * agent + r % 2, 3], "", "eos", r, 3) for r in range(len(rows))]
+
+    def score(prompts, completions):
+        # Joint response r: R = (first token of agent 0 + first token of agent 1) / 100, so 2.1 for generation 0
+        # and 2.12 for generation 1; item "a"'s generation 1 cannot be scored (its whole group is left out).
+        return [(None, None) if (item_of_row[r], r % 2) == ("a", 1) else ((c[0][0] + c[1][0]) / 100, [1])
+                for r, c in enumerate(completions)]
+
+    prompts = [[[2, 17], [2, 18], [2, 19]], [[2, 27], [2, 28], [2, 29]]]  # [agent][item]
+    settings = RLSettings(epochs=1, batch_size=3, num_generations=2, backend="iac", normalize=normalize,
+                          kl_coef=None, max_grad_norm=1.0)
+    result = run_rl([policy(), policy()], prompts, ["a", "b", "c"], settings, sample=sample, score=score,
+                    references=None, order_seed=0, dropout_seed=lambda agent, step: None, critics=critics)
+    return result, critics, prompts
+
+
+def test_actor_critic_pass_hand_values(tiny_model_dir):
+    """One step of 3 items x 2 generations: item "a" is out (a reward failed), item "c" is out (its critic input
+    did not fit), only item "b" is valid. Its advantages are R − V (R = 2.1, 2.12; V = 0.25 + 0.1 i + 0.01 k); the
+    critics get every return and that validity mask; the rollouts record V and A for valid rows only."""
+    result, critics, prompts = _actor_critic_pass(tiny_model_dir, normalize=False)
+    rows = critics.item_of_row  # the item of each row of the step, in the step's seeded order
+    assert sorted(rows) == ["a", "a", "b", "b", "c", "c"]
+    # The critics saw [agent][row] prompts and completions, every row of the step.
+    (seen_prompts, seen_completions), = critics.evaluated
+    index = {"a": 0, "b": 1, "c": 2}
+    assert seen_prompts == [[prompts[i][index[x]] for x in rows] for i in range(2)]
+    assert seen_completions == [[[100 + 10 * i + r % 2, 3] for r in range(6)] for i in range(2)]
+    (batch, returns, valid), = critics.updated
+    assert valid.tolist() == [x == "b" for x in rows]
+    expected_returns = [0.0 if (x, r % 2) == ("a", 1) else 2.1 + 0.02 * (r % 2) for r, x in enumerate(rows)]
+    assert returns.shape == (2, 6)
+    for i in range(2):  # no KL: every agent's return is the joint reward (0 where it failed)
+        assert returns[i].tolist() == pytest.approx(expected_returns, abs=1e-12)
+    assert result.step_metrics[0]["critic/value_loss"] == 0.75
+    assert result.dropped_groups == 1  # the reward failure; the critic's misfit is not a dropped reward
+    by_key = {(r["agent_index"], r["item_id"], r["generation_index"]): r for r in result.rollouts}
+    for i in range(2):
+        for k in range(2):
+            v = 0.25 + 0.1 * i + 0.01 * k
+            assert by_key[(i, "b", k)]["value"] == pytest.approx(v, abs=1e-12)
+            assert by_key[(i, "b", k)]["advantage"] == pytest.approx(2.1 + 0.02 * k - v, abs=1e-12)
+            for x in ("a", "c"):
+                assert by_key[(i, x, k)]["value"] is None and by_key[(i, x, k)]["advantage"] is None
+
+
+def test_actor_critic_pass_normalizes_over_the_valid_rows_only(tiny_model_dir):
+    """With advantage_normalization the two valid rows of each agent, A = 1.85 − 0.1 i and 1.86 − 0.1 i, become
+    (A − mean) / population std = −1 and +1 (invalid rows never enter the mean)."""
+    result, _, _ = _actor_critic_pass(tiny_model_dir, normalize=True)
+    by_key = {(r["agent_index"], r["item_id"], r["generation_index"]): r for r in result.rollouts}
+    for i in range(2):
+        assert by_key[(i, "b", 0)]["advantage"] == pytest.approx(-1.0, abs=1e-6)
+        assert by_key[(i, "b", 1)]["advantage"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_run_rl_names_the_backend_that_needs_or_refuses_critics():
+    from pbrl.rl import RLSettings, run_rl
+
+    def settings(backend):
+        return RLSettings(epochs=1, batch_size=1, num_generations=2, backend=backend, normalize=False,
+                          kl_coef=None, max_grad_norm=None)
+
+    with pytest.raises(ValueError) as info:
+        run_rl([], [], [], settings("maac"), sample=None, score=None, references=None, order_seed=0,
+               dropout_seed=lambda a, s: None)
+    assert str(info.value) == "rl_algorithm: 'maac' needs critics"
+    with pytest.raises(ValueError) as info:
+        run_rl([], [], [], settings("magrpo"), sample=None, score=None, references=None, order_seed=0,
+               dropout_seed=lambda a, s: None, critics=_StubCritics([]))
+    assert str(info.value) == "rl_algorithm: 'magrpo' takes no critics"
