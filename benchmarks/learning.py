@@ -78,17 +78,17 @@ class Scale:
 
 SCALES = {
     # The default (`make learn`): the demo's sizes (flows/configs/demo.yaml) over 3 seeds, 2 rounds each; about
-    # 20 minutes on an idle 2-core machine.
-    "standard": Scale(seeds=(0, 1, 2), rounds=2, train_items=8, eval_items=16, eval_samples_per_item=2,
+    # 25 minutes on an idle 2-core machine.
+    "standard": Scale(seeds=(0, 1, 2), rounds=2, train_items=16, eval_items=16, eval_samples_per_item=2,
                       candidates=3, pairs_per_item=2, max_new_tokens=48),
     # The measurement, with 4 draws per held-out item instead of 1 and 3 seeds.
     "full": Scale(seeds=(0, 1, 2), rounds=3, train_items=16, eval_items=16, eval_samples_per_item=4, candidates=4,
                   pairs_per_item=2, max_new_tokens=64),
     # One seed of `standard`: what a shared, busy 2-core machine runs in about half an hour.
-    "quick": Scale(seeds=(0,), rounds=2, train_items=8, eval_items=16, eval_samples_per_item=2, candidates=3,
+    "quick": Scale(seeds=(0,), rounds=2, train_items=16, eval_items=16, eval_samples_per_item=2, candidates=3,
                    pairs_per_item=2, max_new_tokens=48),
     # humaneval_coop "at a smaller scale" (sandboxed tests are slow; code needs more tokens).
-    "coop": Scale(seeds=(0,), rounds=2, train_items=8, eval_items=8, eval_samples_per_item=2, candidates=4,
+    "coop": Scale(seeds=(0,), rounds=2, train_items=16, eval_items=8, eval_samples_per_item=2, candidates=4,
                   pairs_per_item=2, max_new_tokens=96),
 }
 
