@@ -137,10 +137,16 @@ def test_accumulation_and_checkpointing_give_the_same_update_through_the_stage(s
     for name in ("madpo/loss", "madpo/margin_agent_0", "madpo/margin_agent_1"):
         assert options.metrics[name] == pytest.approx(plain.metrics[name], abs=1e-5), name
     base = load_file(tiny_model_dir / "model.safetensors")
+    # Weights after 2 AdamW steps at lr = 1e-3 must agree to 1 % of lr per element. Adam's step
+    # lr·m̂/(√v̂ + ε) is about lr·sign(g) for most elements, but where the two steps' gradients nearly cancel,
+    # or |g| is near ε = 1e-8, it magnifies the float32 rounding of the recomputed (checkpointed) or
+    # micro-batch-summed gradient: measured up to 3.7e-6 = 0.4 % of lr (transformers 5.24, torch 2.13).
+    # A lost or doubled micro-batch gradient moves many elements by a sizeable share of lr.
+    step_tolerance = 1e-2 * job.agent_learning_rate
     for a in (0, 1):
         assert any(not torch.equal(value, base[key]) for key, value in plain_w[a].items())  # it trained
         for key, value in plain_w[a].items():
-            torch.testing.assert_close(options_w[a][key], value, atol=1e-6, rtol=1e-4)
+            torch.testing.assert_close(options_w[a][key], value, atol=step_tolerance, rtol=0.0)
 
 
 def test_every_manifest_records_the_peak_rss_and_the_round_table_shows_it(selected) -> None:
