@@ -28,7 +28,7 @@ bench: install
 	$(PY) benchmarks/run_all.py --model $(MODEL)
 
 # Do the agents learn? Held-out eval reward per round with 95 % intervals and the paired gain vs round 0, over 3
-# seeds at the demo's sizes, 2 rounds each (README, "Learning benchmark"; about 25 min on 2 idle CPU cores, an hour
+# seeds at the demo's sizes, 2 rounds each (README, "Learning benchmark"; about 30 min on 2 idle CPU cores, an hour
 # on a busy machine). LEARN_ARGS=--quick: one seed; LEARN_ARGS="--scale full": the larger sizes, hours.
 LEARN_ARGS ?=
 learn: install

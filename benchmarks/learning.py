@@ -78,7 +78,7 @@ class Scale:
 
 SCALES = {
     # The default (`make learn`): the demo's sizes (flows/configs/demo.yaml) over 3 seeds, 2 rounds each; about
-    # 25 minutes on an idle 2-core machine.
+    # 30 minutes on an idle 2-core machine.
     "standard": Scale(seeds=(0, 1, 2), rounds=2, train_items=16, eval_items=16, eval_samples_per_item=2,
                       candidates=3, pairs_per_item=2, max_new_tokens=48),
     # The measurement, with 4 draws per held-out item instead of 1 and 3 seeds.

@@ -1,12 +1,13 @@
 """Benchmark: one demo round, stage by stage, with the process's peak RSS after each stage.
 
 The demo's configuration (``flows/configs/demo.yaml``: 2 agents, LoRA r=8, ``humaneval_docs``, 16 training
-problems seen once, 16 x 2 evaluation draws, 3 candidates, 48 new tokens) with one iteration, run as plain stage calls in this one process (no
-Prefect, so the times are the stages' own): round 0's baseline evaluation, then round 1's stages in the flow's
-order. For each stage: wall seconds and the peak RSS of the process so far (``ru_maxrss``, a lifetime
-high-water mark in MiB, the number ``pbrl train`` reports in its round table). Targets (issue #14): round 1 in
-<= 180 s wall on the 2-core machine when otherwise idle, peak RSS <= 2.5 GiB. ``--model`` replaces the demo's
-agent model (``tiny-random`` checks the script in seconds; its targets are information only).
+problems seen once, 16 x 2 evaluation draws, 3 candidates, 48 new tokens) with one iteration, run as plain
+stage calls in this one process (no Prefect, so the times are the stages' own): round 0's baseline
+evaluation, then round 1's stages in the flow's order. For each stage: wall seconds and the peak RSS of the
+process so far (``ru_maxrss``, a lifetime high-water mark in MiB, the number ``pbrl train`` reports in its
+round table). Targets (issue #14): round 1 in <= 180 s wall on the 2-core machine when otherwise idle, peak
+RSS <= 2.5 GiB. ``--model`` replaces the demo's agent model (``tiny-random`` checks the script in seconds;
+its targets are information only).
 
 Run: ``.venv/bin/python benchmarks/round.py --model smollm2-135m-instruct``.
 """
