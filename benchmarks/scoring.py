@@ -18,6 +18,12 @@ policy): ``padded`` is today's batched ``sequence_logprobs`` (every row runs its
 training use, which update-policies runs). Target: shared >= 1.5x padded; values within 1e-5 nats, gradients
 within 1e-4 relative. The same two without gradients are recorded for information.
 
+MADPO-step case (information): a 2-agent ``madpo_agents_step`` on the same HumanEval prompts, one pair per
+prompt, one pair per micro-batch (the demo's ``gradient_accumulation_steps: 2``), LoRA r=8 agents. ``two_phase``
+(``concurrent=True``, what Ray actors run) computes every agent's detached margins first; ``in_process`` (the
+default) lets agent 0's update forward give its margins and skips its detached forward. Each case trains its own
+copy of the agents from the same start, so the copies must stay bitwise equal step after step (checked).
+
 Run: ``.venv/bin/python benchmarks/scoring.py --model tiny-random``.
 """
 
@@ -135,6 +141,61 @@ def shared_prompt_case(model: Any, tokenizer: Any, prompts_count: int, repeats: 
     }
 
 
+def madpo_step_case(model: Any, tokenizer: Any, prompts_count: int, repeats: int) -> dict[str, Any]:
+    """Time a 2-agent MADPO step with and without agent 0's detached forward (see the module docstring)."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from pbrl.madpo import LocalAgent, PairBatch, TrainablePolicy, madpo_agents_step, trainable_parameters
+
+    prompts = humaneval_prompt_ids(tokenizer, prompts_count)
+    text_ids = tokenizer(TEXT, add_special_tokens=False).input_ids
+    winners = [text_ids[k * 7: k * 7 + 47] + [tokenizer.eos_token_id] for k in range(len(prompts))]
+    losers = [text_ids[k * 5 + 3: k * 5 + 30] + [tokenizer.eos_token_id] for k in range(len(prompts))]
+    batch = PairBatch(prompt_ids=[prompts] * 2, winner_ids=[winners, losers], loser_ids=[losers, winners])
+    start = []
+    for agent in range(2):
+        policy = get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                                 target_modules=["q_proj", "k_proj", "v_proj",
+                                                                                 "o_proj"]))
+        with torch.no_grad():  # a trained adapter (lora_B is 0 at init)
+            for name, param in policy.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(agent)) * 0.01)
+        start.append(policy)
+    agents = {}
+    for case in ("two_phase", "in_process"):
+        models = [copy.deepcopy(m) for m in start]
+        agents[case] = [LocalAgent(TrainablePolicy(m, torch.optim.AdamW(trainable_parameters(m), lr=5e-4,
+                                                                         weight_decay=0.0),
+                                                   pad_token_id=tokenizer.pad_token_id)) for m in models]
+    del start
+    stats: dict[str, list[Any]] = {"two_phase": [], "in_process": []}
+
+    def step(case: str) -> Any:
+        def call() -> None:
+            stats[case].append(madpo_agents_step(agents[case], batch, beta=0.1, max_grad_norm=1.0,
+                                                 micro_batch_size=1, concurrent=case == "two_phase"))
+        return call
+
+    times = interleaved({case: step(case) for case in stats}, repeats)
+    out = {name: summary(t) for name, t in times.items()}
+    same_steps = all(a.loss == b.loss and torch.equal(a.margins, b.margins)
+                     for a, b in zip(stats["two_phase"], stats["in_process"], strict=True))
+    same_weights = all(torch.equal(p, q) for a, b in zip(agents["two_phase"], agents["in_process"], strict=True)
+                       for p, q in zip(trainable_parameters(a.policy.model), trainable_parameters(b.policy.model),
+                                       strict=True))
+    return {
+        "workload": {"agents": 2, "pairs": len(prompts), "micro_batch_pairs": 1,
+                     "prompt_tokens": [len(p) for p in prompts], "winner_tokens": [len(w) for w in winners],
+                     "loser_tokens": [len(x) for x in losers], "adapter": "LoRA r=8 q/k/v/o", "optimizer": "AdamW"},
+        "cases": out, "steps_per_case": len(stats["in_process"]),
+        "speedup": ratio(out["two_phase"]["median_s"], out["in_process"]["median_s"]),
+        "bitwise_same_steps_and_weights": same_steps and same_weights,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-random", help="packaged alias or model folder")
@@ -191,6 +252,11 @@ def main() -> None:
                      higher_is_better=False),
                check("scoring: max relative gradient difference, shared vs padded", shared["max_grad_rel_diff"],
                      GRAD_TOLERANCE, higher_is_better=False)]
+    step = madpo_step_case(model, tokenizer, size.shared_prompts, size.shared_repeats)
+    checks += [check("scoring: 2-agent MADPO step, in process over two-phase (agent 0's detached forward saved)",
+                     step["speedup"], None),
+               check("scoring: in-process and two-phase steps bitwise equal (1 = yes)",
+                     int(step["bitwise_same_steps_and_weights"]), 1)]
     tokens = [len(p) + len(c) for p, c in zip(prompts, completions, strict=False)]
     path = write_result("scoring", args.model, {
         "workload": {"sequences": len(prompts), "prompt_tokens": [len(p) for p in prompts],
@@ -206,6 +272,7 @@ def main() -> None:
                    "sorted_micro_max_abs_diff":
                        float((values["sorted_micro"] - values["one_by_one"]).abs().max())},
         "shared_prompt": shared,
+        "madpo_step": step,
         "checks": checks,
     })
     print(f"[scoring] shared-prompt {shared['cases']['shared_grad']['median_s']:.4f} s vs padded "

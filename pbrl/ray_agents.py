@@ -1,12 +1,13 @@
 """``runner: ray``: the agents of a MADPO update-policies as Ray actors, one per agent (SPEC §11, issue #15).
 
 Each :class:`AgentActor` loads its agent's trainable policy and AdamW state from the round's start checkpoint
-(:func:`pbrl.policies.trainable_agent`, the code of the in-process path) and keeps them for the
-stage. Per batch the driver runs :func:`pbrl.madpo.madpo_agents_step` over :class:`RemoteAgent` handles: every
-actor computes its detached margins in parallel, the driver sums the "others" terms, then every actor takes
-its own step in parallel; at the end each actor writes its ``agent_<i>/`` (weights and optimizer state) into
-the checkpoint's temporary folder. The numbers are the in-process update's (bitwise on CPU: the actor runs
-with the driver's torch thread count), since each actor runs the same functions on the same inputs.
+(:func:`pbrl.policies.trainable_agent`, the code of the in-process path) and keeps them for the stage. Per batch
+the driver runs :func:`pbrl.madpo.madpo_agents_step` over :class:`RemoteAgent` handles with ``concurrent=True``:
+every actor computes its detached margins in parallel, the driver sums the "others" terms, then every actor takes
+its own step in parallel; at the end each actor writes its ``agent_<i>/`` (weights and optimizer state) into the
+checkpoint's temporary folder. The numbers are the in-process update's (bitwise on CPU: the actor runs with the
+driver's torch thread count), since each actor runs the same functions on the same inputs; in process agent 0's
+detached margins are the ones its own training forward computes, the same values.
 
 Resources: an actor whose agent's device (``agent_devices``) is a ``cuda`` device asks for that GPU (a share
 of it, ``1/k``, when k agents name the same device) and loads on ``cuda:0``, the first GPU Ray gives it;

@@ -140,7 +140,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
 
         with remote_agents(job, start) as agents:
             record.details = {"agents_on": "ray_actors"}
-            return _run_madpo(record, job, pairs, start, agents, gather=gather,
+            return _run_madpo(record, job, pairs, start, agents, gather=gather, concurrent=True,
                               write=lambda folder: write_agents(agents, folder))
     policies, _ = _load_policies(job, start)
     return _run_madpo(record, job, pairs, start, [LocalAgent(p) for p in policies], gather=list,
@@ -148,9 +148,11 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
 
 
 def _run_madpo(record: StageRecord, job: JobConfig, pairs: list[dict], start: Path, agents: list[StepAgent], *,
-               gather: Callable[[list[Any]], list[Any]], write: Callable[[Path], None]) -> StageManifest:
+               gather: Callable[[list[Any]], list[Any]], write: Callable[[Path], None], concurrent: bool = False
+               ) -> StageManifest:
     """MADPO (SPEC §5.5): ``num_train_epochs`` passes over ``pairs`` in batches, each a
-    :func:`pbrl.madpo.madpo_agents_step` over ``agents`` (in process or Ray actors, results through ``gather``);
+    :func:`pbrl.madpo.madpo_agents_step` over ``agents`` (in process, or Ray actors: results through ``gather``,
+    ``concurrent``);
     ``write(folder)`` writes every ``agent_<i>/`` into the checkpoint's temporary folder."""
     paths, round_index = record.paths, record.round_index
     rng = numpy_rng(job.seed, round_index=round_index, stage=NAME)
@@ -166,6 +168,7 @@ def _run_madpo(record: StageRecord, job: JobConfig, pairs: list[dict], start: Pa
                                  index=steps) for i in range(job.num_agents)]
             stats = madpo_agents_step(agents, _batch(chunk, job.num_agents), beta=job.dpo_beta,
                                       max_grad_norm=job.max_grad_norm, seeds=seeds, gather=gather,
+                                      concurrent=concurrent,
                                       micro_batch_size=-(-job.train_batch_size // job.gradient_accumulation_steps))
             steps += 1
             batch_sizes.append(len(chunk))

@@ -5,8 +5,13 @@ of the repository and running this module):
 
 1. Each agent's loss on the negated margins, ``madpo_agent_loss(-own[i], -others, beta)`` (it then raises
    the loser's log-probability): ``test_one_step_raises_every_agents_margin_and_the_joint_margin`` fails.
-2. Each agent's credit weight from its own margin only, ``others = 0 * (total - margins[:, i])``:
+2. Each agent's credit weight from its own margin only, ``others = 0 * margins[:, [j != i]].sum(dim=1)``:
    ``test_agent_zeros_gradient_scales_with_agent_ones_margin_by_the_sigmoid_factor`` fails.
+
+3. In process (``madpo_agents_step`` with ``concurrent=False``), agent 0's column of the margins left at 0 for
+   the later agents instead of its update's own margins, or agent 0 asked for a graph-free pass it does not
+   need (the saved forward): ``test_the_two_phase_step_is_the_original_arithmetic_bitwise``
+   fails; with ``concurrent=True`` (Ray actors) every agent must be asked for phase 1 before any update.
 
 Expectations come from a brute-force reference (each sequence scored alone by a plain forward pass and
 ``log_softmax``) and the closed form of the gradient, never from the code under test.
@@ -133,3 +138,89 @@ def test_agent_zeros_gradient_scales_with_agent_ones_margin_by_the_sigmoid_facto
     margin.backward()
     grad = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
     assert torch.allclose(step_a, beta * sigma(-beta * d0) * grad, rtol=1e-3, atol=5e-6)
+
+
+def _policies(model_dir, root, n=2):
+    import torch
+
+    from pbrl.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.models import LoraSettings, init_lora_adapter, load_policy
+
+    lora = LoraSettings(r=4, dropout=0.1)  # dropout on: the seeds choose the masks
+    out = []
+    for agent in range(n):
+        adapter = init_lora_adapter(model_dir, lora, root / f"agent_{agent}", seed=agent)
+        model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, device="cpu", dtype="float32",
+                            trainable=True)
+        out.append(TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=1e-2, weight_decay=0.0),
+                                   pad_token_id=0))
+    return out
+
+
+@pytest.mark.parametrize(("concurrent", "num_agents", "order"), [
+    (True, 2, ["margins 0", "margins 1", "gather", "update 0", "update 1", "gather"]),
+    # In process agent 0 skips phase 1: its update's own margins are its "others" term for the later agents.
+    (False, 2, ["margins 1", "gather", "update 0", "gather", "update 1", "gather"]),
+    (None, 2, ["margins 1", "gather", "update 0", "gather", "update 1", "gather"]),  # in process is the default
+    (False, 3, ["margins 1", "margins 2", "gather", "update 0", "gather", "update 1", "update 2", "gather"]),
+    # One agent has no others: no graph-free pass, concurrent or not.
+    (True, 1, ["update 0", "gather"]),
+    (False, 1, ["update 0", "gather"]),
+])
+def test_the_two_phase_step_is_the_original_arithmetic_bitwise(tiny_model_dir, tmp_path, concurrent, num_agents,
+                                                               order):
+    """:func:`pbrl.madpo.madpo_agents_step` over agents whose calls return handles (as Ray actors' do) asks the
+    agents of a phase before gathering; its parameters, AdamW state and statistics equal, bit for bit, the
+    two-phase ``madpo_step`` written out here: every agent's detached margins, then each agent's update in turn
+    against the sum of the others' (Σ_{j≠i} in agent order). Concurrent (Ray) every agent has phase 1; in
+    process agent 0 has none, and its training forward's margins give the same bits."""
+    import torch
+
+    from pbrl.losses import madpo_loss
+    from pbrl.madpo import LocalAgent, PairBatch, _agent_update, _detached_margins, madpo_agents_step, micro_batches
+
+    prompts = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50], [2, 40, 41, 42, 3, 2, 50]]
+    winners = [[[70, 71, 72, 3], [80, 81, 3], [75, 3]], [[71, 3], [82, 83, 84, 3], [76, 77, 3]],
+               [[73, 3], [85, 3], [78, 79, 3]]][:num_agents]
+    losers = [[[90, 91, 3], [100, 101, 102, 103, 104], [95, 96, 3]], [[92, 3], [105, 3], [76, 77, 3]],
+              [[93, 94, 3], [106, 3], [97, 3]]][:num_agents]
+    batch = PairBatch(prompt_ids=[prompts] * num_agents, winner_ids=winners, loser_ids=losers)
+    reference = _policies(tiny_model_dir, tmp_path / "a", num_agents)
+    remote = _policies(tiny_model_dir, tmp_path / "b", num_agents)
+    events: list[str] = []
+
+    class Deferred(LocalAgent):
+        def detached_margins(self, *args):
+            events.append(f"margins {remote.index(self.policy)}")
+            return lambda: LocalAgent.detached_margins(self, *args)
+
+        def update(self, *args, **kw):
+            events.append(f"update {remote.index(self.policy)}")
+            return lambda: LocalAgent.update(self, *args, **kw)
+
+    def gather(handles):
+        events.append("gather")
+        return [h() for h in handles]
+
+    for step in range(2):
+        seeds = [1000 + 10 * step + i for i in range(num_agents)]
+        parts = micro_batches(batch.size, 2)  # two micro-batches: [0, 2) and [2, 3)
+        args = [(batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i]) for i in range(num_agents)]
+        margins = torch.stack([_detached_margins(p, *args[i], seeds[i], parts) for i, p in enumerate(reference)], 1)
+        others = [sum((margins[:, j] for j in range(num_agents) if j != i), torch.zeros(batch.size))
+                  for i in range(num_agents)]
+        skipped = [_agent_update(p, *args[i], others[i], seeds[i], parts, beta=0.1, max_grad_norm=1.0)[1]
+                   for i, p in enumerate(reference)]
+        events.clear()
+        mode = {} if concurrent is None else {"concurrent": concurrent}
+        stats = madpo_agents_step([Deferred(p) for p in remote], batch, beta=0.1, max_grad_norm=1.0, seeds=seeds,
+                                  micro_batch_size=2, gather=gather, **mode)
+        assert events == order
+        assert torch.equal(stats.margins, margins) and stats.skipped == tuple(skipped) == (False,) * num_agents
+        assert stats.loss == float(madpo_loss(margins, 0.1).mean())
+    for ref, got in zip(reference, remote, strict=True):
+        for (name, a), (_, b) in zip(ref.model.named_parameters(), got.model.named_parameters(), strict=True):
+            assert torch.equal(a, b), name
+        sa, sb = ref.optimizer.state_dict()["state"], got.optimizer.state_dict()["state"]
+        assert sa.keys() == sb.keys() and len(sa) > 0
+        assert all(torch.equal(sa[k][n], sb[k][n]) for k in sa for n in sa[k])

@@ -1,0 +1,127 @@
+"""``benchmarks/learning.py`` (``make learn``): its held-out pairs by hand, and one whole run of the script on the
+tiny model whose JSON is checked against the run's own files and a brute-force scorer.
+
+The README quotes this benchmark's tables; these tests keep the numbers behind them honest: the held-out pairs
+are each evaluation item's best and worst draw, the held-out pair accuracy is the sign of the implicit MADPO
+margin of the round's policy against round 0's (computed here one row at a time with a plain forward, not with
+:func:`pbrl.scoring.sequence_logprobs`), and the per-round figures are the evaluate stage's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pbrl.items import read_items
+from pbrl.policies import PolicySource, load_agent, policy_checkpoint
+from pbrl.run import open_job
+from pbrl.sampling import encode_prompt
+from pbrl.schema import EVAL, read_rows
+from pbrl.storage import RunPaths, read_manifest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def learning():
+    sys.path.insert(0, str(BENCHMARKS))  # the benchmark scripts import their helper module `benchkit`
+    try:
+        yield importlib.import_module("learning")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def _row(item: str, reward: float, failure: str | None = None) -> dict:
+    return {"item_id": item, "reward": reward, "failure": failure}
+
+
+def test_held_out_pairs_are_each_items_best_and_worst_draw_outside_the_tie_tolerance(learning):
+    rows = [_row("a", 1.0), _row("a", 2.5), _row("a", 2.0),   # best 2.5, worst 1.0: a pair
+            _row("b", 1.00), _row("b", 1.04),                   # 0.04 apart, within the tolerance 0.05: none
+            _row("c", 0.2), _row("c", 3.0, failure="oracle"),   # the failed draw never counts: one draw, none
+            _row("d", 0.5), _row("d", 0.0, failure="oracle"), _row("d", 0.7)]
+    pairs = learning.held_out_pairs(rows, tie_tolerance=0.05)
+    assert [(w["item_id"], w["reward"], lo["reward"]) for w, lo in pairs] == [("a", 2.5, 1.0), ("d", 0.7, 0.5)]
+    assert learning.held_out_pairs(rows, tie_tolerance=1.5) == []  # a: 1.5 apart is not more than 1.5
+
+
+def _logprob(model, prompt: list[int], completion: list[int]) -> float:
+    """log pi(completion | prompt) by one unpadded forward of one row (nats)."""
+    ids = torch.tensor([prompt + completion])
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0].double()  # (T, V)
+    logp = torch.log_softmax(logits, dim=-1)
+    return sum(float(logp[len(prompt) + j - 1, tok]) for j, tok in enumerate(completion))
+
+
+def test_a_run_of_the_script_on_the_tiny_model_reports_its_runs_numbers(learning, tmp_path, monkeypatch, capsys,
+                                                                         request):
+    import benchkit
+
+    monkeypatch.setattr(benchkit, "RESULTS_DIR", tmp_path / "results")  # never over the committed results
+    monkeypatch.setattr(learning, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(sys, "argv", [
+        "learning.py", "--quick", "--model", "tiny-random", "--keep",
+        "--set", "task_options={num_train_items: 4, num_eval_items: 4}", "--set", "eval_num_samples=4",
+        "--set", "eval_samples_per_item=3", "--set", "eval_batch_size=12", "--set", "max_new_tokens=8",
+        "--set", "num_iterations=1",
+    ])
+    assert learning.main() == 0
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "results" / "learning-humaneval_docs-tiny-random-quick.json").read_text())
+    assert (tmp_path / "results" / "learning-humaneval_docs-tiny-random-quick.png").stat().st_size > 0
+    runs = Path(out.split("run folders: ")[1].split()[0])  # --keep: a temporary folder of the script's own
+    request.addfinalizer(lambda: shutil.rmtree(runs, ignore_errors=True))
+    run_dir = runs / "learning-seed0"
+    paths, job = RunPaths(run_dir), open_job(run_dir)
+    assert (job.seed, job.num_iterations, job.eval_samples_per_item, job.max_new_tokens) == (0, 1, 3, 8)
+
+    (seed,) = result["results"]
+    assert seed["seed"] == 0 and [x["round"] for x in seed["rounds"]] == [0, 1]
+    train = {x["item_id"] for x in read_items(paths, "train")}
+    evaluation = {x["item_id"] for x in read_items(paths, "eval")}
+    assert len(train) == len(evaluation) == 4 and not train & evaluation  # held out
+
+    for rec in seed["rounds"]:  # the evaluate stage's figures, and the drift indicators from its rows
+        r = rec["round"]
+        metrics = read_manifest(paths, r, "evaluate").metrics
+        for key in ("eval/reward_mean", "eval/reward_ci_low", "eval/reward_ci_high"):
+            assert rec[key] == metrics[key]
+        rows = read_rows(paths.eval(r), EVAL)
+        assert len(rows) == 4 * 3
+        for a in range(2):
+            lengths = [len(x["completion_ids"][a]) for x in rows]
+            assert rec[f"agent_{a}/completion_tokens"] == pytest.approx(sum(lengths) / 12, abs=1e-12)
+            cut = sum(x["finish_reasons"][a] == "length" for x in rows)
+            assert rec[f"agent_{a}/cut_share"] == pytest.approx(cut / 12, abs=1e-12)
+    later = seed["rounds"][1]
+    assert later["eval/paired_diff_mean"] == read_manifest(paths, 1, "evaluate").metrics["eval/paired_diff_mean"]
+    assert later["madpo/loss"] == read_manifest(paths, 1, "update-policies").metrics["madpo/loss"]
+    assert later["round_seconds"] > 0
+    excludes = later["eval/paired_diff_ci_low"] > 0
+    assert seed["first_round_gain_excludes_0"] == (1 if excludes else None)
+    assert result["paired_ci_excludes_0_by_round_2"] == [excludes]
+
+    # Held-out pair accuracy: the share of round 0's (best, worst) draws whose implicit joint margin under the
+    # round-1 policy, sum_agents [(log pi_1 - log pi_0)(best) - (log pi_1 - log pi_0)(worst)], is positive.
+    pairs = learning.held_out_pairs(read_rows(paths.eval(0), EVAL), job.tie_tolerance)
+    assert pairs and later["heldout_pairs"] == len(pairs)
+    source, margins = PolicySource.from_job(job), [0.0] * len(pairs)
+    for agent in range(2):
+        new = load_agent(source, agent, policy_checkpoint(paths, 1), trainable=False)
+        old = load_agent(source, agent, policy_checkpoint(paths, 0), trainable=False)
+        for k, (best, worst) in enumerate(pairs):
+            for row, sign in ((best, 1.0), (worst, -1.0)):
+                prompt, completion = encode_prompt(new.tokenizer, row["prompts"][agent]), row["completion_ids"][agent]
+                margins[k] += sign * (_logprob(new.model, prompt, completion) - _logprob(old.model, prompt, completion))
+    assert all(math.isfinite(m) and abs(m) > 1e-9 for m in margins)  # the update moved every pair's margin
+    assert later["heldout_pair_accuracy"] == pytest.approx(sum(m > 0 for m in margins) / len(margins), abs=1e-12)
+    assert learning.pair_margins(paths, job, 1, pairs) == pytest.approx(margins, abs=1e-4)
+    assert "seed 0: round | eval reward" in out and "excludes 0 by round 2" in out
