@@ -1,9 +1,11 @@
 """One MADPO update step over a batch of pairs (SPEC §5.5): every agent moves with its own margin and the
 others' margins detached, so the credit weight −β σ(−βΔ) is the joint margin's for every agent.
 
-With several agents, every agent's margins are first computed without gradients (their detached values are
-the "others" terms; no agent has moved yet), then each agent in turn scores with gradients, steps and frees its
-graph: one agent's graph is alive at a time, so training memory does not grow with the number of agents.
+With several agents, the margins of agents 1…a−1 are first computed without gradients (their detached values
+are the "others" terms; no agent has moved yet), then each agent in turn scores with gradients, steps and frees
+its graph, agent 0 first: its margins from that forward, before it steps, join the others terms of the later
+agents (Ray actors, which work in parallel, all compute detached margins first: ``concurrent``). One agent's
+graph is alive at a time, so training memory does not grow with the number of agents.
 Each distinct prompt of a batch runs once (:func:`pbrl.scoring.shared_prompt_logprobs`).
 These training forwards run in train mode, so dropout (``lora_dropout``) takes effect, with masks drawn
 from a seed per agent and step; sampling and evaluation forwards run in eval mode without gradients.
@@ -289,7 +291,7 @@ def madpo_agents_step(agents: Sequence[StepAgent], batch: PairBatch, *, beta: fl
                       seeds: Sequence[int] | None = None, micro_batch_size: int | None = None,
                       gather: Callable[[list[Any]], list[Any]] = list, concurrent: bool = False) -> StepStats:
     """:func:`madpo_step` over :class:`StepAgent` s: phase 1 asks the agents for their detached margins, the
-    "others" term of agent i is the sum over the other agents' margins (Σ_{j≠i} Δ_j, added in agent order),
+    "others" term of agent i is the sum over the other agents' margins (Σ_{j≠i} Δ_j),
     phase 2 asks every agent for its step. ``gather`` turns a phase's list of per-agent results (or handles,
     e.g. Ray object refs with ``ray.get``) into the results.
 

@@ -5,12 +5,12 @@ of the repository and running this module):
 
 1. Each agent's loss on the negated margins, ``madpo_agent_loss(-own[i], -others, beta)`` (it then raises
    the loser's log-probability): ``test_one_step_raises_every_agents_margin_and_the_joint_margin`` fails.
-2. Each agent's credit weight from its own margin only, ``others = 0 * margins[:, [j != i]].sum(dim=1)``:
+2. Each agent's credit weight from its own margin only, ``others = 0 * (sum of the other agents' margins)``:
    ``test_agent_zeros_gradient_scales_with_agent_ones_margin_by_the_sigmoid_factor`` fails.
 
 3. In process (``madpo_agents_step`` with ``concurrent=False``), agent 0's column of the margins left at 0 for
    the later agents instead of its update's own margins, or agent 0 asked for a graph-free pass it does not
-   need (the saved forward): ``test_the_two_phase_step_is_the_original_arithmetic_bitwise``
+   need (the saved forward): ``test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise``
    fails; with ``concurrent=True`` (Ray actors) every agent must be asked for phase 1 before any update.
 
 Expectations come from a brute-force reference (each sequence scored alone by a plain forward pass and
@@ -167,7 +167,7 @@ def _policies(model_dir, root, n=2):
     (True, 1, ["update 0", "gather"]),
     (False, 1, ["update 0", "gather"]),
 ])
-def test_the_two_phase_step_is_the_original_arithmetic_bitwise(tiny_model_dir, tmp_path, concurrent, num_agents,
+def test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise(tiny_model_dir, tmp_path, concurrent, num_agents,
                                                                order):
     """:func:`pbrl.madpo.madpo_agents_step` over agents whose calls return handles (as Ray actors' do) asks the
     agents of a phase before gathering; its parameters, AdamW state and statistics equal, bit for bit, the
