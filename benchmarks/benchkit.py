@@ -72,6 +72,22 @@ def humaneval_prompt_ids(tokenizer: Any, count: int, max_tokens: int = 240) -> l
     return [encode_prompt(tokenizer, p["prompt"])[:max_tokens] for p in problems]
 
 
+def trained_lora(model: Any, seed: int) -> Any:
+    """``model`` (changed in place, as peft does) with the demo's LoRA adapter (r=8, alpha 16, no dropout, on
+    q/k/v/o) whose B weights are N(0, 0.01²) from ``seed``: a trained-looking adapter (B is 0 at init, which would
+    make the first gradients trivial). The A weights come from torch's global generator, as peft draws them."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    policy = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(seed)) * 0.01)
+    return policy
+
+
 def peak_rss_mb() -> float:
     """This process's peak RSS so far in MiB (``ru_maxrss``, a lifetime high-water mark)."""
     from pbrl.stagekit import peak_rss_mb as peak

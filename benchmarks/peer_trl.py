@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import torch
-from benchkit import check, humaneval_prompt_ids, print_checks, ratio, sizes_for, write_result
+from benchkit import check, humaneval_prompt_ids, print_checks, ratio, sizes_for, trained_lora, write_result
 
 from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
 from pbrl.models import load_model, load_tokenizer
@@ -53,13 +53,6 @@ def make_pairs(tokenizer: Any, count: int) -> list[dict[str, list[int]]]:
         pairs.append({"prompt_ids": prompts[n // 2], "chosen_ids": text[n % 5: n % 5 + a] + [tokenizer.eos_token_id],
                       "rejected_ids": text[(n + 3) % 7: (n + 3) % 7 + b] + [tokenizer.eos_token_id]})
     return pairs
-
-
-def lora_policy(model: Any) -> Any:
-    from peft import LoraConfig, get_peft_model
-
-    return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
 
 
 def run_madpo(policy: Any, pad: int, pairs: list[dict[str, list[int]]], epochs: int) -> tuple[list[float], float]:
@@ -133,11 +126,7 @@ def main() -> None:
         p.requires_grad_(False)
     base.train()
     torch.manual_seed(0)
-    initial = lora_policy(base)
-    with torch.no_grad():  # a non-zero adapter, so the first steps already move the margins
-        for name, param in initial.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.01)
+    initial = trained_lora(base, seed=1)  # a non-zero adapter, so the first steps already move the margins
     pairs = make_pairs(tokenizer, size.peer_pairs)
     pad = tokenizer.pad_token_id
     # Warm-up (discarded): the first training steps of a process are slow (page faults, allocator, thread pools;

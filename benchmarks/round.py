@@ -43,8 +43,9 @@ def main() -> None:
     applies = args.model == "smollm2-135m-instruct" and not args.overrides
     stages: list[dict] = []
     with tempfile.TemporaryDirectory() as out:
-        job = load_job(DEMO, [f"output_dir={out}", "run_name=bench-round", "num_iterations=1",
-                              f"agent_model={args.model}", *args.overrides])
+        # The user's options first: the folder, the single round and --model are the benchmark's own.
+        job = load_job(DEMO, [*args.overrides, f"output_dir={out}", "run_name=bench-round", "num_iterations=1",
+                              f"agent_model={args.model}"])
         start = time.perf_counter()
         run_dir = prepare_run(job, resume=False)
         stages.append({"round": 0, "stage": "prepare-run", "seconds": round(time.perf_counter() - start, 3),

@@ -34,7 +34,17 @@ import random
 from typing import Any
 
 import torch
-from benchkit import check, humaneval_prompt_ids, interleaved, print_checks, ratio, sizes_for, summary, write_result
+from benchkit import (
+    check,
+    humaneval_prompt_ids,
+    interleaved,
+    print_checks,
+    ratio,
+    sizes_for,
+    summary,
+    trained_lora,
+    write_result,
+)
 
 from pbrl.models import load_model, load_tokenizer
 from pbrl.sampling import encode_prompt
@@ -89,14 +99,7 @@ def float32_floor(model: Any, prompts: list[list[int]], completions: list[list[i
 
 def shared_prompt_case(model: Any, tokenizer: Any, prompts_count: int, repeats: int) -> dict[str, Any]:
     """Time padded vs shared-prompt scoring with a backward pass on HumanEval prompts x 2 completions."""
-    from peft import LoraConfig, get_peft_model
-
-    policy = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
-    with torch.no_grad():  # a trained adapter (lora_B is 0 at init, which would make its gradients trivial)
-        for name, param in policy.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(0)) * 0.01)
+    policy = trained_lora(model, seed=0)
     prompt_ids = humaneval_prompt_ids(tokenizer, prompts_count)
     text_ids = tokenizer(TEXT, add_special_tokens=False).input_ids
     prompts = [p for p in prompt_ids for _ in range(2)]  # (winner, loser) of each prompt
@@ -145,8 +148,6 @@ def madpo_step_case(model: Any, tokenizer: Any, prompts_count: int, repeats: int
     """Time a 2-agent MADPO step with and without agent 0's detached forward (see the module docstring)."""
     import copy
 
-    from peft import LoraConfig, get_peft_model
-
     from pbrl.madpo import LocalAgent, PairBatch, TrainablePolicy, madpo_agents_step, trainable_parameters
 
     prompts = humaneval_prompt_ids(tokenizer, prompts_count)
@@ -154,16 +155,7 @@ def madpo_step_case(model: Any, tokenizer: Any, prompts_count: int, repeats: int
     winners = [text_ids[k * 7: k * 7 + 47] + [tokenizer.eos_token_id] for k in range(len(prompts))]
     losers = [text_ids[k * 5 + 3: k * 5 + 30] + [tokenizer.eos_token_id] for k in range(len(prompts))]
     batch = PairBatch(prompt_ids=[prompts] * 2, winner_ids=[winners, losers], loser_ids=[losers, winners])
-    start = []
-    for agent in range(2):
-        policy = get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                                                 target_modules=["q_proj", "k_proj", "v_proj",
-                                                                                 "o_proj"]))
-        with torch.no_grad():  # a trained adapter (lora_B is 0 at init)
-            for name, param in policy.named_parameters():
-                if "lora_B" in name:
-                    param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(agent)) * 0.01)
-        start.append(policy)
+    start = [trained_lora(copy.deepcopy(model), seed=agent) for agent in range(2)]
     agents = {}
     for case in ("two_phase", "in_process"):
         models = [copy.deepcopy(m) for m in start]

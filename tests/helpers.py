@@ -95,3 +95,34 @@ def lora_dropout_policy(model_dir: Path, tmp_path: Path, seed: int = 0):
             if "lora_B" in name:
                 param.fill_(0.1)
     return TrainablePolicy(model, torch.optim.SGD(trainable_parameters(model), lr=0.0), 0)
+
+
+def logprob_alone(model, prompt: list[int], completion: list[int]) -> float:
+    """log π(completion | prompt) by brute force: one unpadded forward pass of the one row, float64
+    ``log_softmax``, the sum of every completion token's log-prob (nats). The reference the scoring code is
+    checked against, so it shares none of that code."""
+    import torch
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)  # (t, v)
+    return sum(float(logp[len(prompt) - 1 + j, tok]) for j, tok in enumerate(completion))
+
+
+def tiny_policies(model_dir: Path, lora=None, lr: float = 1e-2, adapter_root: Path | None = None, n: int = 2):
+    """``n`` trainable float32 CPU agents of the tiny model, AdamW at ``lr`` (no weight decay), pad id 0; with
+    ``lora`` (a :class:`pbrl.models.LoraSettings`) each gets its own adapter ``adapter_root/agent_<i>``
+    initialised from seed i."""
+    import torch
+
+    from pbrl.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.models import init_lora_adapter, load_policy
+
+    out = []
+    for seed in range(n):
+        adapter = init_lora_adapter(model_dir, lora, adapter_root / f"agent_{seed}", seed=seed) if lora else None
+        model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, device="cpu", dtype="float32",
+                            trainable=True)
+        out.append(TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=0.0),
+                                   pad_token_id=0))
+    return out

@@ -17,7 +17,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from pbrl.items import read_items
 from pbrl.policies import PolicySource, load_agent, policy_checkpoint
@@ -25,6 +24,7 @@ from pbrl.run import open_job
 from pbrl.sampling import encode_prompt
 from pbrl.schema import EVAL, read_rows
 from pbrl.storage import RunPaths, read_manifest
+from tests.helpers import logprob_alone
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -50,15 +50,6 @@ def test_held_out_pairs_are_each_items_best_and_worst_draw_outside_the_tie_toler
     pairs = learning.held_out_pairs(rows, tie_tolerance=0.05)
     assert [(w["item_id"], w["reward"], lo["reward"]) for w, lo in pairs] == [("a", 2.5, 1.0), ("d", 0.7, 0.5)]
     assert learning.held_out_pairs(rows, tie_tolerance=1.5) == []  # a: 1.5 apart is not more than 1.5
-
-
-def _logprob(model, prompt: list[int], completion: list[int]) -> float:
-    """log pi(completion | prompt) by one unpadded forward of one row (nats)."""
-    ids = torch.tensor([prompt + completion])
-    with torch.inference_mode():
-        logits = model(input_ids=ids).logits[0].double()  # (T, V)
-    logp = torch.log_softmax(logits, dim=-1)
-    return sum(float(logp[len(prompt) + j - 1, tok]) for j, tok in enumerate(completion))
 
 
 def test_a_run_of_the_script_on_the_tiny_model_reports_its_runs_numbers(learning, tmp_path, monkeypatch, capsys):
@@ -121,7 +112,8 @@ def test_a_run_of_the_script_on_the_tiny_model_reports_its_runs_numbers(learning
         for k, (best, worst) in enumerate(pairs):
             for row, sign in ((best, 1.0), (worst, -1.0)):
                 prompt, completion = encode_prompt(new.tokenizer, row["prompts"][agent]), row["completion_ids"][agent]
-                margins[k] += sign * (_logprob(new.model, prompt, completion) - _logprob(old.model, prompt, completion))
+                ratio = logprob_alone(new.model, prompt, completion) - logprob_alone(old.model, prompt, completion)
+                margins[k] += sign * ratio
     assert all(math.isfinite(m) and abs(m) > 1e-9 for m in margins)  # the update moved every pair's margin
     scripted = learning.pair_margins(paths, job, 1, pairs)  # float32 batched scoring: equal within rounding
     assert scripted == pytest.approx(margins, abs=1e-4)

@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM
 
 import pbrl.madpo as madpo
 from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
-from pbrl.models import LoraSettings, init_lora_adapter, load_policy
+from pbrl.models import LoraSettings, load_policy
+from tests.helpers import tiny_policies as policies
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
 WINNERS = [[70, 71, 72, 3], [80, 81, 3]]
@@ -19,17 +20,6 @@ LOSERS = [[90, 91, 3], [100, 101, 102, 103, 104]]
 
 def batch(winners=WINNERS, losers=LOSERS) -> PairBatch:
     return PairBatch(prompt_ids=[PROMPTS, PROMPTS], winner_ids=[winners, winners], loser_ids=[losers, losers])
-
-
-def policies(model_dir, lora: LoraSettings | None = None, lr: float = 1e-2, adapter_root=None) -> list[TrainablePolicy]:
-    out = []
-    for seed in (0, 1):
-        adapter = init_lora_adapter(model_dir, lora, adapter_root / f"agent_{seed}", seed=seed) if lora else None
-        model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, device="cpu", dtype="float32",
-                            trainable=True)
-        opt = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=0.0)
-        out.append(TrainablePolicy(model, opt, pad_token_id=0))
-    return out
 
 
 def snapshot(policy: TrainablePolicy) -> dict[str, torch.Tensor]:

@@ -26,20 +26,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step
+from pbrl.models import LoraSettings
+from tests.helpers import logprob_alone, tiny_policies
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
 
 
-def reference_logprob(model, prompt: list[int], completion: list[int]) -> float:
-    """log π(completion | prompt): one unpadded forward pass, sum of every completion token's log-prob."""
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)  # (t, v)
-    return sum(float(logp[len(prompt) - 1 + j, tok]) for j, tok in enumerate(completion))
-
-
 def reference_margins(model, prompts, winners, losers) -> list[float]:
-    return [reference_logprob(model, p, w) - reference_logprob(model, p, lo)
+    return [logprob_alone(model, p, w) - logprob_alone(model, p, lo)
             for p, w, lo in zip(prompts, winners, losers, strict=True)]
 
 
@@ -140,23 +134,6 @@ def test_agent_zeros_gradient_scales_with_agent_ones_margin_by_the_sigmoid_facto
     assert torch.allclose(step_a, beta * sigma(-beta * d0) * grad, rtol=1e-3, atol=5e-6)
 
 
-def _policies(model_dir, root, n=2):
-    import torch
-
-    from pbrl.madpo import TrainablePolicy, trainable_parameters
-    from pbrl.models import LoraSettings, init_lora_adapter, load_policy
-
-    lora = LoraSettings(r=4, dropout=0.1)  # dropout on: the seeds choose the masks
-    out = []
-    for agent in range(n):
-        adapter = init_lora_adapter(model_dir, lora, root / f"agent_{agent}", seed=agent)
-        model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, device="cpu", dtype="float32",
-                            trainable=True)
-        out.append(TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=1e-2, weight_decay=0.0),
-                                   pad_token_id=0))
-    return out
-
-
 @pytest.mark.parametrize(("concurrent", "num_agents", "order"), [
     (True, 2, ["margins 0", "margins 1", "gather", "update 0", "update 1", "gather"]),
     # In process agent 0 skips phase 1: its update's own margins are its "others" term for the later agents.
@@ -185,8 +162,9 @@ def test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise(tiny_model
     losers = [[[90, 91, 3], [100, 101, 102, 103, 104], [95, 96, 3]], [[92, 3], [105, 3], [76, 77, 3]],
               [[93, 94, 3], [106, 3], [97, 3]]][:num_agents]
     batch = PairBatch(prompt_ids=[prompts] * num_agents, winner_ids=winners, loser_ids=losers)
-    reference = _policies(tiny_model_dir, tmp_path / "a", num_agents)
-    remote = _policies(tiny_model_dir, tmp_path / "b", num_agents)
+    lora = LoraSettings(r=4, dropout=0.1)  # dropout on: the seeds choose the masks
+    reference = tiny_policies(tiny_model_dir, lora, adapter_root=tmp_path / "a", n=num_agents)
+    remote = tiny_policies(tiny_model_dir, lora, adapter_root=tmp_path / "b", n=num_agents)
     events: list[str] = []
 
     class Deferred(LocalAgent):
