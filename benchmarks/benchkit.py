@@ -65,7 +65,7 @@ def humaneval_prompt_ids(tokenizer: Any, count: int, max_tokens: int = 240) -> l
     """Chat-encoded prompts of the first ``count`` HumanEval problems (the demo's workload: about 150-300
     SmolLM2 tokens each), each cut to its first ``max_tokens`` ids (the tiny model's byte-level vocabulary
     makes them longer than its 256 positions)."""
-    from pbrl.sampling import encode_prompt
+    from pbrl.generation.sampling import encode_prompt
     from pbrl.tasks.humaneval import load_problems
 
     problems = load_problems()[:count]
@@ -90,7 +90,7 @@ def trained_lora(model: Any, seed: int) -> Any:
 
 def peak_rss_mb() -> float:
     """This process's peak RSS so far in MiB (``ru_maxrss``, a lifetime high-water mark)."""
-    from pbrl.stagekit import peak_rss_mb as peak
+    from pbrl.run.stage_record import peak_rss_mb as peak
 
     return round(peak(), 1)
 

@@ -3,7 +3,7 @@
 Three ways to sample the same P prompts x K candidates with the same sampling settings and the same
 ``max_new_tokens``:
 
-- ``ours``: ``pbrl.sampling.generate`` (what the sample-candidates stage calls) on all P x K rows in
+- ``ours``: ``pbrl.generation.sampling.generate`` (what the sample-candidates stage calls) on all P x K rows in
   one left-padded batch; every row draws from its own counter-based stream through a logits processor.
 - ``raw_batched``: one ``model.generate(do_sample=True)`` call on the same left-padded batch (the same
   rows, the same temperature / top-p / top-k, the same neutral generation settings), under
@@ -50,9 +50,9 @@ from benchkit import (
 )
 from transformers import GenerationConfig
 
-from pbrl.models import load_model, load_tokenizer
-from pbrl.sampling import SamplingSettings, encode_prompt, generate
-from pbrl.seeds import derive_seed
+from pbrl.data.seeds import derive_seed
+from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.models.loading import load_model, load_tokenizer
 
 TEMPERATURE, TOP_P, TOP_K = 0.7, 0.9, 50
 TARGET_VS_RAW = 0.9
@@ -246,7 +246,7 @@ def main() -> None:
         "repeats": size.gen_repeats, "warmup_calls": 1, "timer": "time.perf_counter, median of repeats",
         "cases": out, "ratios": ratios, "shared_prompt": shared, "checks": checks,
         "method": (
-            "All cases stop a row at EOS (ours: pbrl.sampling.generate cuts each row after its first "
+            "All cases stop a row at EOS (ours: pbrl.generation.sampling.generate cuts each row after its first "
             "EOS; raw generate marks it finished and pads) and keep decoding until every row of the call "
             "is done. The headline ratio is throughput in row-steps per second (rows x decode steps the "
             "call ran; for raw_per_item summed over its calls), i.e. time per decode step per row: fair "

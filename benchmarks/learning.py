@@ -9,7 +9,7 @@ training items), ``eval_samples_per_item`` draws per item with the same seeds ev
 
 Per round it records (from the run's files, nothing re-derived by hand):
 - the mean eval reward with its 95 % item-level bootstrap interval, and the paired difference to round 0
-  on the same draws with its interval (``pbrl.stats``, via the evaluate stage's manifest);
+  on the same draws with its interval (``pbrl.reporting.stats``, via the evaluate stage's manifest);
 - held-out pair accuracy: from round 0's evaluation draws, per held-out item its best and worst joint
   response (rewards differing by more than ``tie_tolerance``); the share of those pairs that the round-r
   policy ranks the right way by the MADPO implicit margin
@@ -42,9 +42,9 @@ from typing import Any
 from benchkit import REPO_ROOT, RESULTS_DIR, write_result
 
 from pbrl.config import JobConfig, load_job
-from pbrl.items import read_items
-from pbrl.run import prepare_run
-from pbrl.storage import RunPaths, read_manifest
+from pbrl.data.items import read_items
+from pbrl.data.storage import RunPaths, read_manifest
+from pbrl.run.folder import prepare_run
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
 ROUND_STAGES = ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
@@ -125,9 +125,9 @@ def pair_margins(paths: RunPaths, job: JobConfig, round_index: int, pairs: list[
     """The implicit joint margin of each held-out pair under the round's policy vs the initial one (nats)."""
     import torch
 
-    from pbrl.policies import PolicySource, load_agent, policy_checkpoint
-    from pbrl.sampling import encode_prompt
-    from pbrl.scoring import sequence_logprobs
+    from pbrl.generation.sampling import encode_prompt
+    from pbrl.learning.logprobs import sequence_logprobs
+    from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint
 
     source = PolicySource.from_job(job)
     margins = torch.zeros(len(pairs), dtype=torch.float64)  # (p,)
@@ -159,7 +159,7 @@ def pass_rate(rows: list[dict], items: dict[str, dict]) -> float:
 
 def round_record(paths: RunPaths, job: JobConfig, r: int, pairs: list[tuple[dict, dict]],
                  items: dict[str, dict]) -> dict[str, Any]:
-    from pbrl.schema import EVAL, read_rows
+    from pbrl.data.schema import EVAL, read_rows
 
     ev = read_manifest(paths, r, "evaluate")
     rows = read_rows(paths.eval(r), EVAL)
@@ -195,7 +195,7 @@ def docs_term_means(rows: list[dict], items: dict[str, dict]) -> dict[str, float
 
 
 def seed_result(run_dir: Path, job: JobConfig) -> dict[str, Any]:
-    from pbrl.schema import EVAL, read_rows
+    from pbrl.data.schema import EVAL, read_rows
 
     paths = RunPaths(run_dir)
     seen = read_manifest(paths, 0, "evaluate").counts["items_seen_in_training"]
@@ -268,7 +268,7 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
 
 def report(run_dirs: list[Path], args: argparse.Namespace) -> int:
     """The tables, JSON and plot of existing run folders (rounds evaluated so far)."""
-    from pbrl.run import open_job
+    from pbrl.run.folder import open_job
 
     results = []
     for run_dir in run_dirs:

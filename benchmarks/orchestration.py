@@ -35,7 +35,7 @@ from typing import Any
 from benchkit import REPO_ROOT, check, print_checks, ratio, sizes_for, summary, write_result
 
 from pbrl.config import JobConfig, load_job
-from pbrl.run import prepare_run
+from pbrl.run.folder import prepare_run
 
 TARGET_OVERHEAD_SHARE = 0.05  # SPEC §10: on the SmolLM2 demo
 ROUND = 1

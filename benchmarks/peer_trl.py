@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from benchkit import check, humaneval_prompt_ids, print_checks, ratio, sizes_for, trained_lora, write_result
 
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
-from pbrl.models import load_model, load_tokenizer
+from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+from pbrl.models.loading import load_model, load_tokenizer
 
 BETA = 0.1
 LEARNING_RATE = 5e-4

@@ -23,7 +23,7 @@ from pathlib import Path
 from benchkit import REPO_ROOT, check, peak_rss_mb, print_checks, write_result
 
 from pbrl.config import load_job
-from pbrl.run import prepare_run
+from pbrl.run.folder import prepare_run
 from stages import STAGE_MODULES
 
 DEMO = REPO_ROOT / "flows" / "configs" / "demo.yaml"

@@ -45,7 +45,7 @@ def _digest(path: Path) -> str:
 
 
 def _artifact(run_dir: Path, stage: str, round_index: int) -> Path:
-    from pbrl.storage import RunPaths
+    from pbrl.data.storage import RunPaths
 
     paths = RunPaths(run_dir)
     return {"sample-candidates": paths.candidates, "score-with-oracle": paths.scores,
@@ -72,10 +72,10 @@ def measure(model: str, repeats: int, overrides: list[str]) -> dict[str, Any]:
 
     from flows.round import call_stage
     from pbrl.config import load_job
-    from pbrl.items import read_items
-    from pbrl.run import prepare_run
-    from pbrl.shards import shard_dir
-    from pbrl.storage import RunPaths
+    from pbrl.data.items import read_items
+    from pbrl.data.storage import RunPaths
+    from pbrl.distributed.shards import shard_dir
+    from pbrl.run.folder import prepare_run
 
     config, model_overrides = MODEL_JOBS.get(model, (CONFIGS / "tiny-madpo-iter.yaml", ["shard_size=4"]))
     out = Path(tempfile.mkdtemp(prefix="pbrl-bench-scale-"))

@@ -46,9 +46,9 @@ from benchkit import (
     write_result,
 )
 
-from pbrl.models import load_model, load_tokenizer
-from pbrl.sampling import encode_prompt
-from pbrl.scoring import sequence_logprobs, shared_prompt_logprobs
+from pbrl.generation.sampling import encode_prompt
+from pbrl.learning.logprobs import sequence_logprobs, shared_prompt_logprobs
+from pbrl.models.loading import load_model, load_tokenizer
 
 TARGET_SPEEDUP = 3.0
 TARGET_SHARED = 1.5
@@ -148,7 +148,7 @@ def madpo_step_case(model: Any, tokenizer: Any, prompts_count: int, repeats: int
     """Time a 2-agent MADPO step with and without agent 0's detached forward (see the module docstring)."""
     import copy
 
-    from pbrl.madpo import LocalAgent, PairBatch, TrainablePolicy, madpo_agents_step, trainable_parameters
+    from pbrl.learning.madpo import LocalAgent, PairBatch, TrainablePolicy, madpo_agents_step, trainable_parameters
 
     prompts = humaneval_prompt_ids(tokenizer, prompts_count)
     text_ids = tokenizer(TEXT, add_special_tokens=False).input_ids

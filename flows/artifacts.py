@@ -12,9 +12,9 @@ from typing import Any
 
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
-from pbrl.metrics import round_rows, write_run_metrics
-from pbrl.report import write_report_png
-from pbrl.storage import RunPaths
+from pbrl.data.storage import RunPaths
+from pbrl.reporting.metrics import round_rows, write_run_metrics
+from pbrl.reporting.report import write_report_png
 
 KINDS = ("round-metrics", "round-summary", "round-report")
 

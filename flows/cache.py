@@ -42,12 +42,8 @@ from prefect.utilities.hashing import hash_objects
 
 import pbrl
 import stages
-from pbrl.config import JobConfig
-from pbrl.errors import ArtifactError, ConfigError
-from pbrl.oracle import is_transient
-from pbrl.run import resolve_task, stage_config_hash, task_fingerprint
-from pbrl.shards import ShardSet
-from pbrl.storage import (
+from pbrl.config import JobConfig, stage_config_hash
+from pbrl.data.storage import (
     RunPaths,
     StageManifest,
     hash_path,
@@ -57,6 +53,10 @@ from pbrl.storage import (
     write_json,
     write_manifest,
 )
+from pbrl.distributed.shards import ShardSet
+from pbrl.errors import ArtifactError, ConfigError
+from pbrl.preference.oracle import is_transient
+from pbrl.run.task import resolve_task, task_fingerprint
 from stages import STAGE_MODULES
 
 log = logging.getLogger("pbrl.flows")
@@ -69,7 +69,9 @@ LOCK_HOLD_SECONDS = 6 * 3600.0
 LOCK_WAIT_SECONDS = 30.0  # how long a stage that must run waits for another process's lock on the same key
 
 # Front-end modules that never change what a stage writes: editing them must not invalidate stage caches.
-_FRONT_END = {"cli.py", "report.py", "trainers.py", "orchestration.py", "progress.py", "metrics.py"}
+_FRONT_END = {
+    "cli.py", "trainers.py", "orchestration.py", "run/progress.py", "reporting/report.py", "reporting/metrics.py",
+}
 
 
 @functools.cache

@@ -1,7 +1,7 @@
 """``runner: ray`` (SPEC §11): the item-parallel stages as shard tasks on prefect-ray's ``RayTaskRunner``.
 
 A sharded stage (:data:`SHARDED_STAGES`) that must run first maps one Prefect task per shard of ``shard_size``
-items (:mod:`pbrl.shards`) over a small subflow, ``pbrl-shards``, whose task runner is
+items (:mod:`pbrl.distributed.shards`) over a small subflow, ``pbrl-shards``, whose task runner is
 ``prefect_ray.RayTaskRunner``; the stage's own task then gathers the shard files into its usual artifact.
 Every shard task loads what it needs (the round's checkpoint, the items) from the run folder, so the run
 folder must be on storage every Ray node sees (a shared POSIX filesystem).
@@ -27,8 +27,16 @@ from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
 
 from pbrl.config import JobConfig
-from pbrl.shards import Shard, ShardSet, plan_shards, ray_init_kwargs, require_ray_extra, shard_done, write_shard
-from pbrl.storage import RunPaths
+from pbrl.data.storage import RunPaths
+from pbrl.distributed.shards import (
+    Shard,
+    ShardSet,
+    plan_shards,
+    ray_init_kwargs,
+    require_ray_extra,
+    shard_done,
+    write_shard,
+)
 from stages import STAGE_MODULES
 
 log = logging.getLogger("pbrl.flows")
@@ -61,7 +69,7 @@ def shard_resources(job: JobConfig) -> dict[str, int]:
 
 
 def _schema(stage: str):
-    from pbrl.schema import CANDIDATES, EVAL, SCORES
+    from pbrl.data.schema import CANDIDATES, EVAL, SCORES
 
     return {"sample-candidates": CANDIDATES, "score-with-oracle": SCORES, "evaluate": EVAL}[stage]
 

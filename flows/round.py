@@ -9,9 +9,9 @@ from prefect import flow
 from flows.artifacts import publish_round
 from flows.cache import run_stage_task
 from pbrl.config import JobConfig
-from pbrl.progress import publish
-from pbrl.reward_model import is_marlhf
-from pbrl.storage import record_state
+from pbrl.data.storage import record_state
+from pbrl.learning.reward_model import is_marlhf
+from pbrl.run.progress import publish
 
 
 def call_stage(stage: str, run_dir: str, round_index: int, job: JobConfig, *, force: bool = False) -> dict[str, Any]:

@@ -7,8 +7,8 @@ from typing import Any
 from prefect import flow
 
 from flows.round import call_stage
-from pbrl.metrics import write_run_metrics
-from pbrl.run import open_job
+from pbrl.reporting.metrics import write_run_metrics
+from pbrl.run.folder import open_job
 
 
 @flow(name="pbrl-stage", flow_run_name="{stage}-r{round_index}")

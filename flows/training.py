@@ -10,8 +10,8 @@ from prefect import flow
 from flows.ray_runner import ray_session
 from flows.round import call_stage, evaluation_due, round_flow
 from pbrl.config import JobConfig, is_iterative
-from pbrl.metrics import write_run_metrics
-from pbrl.run import open_job, prepare_run, with_run_name
+from pbrl.reporting.metrics import write_run_metrics
+from pbrl.run.folder import open_job, prepare_run, with_run_name
 
 
 def num_rounds(job: JobConfig) -> int:

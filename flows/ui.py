@@ -6,11 +6,11 @@ option (``anyOf [..., null]``) as tabs ``int | None``, an object with properties
 without properties as a JSON editor. A parameter that is a discriminated union of the four job models
 (``pbrl-train/train``) renders as one JSON editor only. So each trainer gets a flow whose parameters are
 that trainer's options themselves, generated from its job model (:data:`pbrl.config.JOB_CLASSES`): type,
-range, default and description come from :mod:`pbrl.config_fields`, nothing is copied here. Only the
+range, default and description come from :mod:`pbrl.config.fields`, nothing is copied here. Only the
 group of an option (its place in the form) is decided here, by :data:`GROUPS`.
 
 Both kinds of flow validate what they are given exactly as the CLI does (:func:`pbrl.config.parse_job`,
-:func:`pbrl.config.load_job`, then the preflight of :func:`pbrl.run.prepare_run`), and then run the same
+:func:`pbrl.config.load_job`, then the preflight of :func:`pbrl.run.folder.prepare_run`), and then run the same
 body as ``pbrl train`` (:func:`flows.training.run_training`).
 """
 
@@ -27,7 +27,7 @@ from pydantic.fields import FieldInfo
 
 from flows.training import run_training
 from pbrl.config import JOB_CLASSES, load_job, parse_job
-from pbrl.run import generated_run_name
+from pbrl.run.folder import generated_run_name
 
 # The form's sections, in display order. An option belongs to the first group naming it exactly, else to
 # the first group with a matching pattern; an option no group claims still appears, under "other".

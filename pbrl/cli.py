@@ -60,7 +60,7 @@ def _load(config: Path, overrides: list[str] | None, run_name: str | None = None
     import warnings
 
     from pbrl.config import load_job
-    from pbrl.config_notices import ConfigNotice
+    from pbrl.config.notices import ConfigNotice
 
     extra = [*(overrides or [])]
     if run_name:
@@ -84,12 +84,12 @@ def validate(config: Path, set_: SetOption = None) -> None:
 
     Example: pbrl validate flows/configs/tiny-madpo-iter.yaml --set dpo_beta=0.2
     """
-    from pbrl.preflight import preflight
+    from pbrl.run.preflight import preflight
 
     with _expected_errors(2):
         job = _load(config, set_)
         preflight(job, prepare_models=False)  # task, import paths, datasets and models exist
-    from pbrl.collaboration import is_centralized
+    from pbrl.generation.collaboration import is_centralized
 
     agents = f"{job.num_agents} roles, one actor" if is_centralized(job) else f"{job.num_agents} agents"
     console.print(f"OK: {config} ({job.trainer}, {agents})")
@@ -100,8 +100,8 @@ HEADERS = {"train_pairs": "train", "accuracy": "acc", "eval_reward": "eval", "ev
 
 
 def _print_rounds(run_dir: Path) -> None:
-    from pbrl.metrics import round_table, write_run_metrics
-    from pbrl.report import write_report_png
+    from pbrl.reporting.metrics import round_table, write_run_metrics
+    from pbrl.reporting.report import write_report_png
 
     write_run_metrics(run_dir)  # rebuilt from the manifests: also right for an interrupted run
     table = round_table(run_dir)
@@ -133,10 +133,11 @@ def _with_runner(job: JobConfig, runner: str) -> JobConfig:
 
 
 def _train_with_progress(job: JobConfig, resume: bool) -> dict[str, Any]:
-    """Run the training flow under a one-line progress display (stage events from :mod:`pbrl.progress`)."""
+    """Run the training flow under a one-line progress display (stage events from :mod:`pbrl.run.progress`)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pbrl import orchestration, progress
+    from pbrl import orchestration
+    from pbrl.run import progress
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} stages"),
                   TimeElapsedColumn(), console=console) as bar:
@@ -172,9 +173,9 @@ def train(
     Example: pbrl train flows/configs/tiny-madpo-iter.yaml --set num_iterations=3 --run-name try-1
     """
     from pbrl import orchestration
-    from pbrl.preflight import preflight
-    from pbrl.run import open_job, run_dir_for
-    from pbrl.shards import require_ray_extra
+    from pbrl.distributed.shards import require_ray_extra
+    from pbrl.run.folder import open_job, run_dir_for
+    from pbrl.run.preflight import preflight
 
     if run is not None and not resume:
         raise _fail(ValueError("--run continues an existing run: add --resume"))
@@ -233,7 +234,7 @@ def stage(
     if not (run / "run.json").is_file():
         raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
     from flows.training import num_rounds
-    from pbrl.run import open_job
+    from pbrl.run.folder import open_job
 
     with _expected_errors(2):
         last = num_rounds(open_job(run))
@@ -257,8 +258,7 @@ def stage(
 @app.command()
 def status(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
     """Each round's stages: done / cached / failed / missing, with counts and seconds."""
-    from pbrl.run import existing_rounds
-    from pbrl.storage import STAGES, RunPaths, read_manifest, read_states
+    from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest, read_states
 
     paths = RunPaths(run)
     if not paths.run_json.is_file():
@@ -360,7 +360,7 @@ def deploy(
 @models_app.command("list")
 def models_list() -> None:
     """The packaged models and whether they are prepared."""
-    from pbrl.packaged import list_packaged_models
+    from pbrl.models.packaged import list_packaged_models
 
     t = Table(title="packaged models")
     for col in ("name", "prepared", "folder"):
@@ -373,7 +373,7 @@ def models_list() -> None:
 @models_app.command("prepare")
 def models_prepare(name: str) -> None:
     """Convert a packaged model once (GGUF -> safetensors under storage/models/)."""
-    from pbrl.packaged import prepare_packaged_model
+    from pbrl.models.packaged import prepare_packaged_model
 
     try:
         console.print(f"ready: {prepare_packaged_model(name)}")

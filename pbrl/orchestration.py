@@ -162,8 +162,8 @@ def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, An
     """Run one stage's plain function: no Prefect, no cache, no retries."""
     quiet_libraries()
     from flows.cache import run_recorded  # the manifest records its cache key, so a resume accepts it
-    from pbrl.metrics import write_run_metrics
-    from pbrl.run import open_job
+    from pbrl.reporting.metrics import write_run_metrics
+    from pbrl.run.folder import open_job
 
     manifest = run_recorded(stage, run_dir, round_index, open_job(run_dir))
     write_run_metrics(run_dir)

@@ -27,8 +27,8 @@ from pbrl.config import (
     TrainerConfig,
     make_job,
 )
-from pbrl.item_sources import DatasetSpec
-from pbrl.tasks import Task
+from pbrl.data.item_sources import DatasetSpec
+from pbrl.tasks.base import Task
 
 __all__ = [
     "MADPOConfig", "MADPOIterConfig", "MARLHFConfig", "MARLHFIterConfig", "DatasetSpec",
@@ -61,7 +61,7 @@ def _as_config_value(value: Any) -> Any:
 
 def _dataset_config_value(value: Any) -> Any:
     """The config value of a ``train_dataset`` / ``eval_dataset`` argument: a path as text, a dataset spec
-    (:class:`~pbrl.item_sources.DatasetSpec` or a mapping of its fields, validated with the config), else
+    (:class:`~pbrl.data.item_sources.DatasetSpec` or a mapping of its fields, validated with the config), else
     None: in-memory items (a list of dicts, a ``datasets.Dataset``) stay in this process."""
     if isinstance(value, (str, Path)):
         return str(value)
@@ -87,8 +87,9 @@ def _train(
     **run_options: Any,
 ) -> TrainResult:
     from pbrl import orchestration
-    from pbrl.metrics import round_table
-    from pbrl.run import IN_PROCESS_TASK, generated_run_name, prepare_run, resolve_task
+    from pbrl.reporting.metrics import round_table
+    from pbrl.run.folder import generated_run_name, prepare_run
+    from pbrl.run.task import IN_PROCESS_TASK, resolve_task
 
     # What can be written as config values is (so CLI reruns work); callables and in-memory datasets stay
     # in this process as an attached task.
@@ -106,7 +107,7 @@ def _train(
     in_process = any(callable(v) for v in (reward_func, reward_processor, *(formatters or ()))) or (
         train_dataset is not None and run["train_dataset"] is None)
     if in_process and task is None and not (run["train_dataset"] and run["formatters"] and fn_paths.get("reward_func")):
-        run["task"] = IN_PROCESS_TASK  # a label: the task lives in this process (pbrl.run.attach_task)
+        run["task"] = IN_PROCESS_TASK  # a label: the task lives in this process (pbrl.run.task.attach_task)
     job = make_job(run, config.model_copy(update={k: v for k, v in fn_paths.items() if v}))
     attached = None
     if in_process:

@@ -9,7 +9,7 @@ reward (``reward_func`` + ``reward_processor``), never with a learned reward mod
 of the initial policies; round r evaluates the policy after round r's update.
 
 Rows of ``eval.parquet`` are item-major: the s-th row of an item is its sample s (:func:`sample_keys`).
-Metrics (:mod:`pbrl.stats`, item-level bootstrap): ``eval/reward_mean`` with ``eval/reward_ci_low/high``, and
+Metrics (:mod:`pbrl.reporting.stats`, item-level bootstrap): ``eval/reward_mean`` with ``eval/reward_ci_low/high``, and
 from round 1 on, when round 0 was evaluated, the paired difference to round 0 over the shared draws,
 ``eval/paired_diff_mean`` with ``eval/paired_diff_ci_low/high``. The manifest counts the evaluation items that
 also occur among the training items (same content, ids aside): held-out evaluation needs 0. With
@@ -23,19 +23,26 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from pbrl.collaboration import actor_job, actor_prompts, is_centralized, job_adapter, score_joint, write_eval_roles
 from pbrl.config import JobConfig
-from pbrl.items import read_items
-from pbrl.oracle import score_batch
-from pbrl.policies import PolicySource, load_agent, policy_checkpoint
-from pbrl.run import resolve_task
-from pbrl.sampling import SamplingSettings, encode_prompt, generate
-from pbrl.schema import EVAL, read_rows, write_table
-from pbrl.seeds import derive_seed
-from pbrl.shards import ShardSet, gather_shards
-from pbrl.stagekit import StageRecord
-from pbrl.stats import SampleKey, mean_interval, paired_difference
-from pbrl.storage import RunPaths, StageManifest
+from pbrl.data.items import read_items
+from pbrl.data.schema import EVAL, read_rows, write_table
+from pbrl.data.seeds import derive_seed
+from pbrl.data.storage import RunPaths, StageManifest
+from pbrl.distributed.shards import ShardSet, gather_shards
+from pbrl.generation.collaboration import (
+    actor_job,
+    actor_prompts,
+    is_centralized,
+    job_adapter,
+    score_joint,
+    write_eval_roles,
+)
+from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint
+from pbrl.preference.oracle import score_batch
+from pbrl.reporting.stats import SampleKey, mean_interval, paired_difference
+from pbrl.run.stage_record import StageRecord
+from pbrl.run.task import resolve_task
 
 NAME = "evaluate"
 BASELINE_ROUND = 0
@@ -112,7 +119,7 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]
         prompts=[[prompts[a][j] for a in range(job.num_agents)] for j in range(len(draws))],
         batch_items=[item for item, _ in draws],
     ) if draws and adapter is None else []
-    if adapter is not None:  # centralized collaboration: the task reward on the role texts (pbrl.collaboration)
+    if adapter is not None:  # centralized collaboration: the task reward on the role texts (pbrl.generation.collaboration)
         scores, _ = score_joint(adapter, task, [g.text for g in completions[0]], [item for item, _ in draws])
     return [
         {"item_id": item["item_id"], "prompts": [prompts[a][j] for a in range(job.num_agents)],
@@ -126,7 +133,7 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet | None = None) -> StageManifest:
-    """Evaluate the round's policies, or (``shards``) gather the rows the shards wrote (:mod:`pbrl.shards`,
+    """Evaluate the round's policies, or (``shards``) gather the rows the shards wrote (:mod:`pbrl.distributed.shards`,
     contiguous item ranges in order, so the rows stay item-major); the table written is the same either way."""
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
@@ -138,7 +145,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
         rows, _ = gather_shards(paths, round_index, NAME, shards, EVAL)
     write_table(paths.eval(round_index), rows, EVAL)
     outputs = [paths.eval(round_index)]
-    if is_centralized(job):  # the role texts of each draw (pbrl.collaboration)
+    if is_centralized(job):  # the role texts of each draw (pbrl.generation.collaboration)
         outputs.append(write_eval_roles(rows, paths.round_dir(round_index), job))
     seen = items_seen_in_training(items, read_items(paths, "train"))
     rewards = rewards_by_draw(rows)

@@ -16,9 +16,11 @@ import shutil
 from pathlib import Path
 
 from pbrl.config import JobConfig
+from pbrl.data.schema import PAIR_JOINT_IDS, SELECTED_PAIRS, read_rows, read_selected_pairs
+from pbrl.data.seeds import derive_seed
+from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.errors import ArtifactError
-from pbrl.policies import PolicySource
-from pbrl.reward_model import (
+from pbrl.learning.reward_model import (
     RewardModelSpec,
     fit_bradley_terry,
     heldout_split,
@@ -29,10 +31,8 @@ from pbrl.reward_model import (
     reward_model_dir,
     save_reward_model,
 )
-from pbrl.schema import PAIR_JOINT_IDS, SELECTED_PAIRS, read_rows, read_selected_pairs
-from pbrl.seeds import derive_seed
-from pbrl.stagekit import StageRecord
-from pbrl.storage import RunPaths, StageManifest
+from pbrl.models.policies import PolicySource
+from pbrl.run.stage_record import StageRecord
 
 NAME = "fit-reward-model"
 HELDOUT_SHARE = 0.2  # share of the usable selected pairs held out for rm/heldout_* (at least 1 when >= 2 pairs)

@@ -16,15 +16,16 @@ from collections import Counter
 from pathlib import Path
 
 from pbrl.config import JobConfig
+from pbrl.data.replay_store import run_identity, stored_rounds
+from pbrl.data.schema import PAIRS, SCORES, SELECTED_PAIRS, read_rows, write_table
+from pbrl.data.seeds import numpy_rng
+from pbrl.data.storage import RunPaths, StageManifest, hash_path, write_json
 from pbrl.errors import ArtifactError
-from pbrl.replay import ReplayDataset, select_replay
-from pbrl.replay_store import run_identity, stored_rounds
-from pbrl.reward_hist import check_reward_range, distribution_metrics, distribution_record, plot_distribution
-from pbrl.run import resolve_task
-from pbrl.schema import PAIRS, SCORES, SELECTED_PAIRS, read_rows, write_table
-from pbrl.seeds import numpy_rng
-from pbrl.stagekit import StageRecord, job_replay_dir
-from pbrl.storage import RunPaths, StageManifest, hash_path, write_json
+from pbrl.preference.replay import ReplayDataset, select_replay
+from pbrl.reporting.reward_hist import check_reward_range, distribution_metrics, distribution_record, plot_distribution
+from pbrl.run.folder import job_replay_dir
+from pbrl.run.stage_record import StageRecord
+from pbrl.run.task import resolve_task
 
 NAME = "replay-select"
 

@@ -1,12 +1,12 @@
 """Stage 1, sample-candidates: every agent samples its candidates for every train item (SPEC §4.1).
 
 Round r samples from the policy after round r-1. Iterative trainers also collect the comparator side
-(SPEC §5.3) through one :class:`pbrl.comparators.Comparator`, whatever its kind. Checkpoint sides are
+(SPEC §5.3) through one :class:`pbrl.generation.comparators.Comparator`, whatever its kind. Checkpoint sides are
 batched across items and candidates; each row's tokens depend only on its seed
 ``(seed, round, side, agent, item, candidate)``. Comparator completions are stored in each target agent's
 vocabulary (text from another tokenizer, an API or a centralized response is encoded once, here).
 With ``collaboration_mode: centralized`` one actor (agent_0) samples joint responses on the joint prompt
-(:mod:`pbrl.collaboration`); the oracle splits them into roles.
+(:mod:`pbrl.generation.collaboration`); the oracle splits them into roles.
 """
 
 from __future__ import annotations
@@ -14,10 +14,16 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from pbrl.api_comparator import ApiSettings
-from pbrl.centralized import ADAPTER_FIELD, load_adapter
-from pbrl.collaboration import actor_job, actor_prompts, is_centralized, num_actors
-from pbrl.comparators import (
+from pbrl.config import JobConfig, is_iterative
+from pbrl.data.items import read_items
+from pbrl.data.schema import CANDIDATES, write_table
+from pbrl.data.seeds import derive_seed
+from pbrl.data.storage import RunPaths, StageManifest
+from pbrl.distributed.shards import ShardSet, gather_shards
+from pbrl.generation.api_client import ApiSettings
+from pbrl.generation.centralized import ADAPTER_FIELD, load_adapter
+from pbrl.generation.collaboration import actor_job, actor_prompts, is_centralized, num_actors
+from pbrl.generation.comparators import (
     CandidateRow,
     Comparator,
     ComparatorRequest,
@@ -27,16 +33,10 @@ from pbrl.comparators import (
     build_comparator,
     target_side,
 )
-from pbrl.config import JobConfig, is_iterative
-from pbrl.items import read_items
-from pbrl.policies import PolicySource, load_agent
-from pbrl.run import resolve_task
-from pbrl.sampling import SamplingSettings, encode_prompt, generate
-from pbrl.schema import CANDIDATES, write_table
-from pbrl.seeds import derive_seed
-from pbrl.shards import ShardSet, gather_shards
-from pbrl.stagekit import StageRecord
-from pbrl.storage import RunPaths, StageManifest
+from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.models.policies import PolicySource, load_agent
+from pbrl.run.stage_record import StageRecord
+from pbrl.run.task import resolve_task
 
 NAME = "sample-candidates"
 API_STORE = "comparator_api"  # rounds/<r>/comparator_api/: API answers kept as they arrive (resume)
@@ -125,7 +125,7 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]
     all items.
     """
     task = resolve_task(job, paths.root)
-    job = actor_job(job)  # centralized collaboration: one actor, agent_0, on the joint prompt (pbrl.collaboration)
+    job = actor_job(job)  # centralized collaboration: one actor, agent_0, on the joint prompt (pbrl.generation.collaboration)
     comp = comparator(paths, round_index, job)
     plan = sides(paths, round_index, job, comp)
     settings = sampling_settings(job)
@@ -171,7 +171,7 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet | None = None) -> StageManifest:
     """Sample every train item's candidates, or (``shards``) gather the rows the shards wrote
-    (:mod:`pbrl.shards`); the table written is the same either way."""
+    (:mod:`pbrl.distributed.shards`); the table written is the same either way."""
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
     items = read_items(paths, "train")

@@ -5,7 +5,7 @@ called on batches; a failed reward drops that joint response with a counted reas
 ``oracle_max_failure_share`` failures stop the round with a report naming the items. With
 ``collaboration_mode: centralized`` each joint response is one actor's text, split into roles by the adapter
 for the reward; the role texts go to ``roles.parquet``, and an unparsable response is dropped with the reason
-``centralized_parse`` (counted, never stopping the round; :mod:`pbrl.collaboration`).
+``centralized_parse`` (counted, never stopping the round; :mod:`pbrl.generation.collaboration`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from pbrl.collaboration import (
+from pbrl.config import JobConfig
+from pbrl.data.items import read_items
+from pbrl.data.schema import SCORES, read_joint_responses, write_table
+from pbrl.data.storage import RunPaths, StageManifest
+from pbrl.distributed.shards import ShardSet, gather_shards
+from pbrl.errors import ArtifactError, OracleError
+from pbrl.generation.collaboration import (
     PARSE_FAILURE,
     actor_job,
     is_centralized,
@@ -23,16 +29,10 @@ from pbrl.collaboration import (
     score_joint,
     write_candidate_roles,
 )
-from pbrl.config import JobConfig
-from pbrl.errors import ArtifactError, OracleError
-from pbrl.items import read_items
-from pbrl.oracle import OracleScore, score_batch
-from pbrl.reward_model import DROP_TOO_LONG, RewardScorer, newest_reward_model, reward_device
-from pbrl.run import resolve_task
-from pbrl.schema import SCORES, read_joint_responses, write_table
-from pbrl.shards import ShardSet, gather_shards
-from pbrl.stagekit import StageRecord
-from pbrl.storage import RunPaths, StageManifest
+from pbrl.learning.reward_model import DROP_TOO_LONG, RewardScorer, newest_reward_model, reward_device
+from pbrl.preference.oracle import OracleScore, score_batch
+from pbrl.run.stage_record import StageRecord
+from pbrl.run.task import resolve_task
 
 NAME = "score-with-oracle"
 BATCH = 256  # joint responses per reward_func call
@@ -95,7 +95,7 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet | None = None) -> StageManifest:
-    """Score every joint response, or (``shards``) gather the rows the shards wrote (:mod:`pbrl.shards`);
+    """Score every joint response, or (``shards``) gather the rows the shards wrote (:mod:`pbrl.distributed.shards`);
     the table written is the same either way."""
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
@@ -131,7 +131,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
     write_table(paths.scores(round_index), rows, SCORES)
     record.counts = {"joint_responses": len(keys), "failed": failed}
     outputs = [paths.scores(round_index)]
-    if is_centralized(job):  # the role texts of each joint response (pbrl.collaboration)
+    if is_centralized(job):  # the role texts of each joint response (pbrl.generation.collaboration)
         outputs.append(write_candidate_roles(paths.candidates(round_index), paths.round_dir(round_index), job))
         record.counts["centralized_parse_failures"] = reasons[PARSE_FAILURE]
     for side in sorted({k[1] for k in keys}):

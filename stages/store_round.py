@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from pbrl.config import JobConfig
-from pbrl.replay_store import run_identity, store_round
-from pbrl.schema import PAIRS, read_rows
-from pbrl.stagekit import StageRecord, job_replay_dir
-from pbrl.storage import RunPaths, StageManifest, sha256_file
+from pbrl.data.replay_store import run_identity, store_round
+from pbrl.data.schema import PAIRS, read_rows
+from pbrl.data.storage import RunPaths, StageManifest, sha256_file
+from pbrl.run.folder import job_replay_dir
+from pbrl.run.stage_record import StageRecord
 
 NAME = "store-round"
 

@@ -1,5 +1,5 @@
 """Stage 7, update-policies: MADPO (SPEC §5.5), ``num_train_epochs`` passes over the selected pairs; or
-MARLHF policy learning (SPEC §5.7, :func:`pbrl.rl.run_rl`): ``num_train_epochs`` passes over the round's
+MARLHF policy learning (SPEC §5.7, :func:`pbrl.learning.rl.run_rl`): ``num_train_epochs`` passes over the round's
 train items (prompt ids as stored in this round's candidates), rollouts scored by the round's fitted reward
 model and written to ``rounds/<r>/rollouts.parquet``. A MARLHF round whose fit-reward-model fitted no model
 (no usable pairs) updates nothing, like a round without pairs.
@@ -8,19 +8,19 @@ Round r starts from the policy (and each agent's AdamW state) after round r-1 an
 ``checkpoints/round_<r>/``: per agent the weights (or LoRA adapter) and optimizer state, then
 ``trainer_state.json`` last. The folder is assembled under a temporary name and renamed, so a process
 killed mid-update leaves no checkpoint that a later stage would read. The manifest names the policy after
-the round (``details.checkpoint``), and that is what later stages load (:func:`pbrl.policies.policy_checkpoint`).
+the round (``details.checkpoint``), and that is what later stages load (:func:`pbrl.models.policies.policy_checkpoint`).
 
 A round without pairs writes no checkpoint: its manifest names the previous policy, and a
 ``checkpoints/round_<r>/`` left by an earlier attempt of the round is deleted once that manifest is written
 (a process killed in between leaves it unreferenced, so it is never loaded).
 
-With ``rl_algorithm: maac | iac`` the critics (:mod:`pbrl.critics`) are checkpointed beside the policies in
+With ``rl_algorithm: maac | iac`` the critics (:mod:`pbrl.learning.critics`) are checkpointed beside the policies in
 ``checkpoints/round_<r>/critic_<k>/`` (trainable weights, AdamW state, ``critic.json``) and the next round
 restores them from there, exactly like the agents; round 1 builds them fresh from the run seed.
 
 Training forwards run with dropout on (``lora_dropout``); each agent's masks in each step come from their
 own seed ``(seed, round, "update-policies", "dropout", agent, step)``, so a rerun is bitwise identical.
-Trainable weights are float32 whatever ``torch_dtype`` is (see :func:`pbrl.models.load_model`).
+Trainable weights are float32 whatever ``torch_dtype`` is (see :func:`pbrl.models.loading.load_model`).
 """
 
 from __future__ import annotations
@@ -36,15 +36,21 @@ from typing import Any
 
 import torch
 
-from pbrl.collaboration import actor_job
 from pbrl.config import JobConfig
-from pbrl.critics import ACTOR_CRITIC, Critic, CriticSet, CriticSpec, new_critic, restore_critic, save_critic
-from pbrl.env_steps import NEVER_LOGGED, env_step_axis, train_log
+from pbrl.data.replay_store import run_identity, stored_rounds
+from pbrl.data.schema import ROLLOUTS, SELECTED_PAIRS, read_joint_responses, read_rows, read_selected_pairs, write_table
+from pbrl.data.seeds import derive_seed, numpy_rng
+from pbrl.data.storage import RunPaths, StageManifest, atomic_dir, read_manifest, write_json
 from pbrl.errors import ArtifactError
-from pbrl.export import export_policy_checkpoint
-from pbrl.madpo import LocalAgent, PairBatch, StepAgent, TrainablePolicy, madpo_agents_step
-from pbrl.models import resolve_devices
-from pbrl.policies import (
+from pbrl.generation.collaboration import actor_job
+from pbrl.generation.sampling import SamplingSettings, generate
+from pbrl.learning.critics import ACTOR_CRITIC, Critic, CriticSet, CriticSpec, new_critic, restore_critic, save_critic
+from pbrl.learning.env_steps import NEVER_LOGGED, env_step_axis, train_log
+from pbrl.learning.madpo import LocalAgent, PairBatch, StepAgent, TrainablePolicy, madpo_agents_step
+from pbrl.learning.reward_model import RewardScorer, is_marlhf, joint_template_for, reward_device, reward_model_dir
+from pbrl.learning.rl import ReferencePolicy, RLSettings, rl_metrics, rollouts_path, run_rl
+from pbrl.models.loading import resolve_devices
+from pbrl.models.policies import (
     TRAINER_STATE,
     PolicySource,
     load_agent,
@@ -53,14 +59,9 @@ from pbrl.policies import (
     trainable_agent,
     write_agent,
 )
-from pbrl.replay_store import run_identity, stored_rounds
-from pbrl.reward_model import RewardScorer, is_marlhf, joint_template_for, reward_device, reward_model_dir
-from pbrl.rl import ReferencePolicy, RLSettings, rl_metrics, rollouts_path, run_rl
-from pbrl.sampling import SamplingSettings, generate
-from pbrl.schema import ROLLOUTS, SELECTED_PAIRS, read_joint_responses, read_rows, read_selected_pairs, write_table
-from pbrl.seeds import derive_seed, numpy_rng
-from pbrl.stagekit import StageRecord, job_replay_dir
-from pbrl.storage import RunPaths, StageManifest, atomic_dir, read_manifest, write_json
+from pbrl.run.export import export_policy_checkpoint
+from pbrl.run.folder import job_replay_dir
+from pbrl.run.stage_record import StageRecord
 
 NAME = "update-policies"
 FIT_STAGE = "fit-reward-model"
@@ -87,7 +88,7 @@ def selected_pairs(paths: RunPaths, round_index: int) -> list[dict]:
 def item_grouped_order(pairs: list[dict], permutation) -> list[int]:
     """The seeded shuffle ``permutation`` of the pair indices, regrouped so the pairs of one item are adjacent
     (items in the order their first pair appears in the shuffle; within an item, shuffle order). Batches then
-    hold several pairs of one item, whose shared prompt is scored once (:func:`pbrl.madpo.agent_margins`)."""
+    hold several pairs of one item, whose shared prompt is scored once (:func:`pbrl.learning.madpo.agent_margins`)."""
     rank: dict[str, int] = {}
     for j in permutation:
         rank.setdefault(pairs[int(j)]["item_id"], len(rank))
@@ -135,8 +136,8 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     if is_marlhf(job.trainer):
         policies, tokenizers = _load_policies(job, start)
         return _run_marlhf(record, job, pairs, start, policies, tokenizers)
-    if job.runner == "ray":  # one Ray actor per agent (pbrl.ray_agents); the same numbers as in process
-        from pbrl.ray_agents import gather, remote_agents, write_agents
+    if job.runner == "ray":  # one Ray actor per agent (pbrl.distributed.ray_agents); the same numbers as in process
+        from pbrl.distributed.ray_agents import gather, remote_agents, write_agents
 
         with remote_agents(job, start) as agents:
             record.details = {"agents_on": "ray_actors"}
@@ -151,7 +152,7 @@ def _run_madpo(record: StageRecord, job: JobConfig, pairs: list[dict], start: Pa
                gather: Callable[[list[Any]], list[Any]], write: Callable[[Path], None], concurrent: bool = False
                ) -> StageManifest:
     """MADPO (SPEC §5.5): ``num_train_epochs`` passes over ``pairs`` in batches, each a
-    :func:`pbrl.madpo.madpo_agents_step` over ``agents`` (in process, or Ray actors: results through ``gather``,
+    :func:`pbrl.learning.madpo.madpo_agents_step` over ``agents`` (in process, or Ray actors: results through ``gather``,
     ``concurrent``);
     ``write(folder)`` writes every ``agent_<i>/`` into the checkpoint's temporary folder."""
     paths, round_index = record.paths, record.round_index
@@ -261,9 +262,9 @@ def _reward_model_fitted(paths: RunPaths, round_index: int) -> bool:
 
 def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: Path,
                 policies: list[TrainablePolicy], tokenizers: list) -> StageManifest:
-    """MARLHF policy learning (SPEC §5.7, :func:`pbrl.rl.run_rl`) against this round's fitted reward model,
+    """MARLHF policy learning (SPEC §5.7, :func:`pbrl.learning.rl.run_rl`) against this round's fitted reward model,
     on every train item, with the prompt ids stored in this round's candidates. The rollouts are generated in
-    process, or with ``runner: ray`` in shards on Ray workers (:func:`pbrl.ray_rollouts.ray_rollouts`, SPEC §11):
+    process, or with ``runner: ray`` in shards on Ray workers (:func:`pbrl.distributed.ray_rollouts.ray_rollouts`, SPEC §11):
     the same tokens, every row having its own seed."""
     paths, round_index, a, g = record.paths, record.round_index, job.num_agents, job.num_generations
     scorer = RewardScorer(reward_model_dir(paths.round_dir(round_index)), a,
@@ -283,8 +284,8 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
     def generate_here(agent: int, rows: list[list[int]], seeds: list[int], names: list[str]) -> list:
         return generate(policies[agent].model, tokenizers[agent], rows, seeds, settings, row_names=names)
 
-    if job.runner == "ray":  # the step's rows in shards on Ray workers (pbrl.ray_rollouts); the same tokens
-        from pbrl.ray_rollouts import ray_rollouts
+    if job.runner == "ray":  # the step's rows in shards on Ray workers (pbrl.distributed.ray_rollouts); the same tokens
+        from pbrl.distributed.ray_rollouts import ray_rollouts
 
         generator = ray_rollouts(job, start, policies, settings, len(item_ids))
     else:
@@ -381,7 +382,7 @@ def _critic_device(device: str, policy: TrainablePolicy) -> str:
 
 def _export(job: JobConfig, checkpoint: Path, round_index: int) -> None:
     """Also copy the policy after this round to ``policy_checkpoint_dir`` (iterative trainers), in the
-    reference's layout (:mod:`pbrl.export`)."""
+    reference's layout (:mod:`pbrl.run.export`)."""
     directory = getattr(job, "policy_checkpoint_dir", None)
     if directory:
         export_policy_checkpoint(checkpoint, directory, round_index, job.num_agents)

@@ -29,7 +29,7 @@ os.environ.update({
 
 import pytest  # noqa: E402
 
-from pbrl.testing import build_tiny_model  # noqa: E402
+from pbrl.models.tiny import build_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

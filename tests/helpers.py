@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pbrl.config import JobConfig, parse_job
-from pbrl.run import prepare_run
+from pbrl.run.folder import prepare_run
 
 
 def tiny_job(model_dir: Path, output_dir: Path, **overrides: Any) -> JobConfig:
@@ -48,7 +49,7 @@ def run_artifacts(run_dir: Path, patterns: tuple[str, ...] = RUN_ARTIFACTS, *,
     included) and, with ``trainer_state``, each round's (round, optimizer_steps)."""
     import torch
 
-    from pbrl.storage import read_json
+    from pbrl.data.storage import read_json
 
     out: dict[str, object] = {}
     for pattern in patterns:
@@ -84,8 +85,8 @@ def lora_dropout_policy(model_dir: Path, tmp_path: Path, seed: int = 0):
     where the dropout sits, changes the output; trainable, with SGD at lr 0 (the weights never move)."""
     import torch
 
-    from pbrl.madpo import TrainablePolicy, trainable_parameters
-    from pbrl.models import LoraSettings, init_lora_adapter, load_policy
+    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy
 
     lora = LoraSettings(r=4, dropout=0.5)
     adapter = init_lora_adapter(model_dir, lora, tmp_path / f"adapter{seed}", seed=seed)
@@ -111,12 +112,12 @@ def logprob_alone(model, prompt: list[int], completion: list[int]) -> float:
 
 def tiny_policies(model_dir: Path, lora=None, lr: float = 1e-2, adapter_root: Path | None = None, n: int = 2):
     """``n`` trainable float32 CPU agents of the tiny model, AdamW at ``lr`` (no weight decay), pad id 0; with
-    ``lora`` (a :class:`pbrl.models.LoraSettings`) each gets its own adapter ``adapter_root/agent_<i>``
+    ``lora`` (a :class:`pbrl.models.loading.LoraSettings`) each gets its own adapter ``adapter_root/agent_<i>``
     initialised from seed i."""
     import torch
 
-    from pbrl.madpo import TrainablePolicy, trainable_parameters
-    from pbrl.models import init_lora_adapter, load_policy
+    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.models.loading import init_lora_adapter, load_policy
 
     out = []
     for seed in range(n):
@@ -126,3 +127,19 @@ def tiny_policies(model_dir: Path, lora=None, lr: float = 1e-2, adapter_root: Pa
         out.append(TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=0.0),
                                    pad_token_id=0))
     return out
+
+
+# The all-ties reward: task toy with reward_func CONSTANT_REWARD (every comparison a tie).
+CONSTANT_REWARD = "tests.helpers:constant_reward"
+
+
+def constant_reward(
+    *completions: Sequence[str],
+    prompts: Sequence[Sequence[str]] | None = None,
+    batch_items: Sequence[dict[str, Any]] | None = None,
+) -> list[float]:
+    """1.0 for every joint response: every pair is a tie (tests the all-ties path). Same arguments as
+    :func:`pbrl.tasks.toy.toy_reward`."""
+    sizes = {len(agent) for agent in completions}
+    assert len(sizes) == 1, sizes
+    return [1.0] * sizes.pop()

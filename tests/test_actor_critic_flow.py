@@ -16,8 +16,8 @@ import torch
 
 from pbrl import orchestration
 from pbrl.config import load_job
-from pbrl.metrics import metrics_frame
-from pbrl.storage import RunPaths
+from pbrl.data.storage import RunPaths
+from pbrl.reporting.metrics import metrics_frame
 from tests.helpers import assert_same_artifacts, run_artifacts
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]

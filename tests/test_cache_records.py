@@ -19,12 +19,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-import pbrl.run
+import pbrl.run.folder
 import tests.rewards_ab as rewards_ab
 from flows.cache import ExpiringFileLocks, settle_lock
 from flows.round import round_flow
+from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.errors import ArtifactError
-from pbrl.storage import RunPaths, read_manifest
 from tests.helpers import new_run
 
 ROUND_STAGES = ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
@@ -85,7 +85,7 @@ def test_reward_a_then_b_then_a_leaves_scores_manifest_and_state_of_a(tiny_model
 
     def train_round(reward: Callable) -> dict[str, dict]:
         monkeypatch.setattr(rewards_ab, "reward", reward)  # the user edits the function behind the path
-        monkeypatch.setattr(pbrl.run, "_ATTACHED_TASKS", {})  # a new process: the task is imported afresh
+        monkeypatch.setattr(pbrl.run.folder, "_ATTACHED_TASKS", {})  # a new process: the task is imported afresh
         return {s["stage"]: s for s in round_flow(str(run_dir), "run", 1, job)}
 
     def agent0_lengths() -> dict[tuple, float]:

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from pbrl.centralized import CentralizedParseError, TaggedAdapter, load_adapter, split_roles
+from pbrl.data.schema import CANDIDATES, PAIRS, read_rows
+from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError
-from pbrl.schema import CANDIDATES, PAIRS, read_rows
-from pbrl.storage import RunPaths
+from pbrl.generation.centralized import CentralizedParseError, TaggedAdapter, load_adapter, split_roles
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 from tests.test_comparators_api import KEY_ENV, LoopbackServer, api_job_fields

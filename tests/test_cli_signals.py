@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pbrl.storage import RunPaths, read_manifest
+from pbrl.data.storage import RunPaths, read_manifest
 from tests.test_cli import NOISE, ROOT, TINY, pbrl_env, run_pbrl
 
 pytestmark = pytest.mark.flow

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pbrl.centralized import TaggedAdapter
-from pbrl.collaboration import ROLES, actor_job, actor_prompts, num_actors, roles_path, score_joint
 from pbrl.config import JOB_CLASSES, ConfigNotice, parse_job
+from pbrl.data.schema import CANDIDATES, PAIRS, SCORES, read_rows, write_table
+from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError
-from pbrl.schema import CANDIDATES, PAIRS, SCORES, read_rows, write_table
-from pbrl.storage import RunPaths
-from pbrl.tasks import get_task
-from pbrl.testing import HalvesAdapter
+from pbrl.generation.centralized import EqualSharesAdapter, TaggedAdapter
+from pbrl.generation.collaboration import ROLES, actor_job, actor_prompts, num_actors, roles_path, score_joint
+from pbrl.tasks.registry import get_task
 from stages import STAGE_MODULES
 from tests.helpers import new_run, tiny_job
 
@@ -26,7 +25,7 @@ MINIMAL = {"trainer": "madpo_iter", "task": "toy", "agent_model": "m"}
 TOY_PROMPTS = ["Agent 1: say something short about {t}.", "Agent 2: say something short about {t}."]
 
 
-class EmptyRoleAdapter(HalvesAdapter):
+class EmptyRoleAdapter(EqualSharesAdapter):
     """Parses anything, leaving role 2 empty."""
 
     def parse_completion(self, completion: str, num_agents: int) -> list[str]:
@@ -92,7 +91,7 @@ def test_one_actor_model_is_fine_centralized_and_refused_for_two_decentralized_a
 
 
 def test_preflight_names_an_adapter_that_does_not_import_for_a_base_trainer_too(tiny_model_dir, tmp_path):
-    from pbrl.preflight import preflight
+    from pbrl.run.preflight import preflight
 
     job = tiny_job(tiny_model_dir, tmp_path, collaboration_mode="centralized",
                    comparator_centralized_adapter="tests.test_collaboration:Missing")
@@ -173,7 +172,7 @@ def write_candidates(run_dir: Path, *, centralized: bool, broken: frozenset = fr
 
 
 def by_hand_run(tiny_model_dir, out: Path, *, centralized: bool, broken: frozenset = frozenset(), **fields):
-    from pbrl.run import prepare_run
+    from pbrl.run.folder import prepare_run
 
     extra = {"collaboration_mode": "centralized"} if centralized else {}
     data = {**tiny_job(tiny_model_dir, out).model_dump(mode="json"), "trainer": "madpo",
@@ -260,7 +259,7 @@ def test_madpo_learns_from_the_joint_completion_as_one_sequence_of_agent_0(tiny_
 # --------------------------------------------------------------------------------- sampling and evaluation
 def test_one_actor_samples_joint_responses_and_its_comparator_too(tiny_model_dir, tmp_path):
     run_dir, job = new_run(tiny_model_dir, tmp_path, collaboration_mode="centralized",
-                           comparator_centralized_adapter="pbrl.testing:HalvesAdapter")
+                           comparator_centralized_adapter="pbrl.generation.centralized:EqualSharesAdapter")
     manifests = {name: STAGE_MODULES[name].run(run_dir, 1, job) for name in ("sample-candidates", "score-with-oracle")}
     rows = read_rows(RunPaths(run_dir).candidates(1), CANDIDATES)
     assert {r["agent_index"] for r in rows} == {0} and len(rows) == 4 * 3 * 2  # items x candidates x sides
@@ -323,7 +322,7 @@ def test_an_api_comparator_answers_the_joint_prompt_once_per_item_and_its_text_i
 
 
 def test_evaluation_splits_each_joint_draw_into_roles(tiny_model_dir, tmp_path):
-    from pbrl.schema import EVAL
+    from pbrl.data.schema import EVAL
 
     run_dir, job = new_run(tiny_model_dir, tmp_path, collaboration_mode="centralized")  # tagged: never parses
     manifest = STAGE_MODULES["evaluate"].run(run_dir, 0, job)
@@ -344,7 +343,7 @@ ROUND_STAGES = ("sample-candidates", "score-with-oracle", "build-pairs", "store-
 
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_api")
-@pytest.mark.parametrize("adapter", [None, "pbrl.centralized:TaggedAdapter"], ids=["as-shipped", "tagged"])
+@pytest.mark.parametrize("adapter", [None, "pbrl.generation.centralized:TaggedAdapter"], ids=["as-shipped", "tagged"])
 def test_tiny_centralized_config_trains_two_rounds_then_reruns_cached(tmp_path, adapter):
     from typer.testing import CliRunner
 

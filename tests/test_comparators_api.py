@@ -20,15 +20,15 @@ from typing import Any
 
 import pytest
 
-from pbrl.api_comparator import (
+from pbrl.errors import TransientError
+from pbrl.generation.api_client import (
     ApiComparatorError,
     ApiRequest,
     ApiSettings,
     ApiTransientError,
     fetch_answers,
 )
-from pbrl.errors import TransientError
-from pbrl.sampling import SamplingSettings
+from pbrl.generation.sampling import SamplingSettings
 
 KEY = "sk-loopback-7f3a9c1e5b"  # a distinctive value: scanned for in artifacts and messages
 KEY_ENV = "PBRL_TEST_COMPARATOR_KEY"
@@ -67,15 +67,15 @@ class TinyModelWriter:
     """Texts from the tiny model: answer j to a prompt is sampled with seed hash(prompt, j, call count)."""
 
     def __init__(self, model_dir: Path):
-        from pbrl.models import load_model, load_tokenizer
+        from pbrl.models.loading import load_model, load_tokenizer
 
         self.model, self.tokenizer = load_model(model_dir), load_tokenizer(model_dir)
         self.lock = threading.Lock()
         self.calls = 0
 
     def __call__(self, fmt: str, body: dict[str, Any], n: int) -> list[str]:
-        from pbrl.sampling import encode_prompt, generate
-        from pbrl.seeds import derive_seed
+        from pbrl.data.seeds import derive_seed
+        from pbrl.generation.sampling import encode_prompt, generate
 
         with self.lock:
             self.calls += 1
@@ -322,9 +322,9 @@ def api_job_fields(url: str, fmt: str = "openai", **kw: Any) -> dict[str, Any]:
 
 
 def test_stage_stores_answers_in_each_target_vocabulary_and_a_rerun_resumes(tiny_model_dir, tmp_path, writer, key):
-    from pbrl.models import load_tokenizer
-    from pbrl.schema import CANDIDATES, read_rows
-    from pbrl.storage import RunPaths
+    from pbrl.data.schema import CANDIDATES, read_rows
+    from pbrl.data.storage import RunPaths
+    from pbrl.models.loading import load_tokenizer
     from stages import sample_candidates
     from tests.helpers import new_run
 
@@ -375,8 +375,8 @@ def test_tiny_api_config_trains_two_rounds_and_the_key_appears_nowhere(tmp_path,
     assert result.exit_code == 0, result.output
     run_dir = tmp_path / "tiny-comparator-api"
     assert (run_dir / "rounds" / "0002" / "candidates.parquet").is_file()
-    from pbrl.items import read_items
-    from pbrl.storage import RunPaths
+    from pbrl.data.items import read_items
+    from pbrl.data.storage import RunPaths
 
     num_items = len(read_items(RunPaths(run_dir), "train"))
     assert len(server.records) == 2 * 2 * num_items  # rounds x agents x items, n = 4 answers per request

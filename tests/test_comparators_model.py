@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pbrl import comparators
+from pbrl.data.schema import CANDIDATES, PAIRS, read_rows
+from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError
-from pbrl.models import load_tokenizer
-from pbrl.schema import CANDIDATES, PAIRS, read_rows
-from pbrl.storage import RunPaths
+from pbrl.generation import comparators
+from pbrl.models.loading import load_tokenizer
 from stages import STAGE_MODULES
 from tests.helpers import new_run, tiny_job
 
@@ -141,7 +141,7 @@ def test_the_agents_own_model_as_comparator_equals_current_in_round_one(tiny_mod
 
 
 def test_preflight_names_a_missing_comparator_model_and_an_unset_key_variable(tiny_model_dir, tmp_path, monkeypatch):
-    from pbrl.preflight import preflight
+    from pbrl.run.preflight import preflight
 
     job = tiny_job(tiny_model_dir, tmp_path, comparator_policy="model", comparator_model_name=str(tmp_path / "nope"))
     with pytest.raises(ConfigError) as info:

@@ -272,7 +272,7 @@ BAD = [
     ("marlhf", {"rl_algorithm": "maac", "critic_devices": ["cpu", "cpu", "cpu"]}, "critic_devices"),
     ("marlhf", {"critic_value_head_hidden_dim": 0}, "critic_value_head_hidden_dim"),
     ("marlhf", {"value_head_hidden_dim": -1}, "value_head_hidden_dim"),
-    # pbrl.critics: maac's critic is always separate; a value head on the policy has no separate-critic settings
+    # pbrl.learning.critics: maac's critic is always separate; a value head on the policy has no separate-critic settings
     ("marlhf", {"rl_algorithm": "maac", "use_separate_critic": False}, "use_separate_critic"),
     ("madpo", {"runner": "ray", "agent_devices": "auto"}, "agent_devices"),  # Ray reserves named devices only
     ("marlhf", {"rl_algorithm": "iac", "use_separate_critic": False, "critic_model_name": "m"}, "critic_model_name"),
@@ -748,7 +748,7 @@ def test_config_hash_is_one_sha256_hex_per_job_however_it_was_built(tmp_path: Pa
      ("task_options", {"a": 2, "b": [1, 2]}), ("task_options", {"a": 1, "b": [2, 1]}),
      ("preference_replay_mode", "all_history"), ("lora_r", 4), ("mixed_precision", "bf16"),
      ("gradient_checkpointing", True), ("gradient_accumulation_steps", 2),
-     # config_hash covers num_iterations; pbrl.run.stage_config_hash is where a run may grow by iterations
+     # config_hash covers num_iterations; pbrl.config.stage_config_hash is where a run may grow by iterations
      ("num_iterations", 7)],
 )
 def test_config_hash_changes_with_any_option(field: str, value: Any) -> None:

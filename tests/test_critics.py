@@ -1,4 +1,4 @@
-"""Actor-critic backends of MARLHF (SPEC §5.7, pbrl.critics): advantages, the clipped value loss, explained
+"""Actor-critic backends of MARLHF (SPEC §5.7, pbrl.learning.critics): advantages, the clipped value loss, explained
 variance, critic inputs, the iac value head on the policy backbone, learning, checkpoints, the RL loop, preflight."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
-from pbrl.critics import (
+from pbrl.errors import ArtifactError
+from pbrl.generation.sampling import Generation
+from pbrl.learning.critics import (
     CriticSet,
     CriticSpec,
     actor_critic_advantages,
@@ -23,12 +25,10 @@ from pbrl.critics import (
     save_critic,
     value_head,
 )
-from pbrl.errors import ArtifactError
-from pbrl.madpo import TrainablePolicy, trainable_parameters
-from pbrl.models import LoraSettings, load_model, load_tokenizer
-from pbrl.reward_model import JointTemplate
-from pbrl.rl import RLSettings, run_rl
-from pbrl.sampling import Generation
+from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
+from pbrl.learning.reward_model import JointTemplate
+from pbrl.learning.rl import RLSettings, run_rl
+from pbrl.models.loading import LoraSettings, load_model, load_tokenizer
 
 
 # ---------------------------------------------------------------------------------------------- hand-worked
@@ -257,7 +257,7 @@ def test_actor_critic_loop_needs_critics_and_group_loop_refuses_them(tiny_model_
 # ---------------------------------------------------------------------------------------------- preflight
 def test_preflight_accepts_maac_and_iac_and_refuses_what_is_not_built(tiny_model_dir, tmp_path):
     from pbrl.errors import ConfigError
-    from pbrl.run import prepare_run
+    from pbrl.run.folder import prepare_run
     from tests.helpers import tiny_job
 
     for backend in ("maac", "iac"):

@@ -8,10 +8,10 @@ import pytest
 
 from pbrl import orchestration
 from pbrl.config import load_job
-from pbrl.items import read_items
-from pbrl.metrics import round_table
-from pbrl.schema import CANDIDATES, EVAL, read_rows
-from pbrl.storage import RunPaths
+from pbrl.data.items import read_items
+from pbrl.data.schema import CANDIDATES, EVAL, read_rows
+from pbrl.data.storage import RunPaths
+from pbrl.reporting.metrics import round_table
 from pbrl.tasks.humaneval_docs import docs_reward
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]

@@ -9,10 +9,11 @@ import statistics
 import pytest
 
 import stages.evaluate as evaluate
-from pbrl.metrics import round_table, write_run_metrics
-from pbrl.schema import EVAL, METRICS, read_rows, read_table
-from pbrl.storage import RunPaths
-from pbrl.tasks.humaneval import humaneval_coop_task, humaneval_docs_task
+from pbrl.data.schema import EVAL, METRICS, read_rows, read_table
+from pbrl.data.storage import RunPaths
+from pbrl.reporting.metrics import round_table, write_run_metrics
+from pbrl.tasks.humaneval_coop import humaneval_coop_task
+from pbrl.tasks.humaneval_docs import humaneval_docs_task
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 

@@ -13,10 +13,10 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from flows.round import call_stage, round_flow
+from pbrl.data.storage import RunPaths
 from pbrl.errors import OracleError, TransientError
-from pbrl.storage import RunPaths
 from stages import STAGE_MODULES
-from tests.helpers import new_run
+from tests.helpers import CONSTANT_REWARD, new_run
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]
 
@@ -160,7 +160,7 @@ def test_deployments_register_with_utc_cron_and_typed_parameters():
 
 
 def test_round_without_pairs_skips_update(tiny_model_dir, tmp_path):
-    run_dir, job = new_run(tiny_model_dir, tmp_path, task="toy_tie", task_options={})
+    run_dir, job = new_run(tiny_model_dir, tmp_path, reward_func=CONSTANT_REWARD, task_options={})
     states = round_flow(str(run_dir), "run", 1, job)
     update = next(s for s in states if s["stage"] == "update-policies")
     assert update["manifest"]["counts"]["pairs"] == 0

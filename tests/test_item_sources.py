@@ -18,12 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from pbrl.config import parse_job
+from pbrl.data.item_sources import DatasetSpec
+from pbrl.data.items import load_item_source, load_run_items, read_items, write_items
+from pbrl.data.schema import read_items_sources
+from pbrl.data.storage import RunPaths
 from pbrl.errors import ArtifactError, ConfigError
-from pbrl.item_sources import DatasetSpec
-from pbrl.items import load_item_source, load_run_items, read_items, write_items
-from pbrl.run import prepare_run, resolve_task
-from pbrl.schema import read_items_sources
-from pbrl.storage import RunPaths
+from pbrl.run.folder import prepare_run
+from pbrl.run.task import resolve_task
 from tests.helpers import tiny_job
 
 # A source dataset whose column names differ from what the formatters read ("topic") and with an id column.

@@ -4,7 +4,7 @@ tiny model whose JSON is checked against the run's own files and a brute-force s
 The README quotes this benchmark's tables; these tests keep the numbers behind them honest: the held-out pairs
 are each evaluation item's best and worst draw, the held-out pair accuracy is the sign of the implicit MADPO
 margin of the round's policy against round 0's (computed here one row at a time with a plain forward, not with
-:func:`pbrl.scoring.sequence_logprobs`), and the per-round figures are the evaluate stage's.
+:func:`pbrl.learning.logprobs.sequence_logprobs`), and the per-round figures are the evaluate stage's.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from pbrl.items import read_items
-from pbrl.policies import PolicySource, load_agent, policy_checkpoint
-from pbrl.run import open_job
-from pbrl.sampling import encode_prompt
-from pbrl.schema import EVAL, read_rows
-from pbrl.storage import RunPaths, read_manifest
+from pbrl.data.items import read_items
+from pbrl.data.schema import EVAL, read_rows
+from pbrl.data.storage import RunPaths, read_manifest
+from pbrl.generation.sampling import encode_prompt
+from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint
+from pbrl.run.folder import open_job
 from tests.helpers import logprob_alone
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from pbrl.losses import madpo_agent_loss, madpo_loss, preference_accuracy
+from pbrl.learning.losses import madpo_agent_loss, madpo_loss, preference_accuracy
 
 BETA = 0.1
 # margins [0.5, −0.2]: joint Δ = 0.3, β Δ = 0.03.

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import pbrl.madpo as madpo
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
-from pbrl.models import LoraSettings, load_policy
+import pbrl.learning.madpo as madpo
+from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+from pbrl.models.loading import LoraSettings, load_policy
 from tests.helpers import tiny_policies as policies
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
@@ -140,7 +140,7 @@ def test_gradient_weight_is_the_joint_margins_for_every_agent(tiny_model_dir):
 
 
 def test_margins_match_separate_scoring(tiny_model_dir):
-    from pbrl.scoring import sequence_logprobs
+    from pbrl.learning.logprobs import sequence_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     policy = TrainablePolicy(model, torch.optim.SGD(model.parameters(), lr=0.0), pad_token_id=0)

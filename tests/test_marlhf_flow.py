@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from pbrl import orchestration
 from pbrl.cli import app
 from pbrl.config import load_job, split_job
-from pbrl.metrics import metrics_frame
-from pbrl.storage import RunPaths
+from pbrl.data.storage import RunPaths
+from pbrl.reporting.metrics import metrics_frame
 from pbrl.trainers import MARLHFTrainer
 from tests.helpers import assert_same_artifacts, run_artifacts
 

@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, micro_batches, trainable_parameters
-from pbrl.metrics import round_table, write_run_metrics
-from pbrl.stagekit import PEAK_RSS_METRIC
-from pbrl.storage import RunPaths
+from pbrl.data.storage import RunPaths
+from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, micro_batches, trainable_parameters
+from pbrl.reporting.metrics import round_table, write_run_metrics
+from pbrl.run.stage_record import PEAK_RSS_METRIC
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 

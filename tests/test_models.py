@@ -16,11 +16,12 @@ import pytest
 import torch
 import transformers.utils.hub
 
-from pbrl import models, packaged
+from pbrl.data.seeds import torch_generator
 from pbrl.errors import ArtifactError, ConfigError
-from pbrl.models import LoraSettings
-from pbrl.seeds import torch_generator
-from pbrl.testing import build_tiny_model
+from pbrl.models import loading as models
+from pbrl.models import packaged
+from pbrl.models.loading import LoraSettings
+from pbrl.models.tiny import build_tiny_model
 
 IDS = torch.tensor([[5, 6, 7, 8, 9, 10]])
 
@@ -408,7 +409,7 @@ def test_two_processes_convert_once(tmp_path: Path) -> None:
             f"""
             import sys, time
             from pathlib import Path
-            from pbrl.packaged import prepare_converted_folder
+            from pbrl.models.packaged import prepare_converted_folder
 
             def convert(src, dst):
                 with open({str(tmp_path / "calls.log")!r}, "a") as fh:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from pbrl.errors import OracleError, TransientError
-from pbrl.oracle import RewardContractError, call_reward_func, score_batch
+from pbrl.preference.oracle import RewardContractError, call_reward_func, score_batch
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 
@@ -101,8 +101,9 @@ def test_wrong_number_of_values_is_a_contract_error():
 
 
 def _attach_failing_task(run_dir):
-    from pbrl.run import attach_task
-    from pbrl.tasks import Task, get_task
+    from pbrl.run.task import attach_task
+    from pbrl.tasks.base import Task
+    from pbrl.tasks.registry import get_task
 
     toy = get_task("toy", num_items=4)
 

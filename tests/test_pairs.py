@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from pbrl.pairs import (
+from pbrl.data.seeds import numpy_rng
+from pbrl.preference.pairs import (
     CandidateRef,
     Pair,
     base_candidate_pairs,
@@ -15,7 +16,6 @@ from pbrl.pairs import (
     iterative_candidate_pairs,
     select_pairs,
 )
-from pbrl.seeds import numpy_rng
 
 TOL = 1e-9
 

@@ -34,10 +34,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pbrl.losses import madpo_agent_loss, preference_accuracy
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step
-from pbrl.pairs import CandidateRef, Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
-from pbrl.replay import (
+from pbrl.learning.logprobs import sequence_logprobs
+from pbrl.learning.losses import madpo_agent_loss, preference_accuracy
+from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step
+from pbrl.preference.pairs import CandidateRef, Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
+from pbrl.preference.replay import (
     ReplayDataset,
     allocate_draws,
     dataset_weights,
@@ -47,7 +48,6 @@ from pbrl.replay import (
     replay_config_problems,
     sample_within,
 )
-from pbrl.scoring import sequence_logprobs
 from tests.helpers import lora_dropout_policy
 
 MODES = "current, nearest_k, all_history, lambda_decay"
@@ -326,7 +326,7 @@ def test_micro_batches_accumulate_past_a_trainable_parameter_the_loss_never_reac
 
 
 def test_micro_seed_hand_values():
-    from pbrl.madpo import micro_seed
+    from pbrl.learning.madpo import micro_seed
 
     assert micro_seed(None, 0) is None and micro_seed(None, 3) is None
     assert micro_seed(5, 0) == 5  # micro-batch 0 keeps the agent's seed
@@ -335,15 +335,15 @@ def test_micro_seed_hand_values():
 
 
 def test_has_dropout_needs_a_positive_rate():
-    from pbrl.madpo import has_dropout
+    from pbrl.learning.madpo import has_dropout
 
     assert not has_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)))
     assert has_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))
 
 
 def test_scorer_choice_follows_activation_checkpointing(tiny_model_dir):
-    from pbrl.madpo import _score
-    from pbrl.scoring import shared_prompt_logprobs
+    from pbrl.learning.logprobs import shared_prompt_logprobs
+    from pbrl.learning.madpo import _score
 
     class Old:  # transformers < 5 names it is_gradient_checkpointing only
         is_gradient_checkpointing = True
@@ -361,7 +361,7 @@ def test_scorer_choice_follows_activation_checkpointing(tiny_model_dir):
 def test_micro_batch_margins_use_each_micro_batchs_dropout_seed(tiny_model_dir, tmp_path):
     """Dropout on, micro-batches of one pair: the reported margins are those of the training forwards with
     micro-batch k's seed (micro_seed(seed, k)), for two agents (the detached pass) and for one (its own pass)."""
-    from pbrl.madpo import agent_margins, micro_seed
+    from pbrl.learning.madpo import agent_margins, micro_seed
 
     agents = [lora_dropout_policy(tiny_model_dir, tmp_path, s) for s in (0, 1)]  # SGD at lr 0: nothing moves
     seeds = [7, 11]
@@ -423,7 +423,7 @@ def test_accumulation_sums_every_micro_batch_skips_identical_pairs_and_clips(tin
 def test_fp16_accumulated_step_goes_through_the_loss_scaler(tiny_model_dir):
     """fp16, micro-batches of one, scale 2^120: the float16 gradients overflow, so the step is skipped, the
     weights stay and the scale halves (the scaler is the agent's, not a fresh unscaled backward)."""
-    from pbrl.precision import make_precision
+    from pbrl.models.precision import make_precision
 
     policy = _policy(tiny_model_dir, 30, lr=1e-2)
     policy.precision = make_precision("fp16", "cpu")
@@ -436,7 +436,7 @@ def test_fp16_accumulated_step_goes_through_the_loss_scaler(tiny_model_dir):
 
 
 def test_token_logprobs_of_all_empty_completions_have_zero_columns(tiny):
-    from pbrl.scoring import completion_token_logprobs
+    from pbrl.learning.logprobs import completion_token_logprobs
 
     logps, mask = completion_token_logprobs(tiny, [[2, 40], [2]], [[], []], pad_token_id=0)
     assert logps.shape == (2, 0) and logps.dtype == torch.float32
@@ -446,7 +446,7 @@ def test_token_logprobs_of_all_empty_completions_have_zero_columns(tiny):
 def test_token_logprobs_run_in_eval_mode_unless_asked(tiny_model_dir, tmp_path):
     """A model left in train mode with LoRA dropout 0.5: the default call is deterministic (eval mode) and
     gives the eval values; dropout=True keeps train mode, so the masks change the values."""
-    from pbrl.scoring import completion_token_logprobs
+    from pbrl.learning.logprobs import completion_token_logprobs
 
     model = lora_dropout_policy(tiny_model_dir, tmp_path).model
     model.train()
@@ -463,7 +463,7 @@ def test_token_logprobs_run_in_eval_mode_unless_asked(tiny_model_dir, tmp_path):
 def test_margins_under_activation_checkpointing_score_rows_in_one_padded_pass(tiny_model_dir):
     """With gradient checkpointing on, a training forward has no KV cache, so agent_margins must score with
     sequence_logprobs: its margins are then sequence_logprobs' winner minus loser values."""
-    from pbrl.madpo import agent_margins
+    from pbrl.learning.madpo import agent_margins
 
     policy = _policy(tiny_model_dir, 30)
     policy.model.gradient_checkpointing_enable()
@@ -477,7 +477,7 @@ def test_margins_under_activation_checkpointing_score_rows_in_one_padded_pass(ti
 def test_a_non_finite_earlier_micro_batch_skips_the_whole_step(tiny_model_dir, monkeypatch):
     """Micro-batch 0's margin is NaN, micro-batch 1's is finite: the batch loss is NaN, so the agent's step is
     skipped and nothing moves (not a step on the finite micro-batches alone)."""
-    import pbrl.madpo as madpo
+    import pbrl.learning.madpo as madpo
 
     real = madpo.agent_margins
 
@@ -497,7 +497,7 @@ def test_fp16_accumulation_unscales_each_earlier_micro_batch_once(tiny_model_dir
     """fp16 (loss scale 2^16), two pairs in micro-batches of one, SGD at lr 1: the step is the float32 one,
     (β / 2) Σ_j σ(−β Δ^j) ∇Δ^j, to float16 rounding. Micro-batch 0's gradient is taken on the scaled loss and
     divided by the scale once; divided twice or multiplied instead, it would be off by a factor 2^±32."""
-    from pbrl.precision import make_precision
+    from pbrl.models.precision import make_precision
 
     beta = 0.5
     ref = _policy(tiny_model_dir, 30).model
@@ -517,8 +517,8 @@ def test_fp16_accumulation_unscales_each_earlier_micro_batch_once(tiny_model_dir
 def test_training_forward_margins_run_under_the_policys_autocast(tiny_model_dir):
     """With a dropout seed (a training forward), agent_margins runs under the policy's autocast too: bfloat16
     margins differ from the float32 ones by more than float32 rounding, yet stay close."""
-    from pbrl.madpo import agent_margins
-    from pbrl.precision import make_precision
+    from pbrl.learning.madpo import agent_margins
+    from pbrl.models.precision import make_precision
 
     policy = _policy(tiny_model_dir, 30)
     full = agent_margins(policy, PROMPTS, WINNERS, LOSERS, seed=0).detach()
@@ -528,7 +528,7 @@ def test_training_forward_margins_run_under_the_policys_autocast(tiny_model_dir)
 
 
 def test_shared_prompt_scoring_of_an_empty_batch(tiny):
-    from pbrl.scoring import shared_prompt_logprobs
+    from pbrl.learning.logprobs import shared_prompt_logprobs
 
     out = shared_prompt_logprobs(tiny, [], [], pad_token_id=0)
     assert out.shape == (0,) and out.dtype == torch.float64

@@ -1,8 +1,8 @@
-"""The actor-critic parts (``pbrl/critics.py``, SPEC §5.7) pinned where ``make mutate`` found behaviour no test
+"""The actor-critic parts (``pbrl/learning/critics.py``, SPEC §5.7) pinned where ``make mutate`` found behaviour no test
 checked (README, "Mutation testing"). Expectations are worked out by hand in each test, never by calling the
 code under test.
 
-Wrong versions (mutmut ids of ``pbrl/critics.py``) made to fail here, by family:
+Wrong versions (mutmut ids of ``pbrl/learning/critics.py``) made to fail here, by family:
 
 - ``CriticSet.metrics``: every metric name and suffix, the per-critic filter of the seen rows, the non-finite
   losses kept (or the finite ones dropped), the NaN of a critic with no rows or losses, the iac means over every
@@ -32,7 +32,8 @@ import warnings
 import pytest
 import torch
 
-from pbrl.critics import (
+from pbrl.errors import ArtifactError
+from pbrl.learning.critics import (
     CriticBatch,
     CriticSet,
     CriticSpec,
@@ -44,8 +45,7 @@ from pbrl.critics import (
     restore_critic,
     save_critic,
 )
-from pbrl.errors import ArtifactError
-from pbrl.models import LoraSettings
+from pbrl.models.loading import LoraSettings
 
 
 def _critic_set(backend: str, critics: int) -> CriticSet:
@@ -177,7 +177,7 @@ def test_new_critic_builds_the_specs_head_and_adamw_without_weight_decay(tiny_mo
     assert (head[0].out_features, head[2].in_features, head[2].out_features) == (8, 8, 1)
     assert critic.optimizer.param_groups[0]["weight_decay"] == 0.0
     assert type(_separate(tiny_model_dir).model.head).__name__ == "Linear"  # no width: one linear layer
-    from pbrl.models import load_model
+    from pbrl.models.loading import load_model
 
     on_policy = new_critic(CriticSpec("value_head", None, None, 8), seed=0, learning_rate=1e-3,
                            policy=load_model(tiny_model_dir, trainable=True), pad_token_id=0)
@@ -186,7 +186,7 @@ def test_new_critic_builds_the_specs_head_and_adamw_without_weight_decay(tiny_mo
 
 
 def test_new_critic_and_value_model_refuse_what_they_cannot_build(tiny_model_dir):
-    from pbrl.models import load_model
+    from pbrl.models.loading import load_model
 
     policy = load_model(tiny_model_dir, trainable=True)
     spec = CriticSpec("value_head", None, None, None)
@@ -213,8 +213,8 @@ def test_maac_targets_the_agents_mean_return_and_iac_each_agents_own():
 
 
 def test_evaluate_builds_rows_from_the_backend_type_and_max_length(tiny_model_dir):
-    from pbrl.models import load_tokenizer
-    from pbrl.reward_model import JointTemplate
+    from pbrl.learning.reward_model import JointTemplate
+    from pbrl.models.loading import load_tokenizer
 
     template = JointTemplate.build(load_tokenizer(tiny_model_dir), 2)
     prompts = [[[2, 17, 40, 5]], [[2, 18, 50, 5]]]  # [agent][row]

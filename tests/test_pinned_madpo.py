@@ -1,6 +1,6 @@
 """MADPO's learning step pinned by its direction and its coupling (SPEC §5.5), on the tiny model.
 
-Wrong versions of ``pbrl.madpo.madpo_step`` that these tests make fail (re-check by applying each to a copy
+Wrong versions of ``pbrl.learning.madpo.madpo_step`` that these tests make fail (re-check by applying each to a copy
 of the repository and running this module):
 
 1. Each agent's loss on the negated margins, ``madpo_agent_loss(-own[i], -others, beta)`` (it then raises
@@ -25,8 +25,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step
-from pbrl.models import LoraSettings
+from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step
+from pbrl.models.loading import LoraSettings
 from tests.helpers import logprob_alone, tiny_policies
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
@@ -146,15 +146,22 @@ def test_agent_zeros_gradient_scales_with_agent_ones_margin_by_the_sigmoid_facto
 ])
 def test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise(tiny_model_dir, tmp_path, concurrent, num_agents,
                                                                order):
-    """:func:`pbrl.madpo.madpo_agents_step` over agents whose calls return handles (as Ray actors' do) asks the
+    """:func:`pbrl.learning.madpo.madpo_agents_step` over agents whose calls return handles (as Ray actors' do) asks the
     agents of a phase before gathering; its parameters, AdamW state and statistics equal, bit for bit, the
     two-phase ``madpo_step`` written out here: every agent's detached margins, then each agent's update in turn
     against the sum of the others' (Σ_{j≠i} in agent order). Concurrent (Ray) every agent has phase 1; in
     process agent 0 has none, and its training forward's margins give the same bits."""
     import torch
 
-    from pbrl.losses import madpo_loss
-    from pbrl.madpo import LocalAgent, PairBatch, _agent_update, _detached_margins, madpo_agents_step, micro_batches
+    from pbrl.learning.losses import madpo_loss
+    from pbrl.learning.madpo import (
+        LocalAgent,
+        PairBatch,
+        _agent_update,
+        _detached_margins,
+        madpo_agents_step,
+        micro_batches,
+    )
 
     prompts = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50], [2, 40, 41, 42, 3, 2, 50]]
     winners = [[[70, 71, 72, 3], [80, 81, 3], [75, 3]], [[71, 3], [82, 83, 84, 3], [76, 77, 3]],

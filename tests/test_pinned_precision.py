@@ -1,7 +1,7 @@
-"""Mixed precision (``pbrl/precision.py``) pinned where ``make mutate`` found behaviour no test checked (README,
+"""Mixed precision (``pbrl/models/precision.py``) pinned where ``make mutate`` found behaviour no test checked (README,
 "Mutation testing"). Expectations are worked out by hand (torch's documented GradScaler defaults, file names).
 
-Wrong versions (mutmut ids of ``pbrl/precision.py``) made to fail here, by family:
+Wrong versions (mutmut ids of ``pbrl/models/precision.py``) made to fail here, by family:
 
 - ``make_precision``: the device type of a ``no`` precision dropped, the fp16 scaler's defaults.
 - ``autocast_problem``: the bfloat16-support clause taken without CUDA, or for fp16 (``and``/``or`` swaps).
@@ -13,7 +13,7 @@ Wrong versions (mutmut ids of ``pbrl/precision.py``) made to fail here, by famil
   non-finite gradient is stepped; ``or True`` / ``torch.tensor(None)`` failing when no parameter has a gradient;
   ``zero_grad(set_to_none=False | None)`` first, so a stale gradient of a parameter the loss does not reach is
   stepped (AdamW then keeps state for it).
-- ``pbrl.madpo._agent_update`` with fp16 and gradient accumulation: the earlier micro-batches' gradients taken
+- ``pbrl.learning.madpo._agent_update`` with fp16 and gradient accumulation: the earlier micro-batches' gradients taken
   on the unscaled loss (``scaler = None``, ``... and False``, ``scale = 1.0``), so that float16 gradients below
   its smallest subnormal (6e-8) flush to zero.
 """
@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from pbrl.errors import ArtifactError
-from pbrl.precision import (
+from pbrl.models.precision import (
     GRAD_SCALER_FILE,
     Precision,
     autocast_problem,
@@ -148,8 +148,8 @@ def test_fp16_accumulation_keeps_gradients_that_would_underflow_unscaled(tiny_mo
     survives, so a step over two one-pair micro-batches equals the float32 step (SGD, lr = 1/beta: the update is
     the gradient of the unit-beta loss) to float16 rounding; without the scale on the first micro-batch its half
     of the gradient would be lost (measured: 62 % relative error instead of 1.5 %)."""
-    from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
-    from pbrl.models import load_policy
+    from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+    from pbrl.models.loading import load_policy
 
     beta = 1e-8
     batch = PairBatch([[[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]], [[[70, 71, 72, 3], [80, 81, 3]]],

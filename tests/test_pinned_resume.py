@@ -34,8 +34,8 @@ import torch
 
 from pbrl import orchestration
 from pbrl.config import load_job
-from pbrl.schema import CANDIDATES, PAIRS, SCORES, read_rows
-from pbrl.storage import RunPaths, read_json
+from pbrl.data.schema import CANDIDATES, PAIRS, SCORES, read_rows
+from pbrl.data.storage import RunPaths, read_json
 from tests.helpers import assert_same_artifacts, run_artifacts
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]

@@ -1,10 +1,10 @@
-"""The joint reward model (``pbrl/reward_model.py``, SPEC §5.6) pinned where ``make mutate`` found behaviour no
+"""The joint reward model (``pbrl/learning/reward_model.py``, SPEC §5.6) pinned where ``make mutate`` found behaviour no
 fast test checked (README, "Mutation testing"). The stage tests of ``tests/test_reward_model.py`` run a whole
 MARLHF round in a module fixture, too slow to run once per mutant; these pin the same pieces without a round.
 Expectations are worked out by hand (one-token templates, a one-parameter stand-in scorer whose AdamW step is
 known in closed form), or come from the tokenizer itself, never from the function under test.
 
-Wrong versions (mutmut ids of ``pbrl/reward_model.py``) made to fail here, by family:
+Wrong versions (mutmut ids of ``pbrl/learning/reward_model.py``) made to fail here, by family:
 
 - ``pair_joint_rows``: ``max_length`` not passed for the winner or the loser, a pair kept when only one side
   does not fit (``reason = None``, ``and``), the cut counted as a difference or one side only, ids kept for a
@@ -32,9 +32,9 @@ import pytest
 import torch
 from torch import nn
 
+from pbrl.data.storage import RunPaths, StageManifest, write_manifest
 from pbrl.errors import ConfigError
-from pbrl.models import load_tokenizer
-from pbrl.reward_model import (
+from pbrl.learning.reward_model import (
     DROP_TOO_LONG,
     JointTemplate,
     RewardModelSpec,
@@ -50,7 +50,7 @@ from pbrl.reward_model import (
     save_reward_model,
     score_joint,
 )
-from pbrl.storage import RunPaths, StageManifest, write_manifest
+from pbrl.models.loading import load_tokenizer
 
 # One-token template pieces: 6 fixed tokens for two agents (header, 2 prompt markers, 2 response markers, 1 sep).
 T = JointTemplate(header=(1,), prompt_markers=((2,), (3,)), response_markers=((4,), (5,)), separator=(6,))
@@ -103,7 +103,7 @@ def test_joint_template_for_tokenizes_the_marker_text_once_per_agent(tiny_model_
 
 
 def test_joint_template_for_refuses_another_vocabulary_and_names_the_field(tiny_model_dir, tmp_path):
-    from pbrl.testing import build_tiny_model
+    from pbrl.models.tiny import build_tiny_model
 
     other = str(build_tiny_model(tmp_path / "other", seed=5))
     with pytest.raises(ValueError) as info:
@@ -136,8 +136,8 @@ def test_template_markers_carry_no_special_tokens():
 
 
 def test_run_folder_paths():
-    from pbrl.reward_model import pair_joint_ids_path, reward_model_dir
-    from pbrl.rl import rollouts_path
+    from pbrl.learning.reward_model import pair_joint_ids_path, reward_model_dir
+    from pbrl.learning.rl import rollouts_path
 
     assert reward_model_dir(tmp := Path("runs/x/rounds/0002")) == Path("runs/x/rounds/0002/reward_model")
     assert reward_model_dir(str(tmp)) == Path("runs/x/rounds/0002/reward_model")
@@ -326,7 +326,7 @@ def test_heldout_split_edges():
 
 
 def test_is_marlhf_names_the_two_marlhf_trainers():
-    from pbrl.reward_model import is_marlhf
+    from pbrl.learning.reward_model import is_marlhf
 
     assert is_marlhf("marlhf") and is_marlhf("marlhf_iter")
     assert not is_marlhf("madpo") and not is_marlhf("madpo_iter")
@@ -335,8 +335,8 @@ def test_is_marlhf_names_the_two_marlhf_trainers():
 def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
     import json
 
-    from pbrl.models import LoraSettings
-    from pbrl.reward_model import load_reward_model
+    from pbrl.learning.reward_model import load_reward_model
+    from pbrl.models.loading import LoraSettings
 
     spec = RewardModelSpec(str(tiny_model_dir), lora=LoraSettings(r=2, target_modules=("q_proj",)))
     save_reward_model(new_reward_model(spec, seed=0), spec, tmp_path / "rm", max_length=64)
@@ -360,7 +360,7 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- padding, build
 def test_pad_hand_values_both_sides_and_errors():
-    from pbrl.reward_model import _pad
+    from pbrl.learning.reward_model import _pad
 
     ids, mask, positions, last = _pad([[11, 12, 13], [14]], 0, "left")
     assert ids.tolist() == [[11, 12, 13], [0, 0, 14]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
@@ -380,7 +380,7 @@ def test_pad_hand_values_both_sides_and_errors():
 
 
 def test_joint_input_needs_one_completion_per_agent_too():
-    from pbrl.reward_model import joint_input_ids
+    from pbrl.learning.reward_model import joint_input_ids
 
     with pytest.raises(ValueError, match="got 2 prompts and 1 completions"):
         joint_input_ids(T, PROMPTS, [[30]], None)
@@ -389,7 +389,7 @@ def test_joint_input_needs_one_completion_per_agent_too():
 def test_new_reward_model_builds_the_configured_adapter_in_float32_and_names_the_field(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from pbrl.models import LoraSettings
+    from pbrl.models.loading import LoraSettings
 
     spec = RewardModelSpec(str(tiny_model_dir), lora=LoraSettings(r=2, alpha=4, dropout=0.1,
                                                                   target_modules=("q_proj",)))
@@ -412,7 +412,7 @@ def test_backbone_weights_load_from_safetensors_only(tiny_model_dir, tmp_path):
 
     from safetensors.torch import load_file
 
-    from pbrl.reward_model import _load_backbone
+    from pbrl.learning.reward_model import _load_backbone
 
     pickled = tmp_path / "pickled"
     shutil.copytree(tiny_model_dir, pickled)

@@ -1,8 +1,8 @@
-"""The RL modules (``pbrl/rl.py``, SPEC §5.7) pinned where ``make mutate`` found behaviour no test checked
+"""The RL modules (``pbrl/learning/rl.py``, SPEC §5.7) pinned where ``make mutate`` found behaviour no test checked
 (README, "Mutation testing"). Expectations are worked out by hand in each test (never by calling the code
 under test), or come from a brute-force reference.
 
-Wrong versions (mutmut ids of ``pbrl/rl.py``) made to fail here, by family:
+Wrong versions (mutmut ids of ``pbrl/learning/rl.py``) made to fail here, by family:
 
 - ``rl_metrics``: every key name, the agent-0 filter of the rewards (one score per joint response), the
   ``None`` filters of rewards and advantages, the sample (not population) or missing std, the loss mean
@@ -24,7 +24,7 @@ import warnings
 import pytest
 import torch
 
-from pbrl.rl import RLResult, advantage_backend, normalize_group, rl_agent_step, rl_metrics
+from pbrl.learning.rl import RLResult, advantage_backend, normalize_group, rl_agent_step, rl_metrics
 from tests.helpers import lora_dropout_policy
 
 
@@ -96,16 +96,16 @@ def _prompt(agent: int, item: int) -> list[int]:
 
 
 def _policy(model_dir):
-    from pbrl.madpo import TrainablePolicy, trainable_parameters
-    from pbrl.models import load_model
+    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.models.loading import load_model
 
     model = load_model(model_dir, trainable=True)
     return TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=1e-2, weight_decay=0.0), 0)
 
 
 def _moved_reference(model_dir, seed: int):
-    from pbrl.models import load_model
-    from pbrl.rl import ReferencePolicy
+    from pbrl.learning.rl import ReferencePolicy
+    from pbrl.models.loading import load_model
 
     model = load_model(model_dir)
     gen = torch.Generator().manual_seed(seed)
@@ -125,7 +125,7 @@ class Recorder:
         self.seeds: list[tuple[int, int]] = []
 
     def sample(self, agent, rows, items, epoch):
-        from pbrl.sampling import Generation
+        from pbrl.generation.sampling import Generation
 
         self.samples.append((agent, [list(r) for r in rows], list(items), epoch))
         return [Generation([100 + 10 * agent + r % G + 50 * epoch, 3], f"a{agent} r{r} e{epoch}",
@@ -160,7 +160,7 @@ def test_run_rl_pins_order_sampling_kl_advantages_counts_metrics_and_rollouts(ti
     (item c's NaN rewards); step 1 is item b alone, whose group is dropped (no signal, reward mean NaN); b's group
     is dropped again in step 2 (2 dropped groups). KL c = 0.5 against a moved reference; the gradient norm is
     clipped to 1e-12, so the policies barely move (Adam's steps are then ≈ lr·1e-4)."""
-    from pbrl.rl import RLSettings, completion_token_logprobs, run_rl
+    from pbrl.learning.rl import RLSettings, completion_token_logprobs, run_rl
 
     policies = [_policy(tiny_model_dir) for _ in range(2)]
     initial = [_policy(tiny_model_dir).model for _ in range(2)]  # the same weights, never stepped
@@ -246,7 +246,7 @@ def test_run_rl_pins_order_sampling_kl_advantages_counts_metrics_and_rollouts(ti
 
 def test_run_rl_zero_kl_coefficient_and_normalization(tiny_model_dir):
     """kl_coef 0 with references: the KL is measured and recorded, not applied. Then normalized advantages."""
-    from pbrl.rl import RLSettings, run_rl
+    from pbrl.learning.rl import RLSettings, run_rl
 
     policies = [_policy(tiny_model_dir) for _ in range(2)]
     references = [_moved_reference(tiny_model_dir, seed) for seed in (1, 2)]
@@ -287,9 +287,9 @@ def test_rl_agent_step_draws_dropout_masks_from_its_seed_and_refuses_none(tiny_m
 
 
 def _precision_policy(model_dir, mode):
-    from pbrl.madpo import TrainablePolicy, trainable_parameters
-    from pbrl.models import load_model
-    from pbrl.precision import make_precision
+    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.models.loading import load_model
+    from pbrl.models.precision import make_precision
 
     model = load_model(model_dir, trainable=True)
     return TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=1e-3, weight_decay=0.0), 0,
@@ -316,7 +316,7 @@ def test_rl_agent_step_steps_through_the_fp16_loss_scaler(tiny_model_dir):
 
 # ---------------------------------------------------------------------------------------------- actor-critic path
 class _StubCritics:
-    """What ``run_rl`` asks of a :class:`pbrl.critics.CriticSet`, with hand-set values: V of agent i for
+    """What ``run_rl`` asks of a :class:`pbrl.learning.critics.CriticSet`, with hand-set values: V of agent i for
     generation k of item x is ``VALUES[x] + 0.1 * i + 0.01 * k``; the critic input of item "c" does not fit."""
 
     VALUES = {"a": 0.5, "b": 0.25, "c": 1.0}
@@ -326,7 +326,7 @@ class _StubCritics:
         self.evaluated, self.updated = [], []
 
     def evaluate(self, prompts, completions):
-        from pbrl.critics import CriticBatch
+        from pbrl.learning.critics import CriticBatch
 
         self.evaluated.append((prompts, completions))
         rows = self.item_of_row
@@ -340,10 +340,10 @@ class _StubCritics:
 
 
 def _actor_critic_pass(tiny_model_dir, *, normalize: bool):
-    from pbrl.madpo import TrainablePolicy, trainable_parameters
-    from pbrl.models import load_model
-    from pbrl.rl import RLSettings, run_rl
-    from pbrl.sampling import Generation
+    from pbrl.generation.sampling import Generation
+    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.learning.rl import RLSettings, run_rl
+    from pbrl.models.loading import load_model
 
     def policy():
         model = load_model(tiny_model_dir, trainable=True)
@@ -411,7 +411,7 @@ def test_actor_critic_pass_normalizes_over_the_valid_rows_only(tiny_model_dir):
 
 
 def test_run_rl_names_the_backend_that_needs_or_refuses_critics():
-    from pbrl.rl import RLSettings, run_rl
+    from pbrl.learning.rl import RLSettings, run_rl
 
     def settings(backend):
         return RLSettings(epochs=1, batch_size=1, num_generations=2, backend=backend, normalize=False,

@@ -6,12 +6,12 @@ Wrong versions these tests make fail (re-check by applying each to a copy of the
    in the iterative or the base branch): ``test_build_pairs_applies_the_configured_tie_tolerance`` or
    ``test_base_trainer_build_pairs_applies_the_configured_tie_tolerance`` fails.
 4. update-policies never restores the optimizer state of the previous round's checkpoint (every round starts
-   a fresh AdamW; e.g. ``optimizer.load_state_dict(...)`` skipped in ``pbrl.policies.trainable_policy``):
+   a fresh AdamW; e.g. ``optimizer.load_state_dict(...)`` skipped in ``pbrl.models.policies.trainable_policy``):
    ``test_second_round_continues_adamw_from_the_first_rounds_state`` fails.
 6a. build-pairs keeps pairs with an empty completion (``usable = candidates``):
    ``test_build_pairs_rejects_every_pair_with_an_empty_or_blank_completion`` fails.
 6b. the ``history`` comparator samples the current weights instead of C_max(0, r-1-k)
-   (``policy_checkpoint(paths, round_index - 1)`` in ``pbrl/comparators.py``):
+   (``policy_checkpoint(paths, round_index - 1)`` in ``pbrl/generation/comparators.py``):
    ``test_comparators_sample_the_checkpoint_they_name`` fails.
 6c. the pair record's rewards or ``candidate_reward_mean`` taken from raw instead of processed scores, or the
    mean over one side only: ``test_reward_processor_orders_pairs_and_fills_the_pair_record`` fails.
@@ -30,10 +30,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step
-from pbrl.schema import CANDIDATES, PAIRS, SCORES, SELECTED_PAIRS, read_rows, write_table
-from pbrl.seeds import numpy_rng
-from pbrl.storage import RunPaths
+from pbrl.data.schema import CANDIDATES, PAIRS, SCORES, SELECTED_PAIRS, read_rows, write_table
+from pbrl.data.seeds import numpy_rng
+from pbrl.data.storage import RunPaths
+from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step
 from stages import STAGE_MODULES
 from stages.update_policies import item_grouped_order
 from tests.helpers import new_run
@@ -93,7 +93,7 @@ def test_build_pairs_applies_the_configured_tie_tolerance(scored):
 def test_base_trainer_build_pairs_applies_the_configured_tie_tolerance(tiny_model_dir, tmp_path):
     """Base trainers pair an item's own target candidates: every unordered pair whose gap exceeds the tolerance."""
     from pbrl.config import parse_job
-    from pbrl.run import prepare_run
+    from pbrl.run.folder import prepare_run
 
     job = parse_job({"trainer": "madpo", "task": "toy", "task_options": {"num_items": 4},
                      "agent_model": str(tiny_model_dir), "run_name": "base", "output_dir": str(tmp_path),

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from pbrl.errors import ConfigError
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
-from pbrl.models import LoraSettings, init_lora_adapter, load_model, resolve_devices
-from pbrl.placement import keep_resident, main_device, normalize_max_memory, placement_spec, resident_modules
+from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+from pbrl.models.loading import LoraSettings, init_lora_adapter, load_model, resolve_devices
+from pbrl.models.placement import keep_resident, main_device, normalize_max_memory, placement_spec, resident_modules
 
 TOLERANCE = 1e-6
 TINY_BUDGET = {"cpu": "100KB"}  # the tiny model holds ≈ 95k float32 parameters (≈ 380 kB): most go to disk
@@ -131,8 +131,8 @@ def test_auto_placement_through_a_round_matches_the_cpu_run(tiny_model_dir, tmp_
     disk, LoRA adapters resident) gives the same candidates and, within the tolerance, the same adapters."""
     from safetensors.torch import load_file
 
-    from pbrl.policies import PolicySource, load_agent
-    from pbrl.storage import RunPaths
+    from pbrl.data.storage import RunPaths
+    from pbrl.models.policies import PolicySource, load_agent
     from stages import STAGE_MODULES
     from tests.helpers import new_run
 

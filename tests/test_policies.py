@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from pbrl.config import parse_job
+from pbrl.data.schema import SELECTED_PAIRS, write_table
+from pbrl.data.storage import RunPaths, StageManifest, read_manifest, write_json, write_manifest
 from pbrl.errors import ArtifactError
-from pbrl.models import LoraSettings
-from pbrl.policies import PolicySource, load_agent, policy_checkpoint, write_initial_checkpoints
-from pbrl.schema import SELECTED_PAIRS, write_table
-from pbrl.storage import RunPaths, StageManifest, read_manifest, write_json, write_manifest
+from pbrl.models.loading import LoraSettings
+from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint, write_initial_checkpoints
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 
@@ -106,7 +106,7 @@ def test_policy_source_from_job_reads_the_agent_fields():
 
 
 def test_load_agent_initial_is_the_base_and_a_round_checkpoint_its_weights(tiny_model_dir, tmp_path):
-    from pbrl.models import save_agent
+    from pbrl.models.loading import save_agent
 
     paths = RunPaths(tmp_path)
     source = PolicySource(models=(str(tiny_model_dir),), devices="cpu")

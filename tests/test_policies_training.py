@@ -12,8 +12,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pbrl.madpo import PairBatch, TrainablePolicy, agent_margins, madpo_step, trainable_parameters, training_forward
-from pbrl.models import LoraSettings, init_lora_adapter, load_policy
+from pbrl.learning.madpo import (
+    PairBatch,
+    TrainablePolicy,
+    agent_margins,
+    madpo_step,
+    trainable_parameters,
+    training_forward,
+)
+from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
 WINNERS = [[70, 71, 72, 3], [80, 81, 3]]
@@ -173,7 +180,7 @@ def test_lora_dropout_through_update_policies(tiny_model_dir, tmp_path):
     than without dropout; and a rerun of the stage writes bitwise the same adapter (seeded masks)."""
     from safetensors.torch import load_file
 
-    from pbrl.storage import RunPaths
+    from pbrl.data.storage import RunPaths
     from stages import STAGE_MODULES
     from tests.helpers import new_run
 

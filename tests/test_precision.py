@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from pbrl.errors import ArtifactError
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
-from pbrl.models import load_policy, save_agent
-from pbrl.policies import PolicySource, load_agent, save_training_state, trainable_policy
-from pbrl.precision import (
+from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+from pbrl.models.loading import load_policy, save_agent
+from pbrl.models.policies import PolicySource, load_agent, save_training_state, trainable_policy
+from pbrl.models.precision import (
     GRAD_SCALER_FILE,
     autocast,
     autocast_problem,
@@ -162,7 +162,7 @@ def test_mixed_precision_through_update_policies_writes_the_scaler_and_float32_w
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from pbrl.storage import RunPaths
+    from pbrl.data.storage import RunPaths
     from stages import STAGE_MODULES
     from tests.helpers import new_run
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from pbrl.config_loading import config_hash, load_job
+from pbrl.config.loading import config_hash, load_job
+from pbrl.data.storage import read_json
+from pbrl.distributed.shards import Shard, plan_shards
 from pbrl.errors import ConfigError
-from pbrl.shards import Shard, plan_shards
-from pbrl.storage import read_json
 from pbrl.tasks.toy import toy_reward
 from tests.helpers import assert_same_artifacts, run_artifacts
 
@@ -62,10 +62,10 @@ def test_shards_are_contiguous_ranges_and_the_last_takes_the_rest():
 
 
 def test_a_shard_is_done_only_under_its_key_with_its_table_unchanged(tmp_path):
+    from pbrl.data.schema import SCORES
+    from pbrl.data.storage import RunPaths
+    from pbrl.distributed.shards import ShardSet, gather_shards, shard_done, shard_table, write_shard
     from pbrl.errors import ArtifactError
-    from pbrl.schema import SCORES
-    from pbrl.shards import ShardSet, gather_shards, shard_done, shard_table, write_shard
-    from pbrl.storage import RunPaths
 
     paths = RunPaths(tmp_path)
     first, second = plan_shards(3, 2)
@@ -95,7 +95,7 @@ def test_train_refuses_an_unknown_runner_before_anything_runs(tmp_path):
 
 
 def test_a_ray_run_without_the_extra_is_refused_with_the_install_command(monkeypatch):
-    from pbrl import shards
+    from pbrl.distributed import shards
 
     job = load_job(ITER_YAML, ["output_dir=/tmp/x", "runner=ray"])  # a stored Ray run still parses anywhere
     real = importlib.util.find_spec
@@ -122,7 +122,7 @@ def test_a_shard_asks_ray_for_one_gpu_per_distinct_cuda_device():
 
 
 def test_an_agent_actor_asks_ray_for_its_own_gpu_or_a_share_of_one():
-    from pbrl.ray_agents import agent_resources
+    from pbrl.distributed.ray_agents import agent_resources
 
     def job(devices=None):
         return load_job(ITER_YAML, ["output_dir=/tmp/x", *([f"agent_devices={devices}"] if devices else [])])

@@ -1,4 +1,4 @@
-"""``runner: ray`` for MARLHF's rollouts (:mod:`pbrl.ray_rollouts`): shards of a step's rows on Ray workers,
+"""``runner: ray`` for MARLHF's rollouts (:mod:`pbrl.distributed.ray_rollouts`): shards of a step's rows on Ray workers,
 byte-identical to the in-process rollouts.
 
 The flow test reuses :mod:`tests.test_ray`'s module Ray (2 CPUs; its workers import ``tests`` and carry the
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pbrl.config_loading import load_job
-from pbrl.ray_rollouts import RolloutWorker, pool_size, rollout_shards, worker_devices
-from pbrl.storage import read_json
+from pbrl.config.loading import load_job
+from pbrl.data.storage import read_json
+from pbrl.distributed.ray_rollouts import RolloutWorker, pool_size, rollout_shards, worker_devices
 from tests.helpers import assert_same_artifacts, run_artifacts
 from tests.test_ray import local_ray, needs_ray  # noqa: F401  (local_ray: the module's Ray, a fixture)
 
@@ -68,10 +68,10 @@ def test_pushed_weights_make_a_fresh_copy_generate_the_moved_policys_tokens(tiny
     takes the pushed weights generate the same tokens; without the push they differ (the push matters)."""
     import torch
 
-    from pbrl.madpo import TrainablePolicy, trainable_parameters
-    from pbrl.models import LoraSettings, init_lora_adapter, load_policy, load_tokenizer
-    from pbrl.ray_rollouts import _load_weights, trainable_weights
-    from pbrl.sampling import SamplingSettings, generate
+    from pbrl.distributed.ray_rollouts import _load_weights, trainable_weights
+    from pbrl.generation.sampling import SamplingSettings, generate
+    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
+    from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy, load_tokenizer
 
     settings = LoraSettings(r=4) if lora else None
     adapter = init_lora_adapter(tiny_model_dir, settings, tmp_path / "agent_0", seed=1) if lora else None
@@ -119,7 +119,7 @@ class DyingOnce(RolloutWorker):
 def test_ray_rollouts_are_byte_identical_to_local_and_a_killed_worker_redoes_its_shard(
         tiny_model_dir, tmp_path, local_ray, monkeypatch):  # noqa: F811
     from flows.training import train_flow
-    from pbrl import ray_rollouts
+    from pbrl.distributed import ray_rollouts
 
     common = [f"output_dir={tmp_path}", f"agent_model={tiny_model_dir}", "lora_r=4", "task_options={num_items: 4}",
               "eval_num_samples=2", "num_train_epochs=2"]

@@ -22,19 +22,19 @@ from typer.testing import CliRunner
 
 from pbrl.cli import app
 from pbrl.config import ConfigNotice, load_job, parse_job, read_yaml
-from pbrl.env_steps import env_step_axis, logged_steps, train_log
+from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError
-from pbrl.export import export_policy_checkpoint, reference_label
-from pbrl.pairs import base_candidate_pairs, iterative_candidate_pairs, select_pairs
-from pbrl.placement import placement_spec
-from pbrl.reward_hist import (
+from pbrl.learning.env_steps import env_step_axis, logged_steps, train_log
+from pbrl.models.placement import placement_spec
+from pbrl.preference.pairs import base_candidate_pairs, iterative_candidate_pairs, select_pairs
+from pbrl.reporting.reward_hist import (
     check_reward_range,
     distribution_metrics,
     distribution_record,
     plot_distribution,
     reward_histogram,
 )
-from pbrl.storage import RunPaths
+from pbrl.run.export import export_policy_checkpoint, reference_label
 
 DATA = Path(__file__).parent / "data" / "reference"
 RUN_KEYS = {"trainer", "task", "agent_model", "agent_devices"}  # agent_devices: a reference option, run-level here

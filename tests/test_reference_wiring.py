@@ -9,8 +9,8 @@ import json
 import pytest
 
 from pbrl.errors import ConfigError
-from pbrl.policies import PolicySource
-from pbrl.preflight import preflight
+from pbrl.models.policies import PolicySource
+from pbrl.run.preflight import preflight
 from stages import STAGE_MODULES
 from tests.helpers import new_run, tiny_job
 
@@ -76,8 +76,8 @@ def _items(tmp_path):
 
 
 def test_reward_distribution_of_a_round_through_replay_select(tiny_model_dir, tmp_path):
-    from pbrl.schema import SCORES, SELECTED_PAIRS, read_rows
-    from pbrl.storage import RunPaths
+    from pbrl.data.schema import SCORES, SELECTED_PAIRS, read_rows
+    from pbrl.data.storage import RunPaths
 
     run_dir, job = new_run(tiny_model_dir, tmp_path, log_reward_distribution=True)
     manifest = _round(run_dir, job, 1)

@@ -7,8 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pbrl.data.seeds import numpy_rng
 from pbrl.errors import ConfigError
-from pbrl.replay import (
+from pbrl.preference.replay import (
     ReplayDataset,
     ReplayDraw,
     allocate_draws,
@@ -19,7 +20,6 @@ from pbrl.replay import (
     sample_within,
     select_replay,
 )
-from pbrl.seeds import numpy_rng
 
 D = ReplayDataset
 

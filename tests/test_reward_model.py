@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from pbrl.models import LoraSettings, load_tokenizer
-from pbrl.reward_model import (
+from pbrl.data.schema import PAIR_JOINT_IDS, PAIRS, ROLLOUTS, read_rows
+from pbrl.data.storage import RunPaths
+from pbrl.learning.reward_model import (
     DROP_TOO_LONG,
     JointTemplate,
     RewardModelSpec,
@@ -26,8 +27,7 @@ from pbrl.reward_model import (
     pair_metrics,
     save_reward_model,
 )
-from pbrl.schema import PAIR_JOINT_IDS, PAIRS, ROLLOUTS, read_rows
-from pbrl.storage import RunPaths
+from pbrl.models.loading import LoraSettings, load_tokenizer
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 
@@ -155,7 +155,7 @@ def test_saved_model_loads_safely_and_scores_the_same(tiny_model_dir, template, 
 
 
 def test_other_vocabulary_is_refused(tiny_model_dir, tmp_path):
-    from pbrl.testing import build_tiny_model
+    from pbrl.models.tiny import build_tiny_model
 
     other = load_tokenizer(build_tiny_model(tmp_path / "other", seed=5))
     with pytest.raises(ValueError, match="reward_model_name"):

@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from pbrl.madpo import TrainablePolicy, trainable_parameters
-from pbrl.models import LoraSettings, load_model
-from pbrl.rl import (
+from pbrl.generation.sampling import Generation
+from pbrl.learning.logprobs import sequence_logprobs
+from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
+from pbrl.learning.rl import (
     ADVANTAGE_BACKENDS,
     ReferencePolicy,
     RLSettings,
@@ -20,8 +21,7 @@ from pbrl.rl import (
     rl_agent_step,
     run_rl,
 )
-from pbrl.sampling import Generation
-from pbrl.scoring import sequence_logprobs
+from pbrl.models.loading import LoraSettings, load_model
 
 R = torch.tensor([[1.0, 2.0, 3.0, 6.0]], dtype=torch.float64)
 
@@ -182,7 +182,7 @@ def test_rl_loop_builds_joint_responses_by_index_and_shares_advantages(tiny_mode
 
 def test_group_backends_pass_the_run_start(tiny_model_dir, tmp_path):
     """(maac/iac are accepted too: tests/test_critics.py checks their preflight.)"""
-    from pbrl.run import prepare_run
+    from pbrl.run.folder import prepare_run
     from tests.helpers import tiny_job
 
     ok = prepare_run(tiny_job(tiny_model_dir, tmp_path, trainer="marlhf_iter", rl_algorithm="marloo",

@@ -11,11 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from pbrl.config import parse_job
+from pbrl.data.items import load_item_source, read_items
+from pbrl.data.schema import SCORES, read_rows
+from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError
-from pbrl.items import load_item_source, read_items
-from pbrl.run import prepare_run, resolve_task
-from pbrl.schema import SCORES, read_rows
-from pbrl.storage import RunPaths
+from pbrl.run.folder import prepare_run
+from pbrl.run.task import resolve_task
 from stages import STAGE_MODULES
 from tests.helpers import tiny_job
 
@@ -123,19 +124,19 @@ def test_cli_train_with_a_bad_model_fails_fast_without_traceback(tmp_path):
 def test_a_failed_start_leaves_nothing_that_blocks_the_retry(tiny_model_dir, tmp_path, monkeypatch):
     """Issue #16.6: a start that fails after preflight (here: writing the initial checkpoints) used to leave
     run.json and items.parquet behind, so the retry said "already exists" and --resume "differs"."""
-    import pbrl.policies
+    import pbrl.run.folder
 
     job = tiny_job(tiny_model_dir, tmp_path, lora_r=4)
-    real = pbrl.policies.write_initial_checkpoints
+    real = pbrl.run.folder.write_initial_checkpoints
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated failure while writing the initial checkpoints")
 
-    monkeypatch.setattr(pbrl.policies, "write_initial_checkpoints", broken)
+    monkeypatch.setattr(pbrl.run.folder, "write_initial_checkpoints", broken)
     with pytest.raises(RuntimeError, match="simulated"):
         prepare_run(job, resume=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run folder, no temporary folder
-    monkeypatch.setattr(pbrl.policies, "write_initial_checkpoints", real)
+    monkeypatch.setattr(pbrl.run.folder, "write_initial_checkpoints", real)
     run_dir = prepare_run(job, resume=False)  # the retry starts cleanly
     assert (run_dir / "run.json").is_file() and (run_dir / "checkpoints/initial/agent_1/source.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
@@ -152,7 +153,7 @@ def test_a_folder_that_is_not_a_run_is_never_written_into(tiny_model_dir, tmp_pa
 # ---------------------------------------------------------------------------------------------- preflight
 def test_preflight_reads_the_items_and_names_each_unformattable_one(tiny_model_dir, tmp_path):
     """Issue #16.13: an item missing a field the formatters need was reported only after Prefect started."""
-    from pbrl.preflight import preflight
+    from pbrl.run.preflight import preflight
 
     path = tmp_path / "items.jsonl"
     path.write_text('{"topic": "rain"}\n{"subject": "bees"}\n{"topic": "tides", "item_id": "t"}\n')
@@ -169,7 +170,7 @@ def test_preflight_reads_the_items_and_names_each_unformattable_one(tiny_model_d
 
 
 def test_preflight_refuses_an_empty_dataset(tiny_model_dir, tmp_path):
-    from pbrl.preflight import preflight
+    from pbrl.run.preflight import preflight
 
     path = tmp_path / "empty.jsonl"
     path.write_text("\n")
@@ -205,7 +206,7 @@ def test_a_run_without_a_name_gets_a_generated_one(tiny_model_dir, tmp_path):
     """Issue #16.12: a UI-started run without run_name must get '<trainer>-<UTC time>', as the field says."""
     from datetime import UTC, datetime
 
-    from pbrl.run import generated_run_name, with_run_name
+    from pbrl.run.folder import generated_run_name, with_run_name
 
     assert generated_run_name("madpo_iter", datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)) == "madpo_iter-20250102-030405"
     job = tiny_job(tiny_model_dir, tmp_path, run_name=None)
@@ -238,7 +239,7 @@ def test_unknown_lora_target_modules_are_refused_before_anything_is_written(tiny
 def test_preflight_refuses_full_fine_tuning_that_would_be_offloaded(tiny_model_dir, tmp_path):
     """agent_devices: auto without LoRA whose max_memory forces disk offload: offloaded weights cannot be
     trained, so preflight says so (naming max_memory) before anything is written."""
-    from pbrl.preflight import preflight
+    from pbrl.run.preflight import preflight
 
     job = tiny_job(tiny_model_dir, tmp_path, agent_devices="auto", max_memory={"cpu": "100KB"})
     with pytest.raises(ConfigError, match=r"max_memory"):

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from pbrl.cli import app
+from pbrl.data.replay_store import check_owned
+from pbrl.data.storage import RunPaths, read_states
 from pbrl.errors import ConfigError
-from pbrl.replay_store import check_owned
-from pbrl.run import open_job, run_dir_for, write_run_json
-from pbrl.storage import RunPaths, read_states
+from pbrl.run.folder import open_job, run_dir_for, write_run_json
 from tests.helpers import new_run, tiny_job
 
 ROUND_STAGES = ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",

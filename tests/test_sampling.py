@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from pbrl.sampling import (
+from pbrl.generation.sampling import (
     SamplingSettings,
     build_warpers,
     counter_uniforms,

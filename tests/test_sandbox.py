@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pbrl.sandbox import FILE_SIZE_LIMIT_BYTES, run_in_process_group, run_python, run_python_pair, sandbox_env
+from pbrl.sandbox.runner import FILE_SIZE_LIMIT_BYTES, run_in_process_group, run_python, run_python_pair, sandbox_env
 from pbrl.tasks.humaneval import load_problems
 from pbrl.tasks.humaneval_coop import coop_score, make_coop_reward
 from pbrl.tasks.humaneval_coop_harness import MAX_DEPTH, decode_reply, decode_value, encode_value

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-from pbrl.scoring import eval_mode, sequence_logprobs
+from pbrl.learning.logprobs import eval_mode, sequence_logprobs
 
 PAD, EOS, VOCAB = 0, 3, 320
 ATOL = 1e-5  # fp32 model; the sums are float64

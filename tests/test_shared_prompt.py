@@ -1,7 +1,7 @@
 """Shared-prompt scoring and sampling (issue #14): each distinct prompt runs once, the values do not change.
 
-Scoring: :func:`pbrl.scoring.shared_prompt_logprobs` equals an unpadded forward per row (log-probs within
-1e-5 nats) and :func:`pbrl.scoring.sequence_logprobs` (gradients within 1e-4 relative), with and without LoRA.
+Scoring: :func:`pbrl.learning.logprobs.shared_prompt_logprobs` equals an unpadded forward per row (log-probs within
+1e-5 nats) and :func:`pbrl.learning.logprobs.sequence_logprobs` (gradients within 1e-4 relative), with and without LoRA.
 MADPO's step on top of it equals a step computed by hand from per-row scores. Sampling: ``generate`` with
 shared prefills gives the same tokens as without, and prefills each distinct prompt once.
 """
@@ -15,11 +15,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from pbrl.losses import madpo_agent_loss
-from pbrl.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
-from pbrl.models import LoraSettings, init_lora_adapter, load_policy
-from pbrl.sampling import SamplingSettings, generate, prompt_grouped_order
-from pbrl.scoring import distinct_prompts, sequence_logprobs, shared_prompt_logprobs
+from pbrl.generation.sampling import SamplingSettings, generate, prompt_grouped_order
+from pbrl.learning.logprobs import distinct_prompts, sequence_logprobs, shared_prompt_logprobs
+from pbrl.learning.losses import madpo_agent_loss
+from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy
 from stages.update_policies import item_grouped_order
 
 PAD, EOS, VOCAB = 0, 3, 320
@@ -246,8 +246,8 @@ def test_sampling_prefills_each_distinct_prompt_once(model: LlamaForCausalLM, ti
 def test_smollm2_lora_shared_prompt_scores_and_gradients_equal() -> None:
     from peft import LoraConfig, get_peft_model
 
-    from pbrl.models import load_model, load_tokenizer
-    from pbrl.sampling import encode_prompt
+    from pbrl.generation.sampling import encode_prompt
+    from pbrl.models.loading import load_model, load_tokenizer
 
     tok = load_tokenizer("smollm2-135m-instruct")
     base = load_model("smollm2-135m-instruct")

@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from pbrl import models, packaged
+from pbrl.models import loading as models
+from pbrl.models import packaged
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""pbrl.stats: the item-level bootstrap interval and the paired difference, against hand-worked values.
+"""pbrl.reporting.stats: the item-level bootstrap interval and the paired difference, against hand-worked values.
 
 Percentile bootstrap with 10,000 resamples: where a resample mean has a probability well above 2.5 % at an
 end of its range, that value *is* the interval's end (the 2.5 % quantile falls inside its block of equal
@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from pbrl.stats import Interval, bootstrap_mean, item_means, mean_interval, paired_difference
+from pbrl.reporting.stats import Interval, bootstrap_mean, item_means, mean_interval, paired_difference
 
 
 def test_two_values_interval_spans_both() -> None:

@@ -10,11 +10,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
+from pbrl.data.items import read_items
+from pbrl.data.schema import CANDIDATES, EVAL, read_rows
+from pbrl.data.storage import RunPaths
 from pbrl.errors import SamplingError
-from pbrl.items import read_items
-from pbrl.sampling import SamplingSettings, SeededSampler, build_warpers, encode_prompt, generate, stop_token_ids
-from pbrl.schema import CANDIDATES, EVAL, read_rows
-from pbrl.storage import RunPaths
+from pbrl.generation.sampling import (
+    SamplingSettings,
+    SeededSampler,
+    build_warpers,
+    encode_prompt,
+    generate,
+    stop_token_ids,
+)
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 

@@ -11,9 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pbrl.errors import ArtifactError
-from pbrl.schema import CANDIDATES, SCORES, read_rows, read_table, write_table
-from pbrl.storage import (
+from pbrl.data.schema import CANDIDATES, SCORES, read_rows, read_table, write_table
+from pbrl.data.storage import (
     RunPaths,
     StageManifest,
     atomic_dir,
@@ -24,6 +23,7 @@ from pbrl.storage import (
     write_json,
     write_manifest,
 )
+from pbrl.errors import ArtifactError
 
 SCORE_ROW = {"item_id": "a", "side": "target", "candidate_index": 0, "raw_reward": 1.0, "reward": 0.5,
              "failure": None}
@@ -46,7 +46,7 @@ def test_process_killed_mid_write_leaves_no_readable_partial_file(tmp_path):
     code = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        from pbrl.storage import atomic_path
+        from pbrl.data.storage import atomic_path
         with atomic_path(Path({str(path)!r})) as tmp:
             tmp.write_text("{{" + "x" * 100000)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -136,7 +136,7 @@ def test_write_json_refuses_nan(tmp_path):
 
 def test_remove_stale_temporaries_removes_exactly_the_leftovers_of_killed_writes(tmp_path):
     """A SIGKILL between creating a temporary and its rename leaves it; a resume removes it (issue #16)."""
-    from pbrl.storage import remove_stale_temporaries
+    from pbrl.data.storage import remove_stale_temporaries
 
     paths = RunPaths(tmp_path)
     keep = [paths.scores(1), paths.round_dir(1) / "tmp-not-a-leftover.txt", tmp_path / ".prefect" / "results" / "k",

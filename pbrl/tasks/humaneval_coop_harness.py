@@ -1,6 +1,6 @@
 """The two programs that test ``humaneval_coop`` joint code, and the value codec between them.
 
-This file is sent whole as the source of two sandboxed processes (:func:`pbrl.sandbox.run_python_pair`),
+This file is sent whole as the source of two sandboxed processes (:func:`pbrl.sandbox.runner.run_python_pair`),
 with one call line appended, so it uses only the standard library. :mod:`pbrl.tasks.humaneval_coop` also
 imports it to build those sources; the codec is tested in the parent.
 
@@ -26,7 +26,7 @@ methods so an overridden ``__iter__`` or ``__eq__`` plays no part); the judge si
 What this does not defend against: answers that are right without working code (memorised, or guessed
 where a problem's tests are weak, e.g. a constant ``True`` passes HumanEval/0's four ``== True`` asserts);
 answers that depend on state kept between calls (allowed, as in one-process testing); slow answers (the
-judge times out and the score is 0); escapes from the interpreter itself (see :mod:`pbrl.sandbox`).
+judge times out and the score is 0); escapes from the interpreter itself (see :mod:`pbrl.sandbox.runner`).
 """
 
 from __future__ import annotations

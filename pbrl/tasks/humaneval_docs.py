@@ -11,7 +11,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from pbrl.tasks.humaneval import check_two_agent_batch, item_field
+from pbrl.tasks.base import Task
+from pbrl.tasks.humaneval import check_two_agent_batch, item_field, split_problems
 
 SUMMARY_WORDS = (3, 60)
 EXPLANATION_WORDS = (15, 400)
@@ -136,3 +137,17 @@ def docs_reward(
 
 def _within(count: int, bounds: tuple[int, int]) -> bool:
     return bounds[0] <= count <= bounds[1]
+
+
+def humaneval_docs_task(num_train_items: int | None = None, num_eval_items: int | None = None) -> Task:
+    """Agent 1 writes a one-sentence summary, agent 2 a detailed explanation; reward in [0, 3]
+    (:func:`pbrl.tasks.humaneval_docs.docs_score`)."""
+    train, evaluation = split_problems(num_train_items, num_eval_items)
+    return Task(
+        name="humaneval_docs",
+        formatters=(summary_prompt, explanation_prompt),
+        reward_func=docs_reward,
+        train_items=train,
+        eval_items=evaluation,
+        reward_range=REWARD_RANGE,
+    )

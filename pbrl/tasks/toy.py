@@ -1,4 +1,4 @@
-"""Toy tasks for tests on the tiny random model: ``toy`` (a graded length reward) and ``toy_tie`` (all ties).
+"""The ``toy`` task, for smoke runs and tests on the tiny random model: a graded length reward.
 
 Items are ``{"item_id": "toy-000", "topic": "<word>"}`` from a fixed word list; agent i (1-based) is asked
 "Agent i: say something short about <topic>."
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pbrl.errors import ConfigError, Problem
-from pbrl.tasks import Formatter, RewardFunc, Task, register_task
+from pbrl.tasks.base import Formatter, RewardFunc, Task
 
 TOPICS = (
     "apples", "rivers", "robots", "music", "winter", "bridges", "coffee", "stars",
@@ -85,16 +85,6 @@ def toy_reward(
     return rewards
 
 
-def constant_reward(
-    *completions: Sequence[str],
-    prompts: Sequence[Sequence[str]] | None = None,
-    batch_items: Sequence[dict[str, Any]] | None = None,
-) -> list[float]:
-    """1.0 for every joint response: every pair is a tie (tests the all-ties path). Same arguments as
-    :func:`toy_reward`."""
-    return [1.0] * _batch_size(completions)
-
-
 def _batch_size(completions: Sequence[Sequence[str]]) -> int:
     if not completions:
         raise ValueError("reward_func: got no completions; expected one list per agent")
@@ -123,13 +113,6 @@ def _build(name: str, reward_func: RewardFunc, num_agents: int, num_items: int) 
     )
 
 
-@register_task("toy")
 def toy_task(num_agents: int = 2, num_items: int = 8) -> Task:
     """The ``toy`` task: :func:`toy_reward`, ``num_items`` items used for training and evaluation."""
     return _build("toy", toy_reward, num_agents, num_items)
-
-
-@register_task("toy_tie")
-def toy_tie_task(num_agents: int = 2, num_items: int = 8) -> Task:
-    """The ``toy_tie`` task: like ``toy`` but every joint response scores 1.0 (:func:`constant_reward`)."""
-    return _build("toy_tie", constant_reward, num_agents, num_items)

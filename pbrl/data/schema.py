@@ -1,0 +1,254 @@
+"""Typed Parquet schemas of a run folder (SPEC §3), declared once, and their loud readers and atomic writers."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pbrl.data.storage import atomic_path
+from pbrl.errors import ArtifactError
+
+_ids = pa.list_(pa.int32())
+_ids_per_agent = pa.list_(pa.list_(pa.int32()))
+_texts = pa.list_(pa.string())
+
+ITEMS = pa.schema(
+    [
+        ("item_id", pa.string()),
+        ("split", pa.string()),  # "train" | "eval"
+        ("position", pa.int32()),
+        ("data", pa.string()),  # the item as JSON text (items are free-form dicts)
+    ]
+)
+# ITEMS schema metadata: JSON {split: {"source": {...}, "fingerprint": "datasets:<fp>" | "sha256:<hex>",
+# "num_items": int}}, where each split's items came from (pbrl.data.items.write_items).
+ITEMS_SOURCES_KEY = b"pbrl.items_sources"
+
+
+def items_schema(sources: Mapping[str, Any]) -> pa.Schema:
+    """ITEMS carrying ``sources`` (where each split's items came from) as schema metadata."""
+    return ITEMS.with_metadata({ITEMS_SOURCES_KEY: json.dumps(sources, sort_keys=True, default=str)})
+
+
+def read_items_sources(path: Path) -> dict[str, Any]:
+    """Where the items of an items.parquet came from: ``{split: {"source", "fingerprint", "num_items"}}``.
+
+    Raises:
+        ArtifactError: the file is missing or unreadable, or has no (valid) sources metadata (written by a
+            pbrl that did not record them); the file is named.
+    """
+    path = Path(path)
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except Exception as exc:  # pyarrow raises several types for missing and corrupt files
+        raise ArtifactError(f"{path}: not a readable Parquet file ({exc})") from exc
+    if ITEMS_SOURCES_KEY not in metadata:
+        raise ArtifactError(f"{path}: no {ITEMS_SOURCES_KEY.decode()} metadata (items stored before their "
+                            "sources were recorded)")
+    try:
+        return json.loads(metadata[ITEMS_SOURCES_KEY])
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{path}: malformed {ITEMS_SOURCES_KEY.decode()} metadata ({exc})") from exc
+
+CANDIDATES = pa.schema(
+    [
+        ("item_id", pa.string()),
+        ("side", pa.string()),  # "target" | "comparator"
+        ("candidate_index", pa.int32()),
+        ("agent_index", pa.int32()),
+        ("prompt", pa.string()),
+        ("prompt_ids", _ids),
+        ("completion", pa.string()),
+        ("completion_ids", _ids),  # exactly as generated, EOS included when generated
+        ("finish_reason", pa.string()),  # "eos" | "length" | "api" ...
+        ("stop_token_id", pa.int32()),  # the stop id that ended an "eos" row (EOS or another stop id); else null
+        ("seed", pa.int64()),  # null for API answers (no seed is sent)
+        # "generated": the ids were sampled in this vocabulary; "encoded_from_text": text that entered from a
+        # comparator with another tokenizer, an API or a centralized response, encoded once with the target's.
+        ("ids_source", pa.string()),
+    ]
+)
+
+SCORES = pa.schema(
+    [
+        ("item_id", pa.string()),
+        ("side", pa.string()),
+        ("candidate_index", pa.int32()),
+        ("raw_reward", pa.float64()),  # null when the oracle failed for this joint response
+        ("reward", pa.float64()),  # after reward_processor; null when failed
+        ("failure", pa.string()),  # null when scored
+    ]
+)
+
+PAIRS = pa.schema(
+    [
+        ("pair_id", pa.string()),
+        ("round_index", pa.int32()),
+        ("pair_index", pa.int32()),  # position in this round's pair list (and in iteration_<r>.json)
+        ("item_id", pa.string()),
+        ("winner_side", pa.string()),
+        ("winner_index", pa.int32()),
+        ("loser_side", pa.string()),
+        ("loser_index", pa.int32()),
+        ("winner_reward", pa.float64()),
+        ("loser_reward", pa.float64()),
+        ("winner_raw_reward", pa.float64()),
+        ("loser_raw_reward", pa.float64()),
+        ("candidate_reward_mean", pa.float64()),
+        ("target_raw_reward", pa.float64()),  # null in base trainers
+        ("comparator_raw_reward", pa.float64()),  # null in base trainers
+        ("prompts", _texts),  # one per agent
+        ("prompt_ids", _ids_per_agent),
+        ("winner_completions", _texts),
+        ("winner_ids", _ids_per_agent),
+        ("loser_completions", _texts),
+        ("loser_ids", _ids_per_agent),
+    ]
+)
+
+SELECTED_PAIRS = pa.schema(
+    [
+        ("draw_order", pa.int32()),
+        ("pair_id", pa.string()),
+        ("source_round", pa.int32()),
+        ("pair_index", pa.int32()),
+    ]
+)
+
+PAIR_JOINT_IDS = pa.schema(  # rounds/<r>/pair_joint_ids.parquet (MARLHF): the pairs' joint reward-model inputs
+    [
+        ("pair_id", pa.string()),
+        ("winner_joint_ids", _ids),  # null when dropped
+        ("loser_joint_ids", _ids),  # null when dropped
+        ("prompt_tokens_cut", pa.int32()),  # prompt tokens cut to fit reward_max_length (winner + loser)
+        ("dropped", pa.string()),  # null when kept; else the reason (pbrl.learning.reward_model.DROP_TOO_LONG)
+    ]
+)
+
+ROLLOUTS = pa.schema(  # rounds/<r>/rollouts.parquet (MARLHF): one row per (step, item, generation, agent)
+    [
+        ("epoch", pa.int32()),
+        ("step", pa.int32()),
+        ("item_id", pa.string()),
+        ("generation_index", pa.int32()),
+        ("agent_index", pa.int32()),
+        ("prompt_ids", _ids),
+        ("completion_ids", _ids),  # exactly as generated, EOS included when generated
+        ("completion", pa.string()),
+        ("finish_reason", pa.string()),
+        ("seed", pa.int64()),
+        ("joint_ids", _ids),  # the reward model's input for this joint response; null when it did not fit
+        ("reward", pa.float64()),  # the reward model's score of the joint response; null when not scored
+        ("kl", pa.float64()),  # this agent's k3 KL to its reference, nats (0 without reference KL)
+        ("advantage", pa.float64()),  # this agent's advantage; null when the item's group was left out
+        ("value", pa.float64()),  # maac/iac: this agent's critic value V at rollout time; null otherwise
+    ]
+)
+
+EVAL = pa.schema(
+    [
+        ("item_id", pa.string()),
+        ("prompts", _texts),
+        ("completions", _texts),
+        ("completion_ids", _ids_per_agent),
+        ("finish_reasons", _texts),
+        ("stop_token_ids", pa.list_(pa.int32())),  # one per agent: its stop id, null where it ran to length
+        ("raw_reward", pa.float64()),
+        ("reward", pa.float64()),
+        ("failure", pa.string()),
+    ]
+)
+
+METRICS = pa.schema(
+    [
+        ("round_index", pa.int32()),
+        ("stage", pa.string()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+    ]
+)
+
+
+def write_table(path: Path, rows: Iterable[Mapping[str, Any]] | pa.Table, schema: pa.Schema) -> None:
+    """Write rows (dicts or a Table) as Parquet with exactly ``schema``, atomically (temp file + rename).
+
+    Raises:
+        ArtifactError: a row misses a field or has a value of the wrong type (the field is named).
+    """
+    try:
+        table = rows.cast(schema) if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as exc:
+        raise ArtifactError(f"{path}: rows do not match the declared schema: {exc}") from exc
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def read_table(path: Path, schema: pa.Schema) -> pa.Table:
+    """Read a Parquet table and check it against ``schema``.
+
+    Raises:
+        ArtifactError: the file is missing or unreadable, a column is missing, or a column has the wrong
+            type; the message names the file and the field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: file not found")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise ArtifactError(f"{path}: not a readable Parquet file ({exc})") from exc
+    for field in schema:
+        if field.name not in table.schema.names:
+            raise ArtifactError(f"{path}: missing column {field.name!r} (expected {field.type})")
+        actual = table.schema.field(field.name).type
+        if actual != field.type:
+            raise ArtifactError(f"{path}: column {field.name!r} has type {actual}, expected {field.type}")
+    return table.select(schema.names)
+
+
+def read_rows(path: Path, schema: pa.Schema) -> list[dict[str, Any]]:
+    """:func:`read_table` as a list of row dicts."""
+    return read_table(path, schema).to_pylist()
+
+
+def read_joint_responses(path: Path, num_agents: int) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
+    """Candidate rows grouped into joint responses keyed (item_id, side, candidate_index), agents in order.
+
+    Raises:
+        ArtifactError: a joint response misses an agent or has a duplicate one (file and key named).
+    """
+    joint: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for row in read_rows(path, CANDIDATES):
+        joint[(row["item_id"], row["side"], row["candidate_index"])].append(row)
+    for key, group in joint.items():
+        group.sort(key=lambda r: r["agent_index"])
+        if [r["agent_index"] for r in group] != list(range(num_agents)):
+            raise ArtifactError(
+                f"{path}: joint response {key} has agents {[r['agent_index'] for r in group]}, "
+                f"expected 0..{num_agents - 1}"
+            )
+    return dict(joint)
+
+
+def read_selected_pairs(selected: Path, pairs_file: Callable[[int], Path]) -> list[dict[str, Any]]:
+    """The pairs of a replay selection (``selected_pairs.parquet``) in draw order, read from their stored
+    round files (``pairs_file(source_round)``), token ids as stored (never re-tokenized).
+
+    Raises:
+        ArtifactError: a selected pair is not at its recorded place in its round's pairs file.
+    """
+    selection = read_rows(selected, SELECTED_PAIRS)
+    by_round = {r: read_rows(pairs_file(r), PAIRS) for r in sorted({s["source_round"] for s in selection})}
+    out = []
+    for s in selection:
+        rows = by_round[s["source_round"]]
+        if not 0 <= s["pair_index"] < len(rows) or rows[s["pair_index"]]["pair_id"] != s["pair_id"]:
+            raise ArtifactError(f"{selected}: pair {s['pair_id']} not found in {pairs_file(s['source_round'])}")
+        out.append(rows[s["pair_index"]])
+    return out

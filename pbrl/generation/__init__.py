@@ -1,0 +1,1 @@
+"""Producing responses: seeded batched sampling, comparators (checkpoints, models, APIs), centralized collaboration."""

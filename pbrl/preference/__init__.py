@@ -1,0 +1,1 @@
+"""From responses to preferences: the oracle, pair construction and the replay buffer's selection."""

@@ -1,0 +1,1 @@
+"""Reporting: run metrics, evaluation statistics, the report figure and reward histograms."""

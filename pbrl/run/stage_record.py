@@ -1,0 +1,68 @@
+"""What every stage does around its work: resolve the run, and write the manifest last.
+
+The code version and cache key of the run are added to the manifest by whoever ran the stage under a key
+(``flows.cache.run_recorded``): the code version is computed where the stages are known.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import resource
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pbrl.config import JobConfig, stage_config_hash
+from pbrl.data.storage import RunPaths, StageManifest, hash_files, write_manifest
+
+log = logging.getLogger("pbrl.stages")
+PEAK_RSS_METRIC = "resource/peak_rss_mb"
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (``getrusage(RUSAGE_SELF).ru_maxrss``: KiB on
+    Linux, bytes on macOS). It is a high-water mark over the process's whole lifetime, never reset, so a stage's
+    value is the peak of every earlier stage of the same process too; children are not counted."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+class StageRecord:
+    """Collects a stage's counts, metrics and messages, then writes its manifest (always last)."""
+
+    def __init__(self, stage: str, run_dir: str | Path, round_index: int, job: JobConfig):
+        self.stage, self.round_index, self.job = stage, round_index, job
+        self.paths = RunPaths(run_dir)
+        self.started = time.perf_counter()
+        self.counts: dict[str, int] = {}
+        self.metrics: dict[str, float] = {}
+        self.details: dict[str, Any] = {}
+        self.messages: list[str] = []
+
+    def say(self, message: str) -> None:
+        """A message for people: logged now and kept in the manifest."""
+        log.info("[%s round %d] %s", self.stage, self.round_index, message)
+        self.messages.append(message)
+
+    def finish(self, inputs: Iterable[Path], outputs: Iterable[Path]) -> StageManifest:
+        """Write the manifest; adds ``resource/peak_rss_mb`` (:func:`peak_rss_mb` when the stage ends)."""
+        self.metrics.setdefault(PEAK_RSS_METRIC, peak_rss_mb())
+        undefined = sorted(k for k, v in self.metrics.items() if not math.isfinite(v))
+        if undefined:
+            self.say(f"metrics without a finite value (left out): {', '.join(undefined)}")
+        manifest = StageManifest(
+            stage=self.stage,
+            round_index=self.round_index,
+            config_hash=stage_config_hash(self.job),
+            inputs=hash_files(self.paths, list(inputs)),
+            outputs=hash_files(self.paths, list(outputs)),
+            counts=self.counts,
+            metrics={k: v for k, v in self.metrics.items() if math.isfinite(v)},
+            details=self.details,
+            messages=self.messages,
+            seconds=round(time.perf_counter() - self.started, 3),
+        )
+        return write_manifest(self.paths, manifest)

@@ -1,0 +1,1 @@
+"""Running untrusted generated code in isolation."""
