@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from benchkit import check, humaneval_prompt_ids, print_checks, ratio, sizes_for, trained_lora, write_result
 
-from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+from pbrl.learning.madpo import PairBatch, madpo_step
 from pbrl.models.loading import load_model, load_tokenizer
+from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
 BETA = 0.1
 LEARNING_RATE = 5e-4

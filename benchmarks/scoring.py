@@ -148,7 +148,8 @@ def madpo_step_case(model: Any, tokenizer: Any, prompts_count: int, repeats: int
     """Time a 2-agent MADPO step with and without agent 0's detached forward (see the module docstring)."""
     import copy
 
-    from pbrl.learning.madpo import LocalAgent, PairBatch, TrainablePolicy, madpo_agents_step, trainable_parameters
+    from pbrl.learning.madpo import LocalAgent, PairBatch, madpo_agents_step
+    from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
     prompts = humaneval_prompt_ids(tokenizer, prompts_count)
     text_ids = tokenizer(TEXT, add_special_tokens=False).input_ids

@@ -42,6 +42,8 @@ from prefect.utilities.hashing import hash_objects
 
 import pbrl
 import stages
+from flows.ray_runner import run_shards, sharded
+from flows.retry import retry_options
 from pbrl.config import JobConfig, stage_config_hash
 from pbrl.data.storage import (
     RunPaths,
@@ -55,14 +57,11 @@ from pbrl.data.storage import (
 )
 from pbrl.distributed.shards import ShardSet
 from pbrl.errors import ArtifactError, ConfigError
-from pbrl.preference.oracle import is_transient
 from pbrl.run.task import resolve_task, task_fingerprint
 from stages import STAGE_MODULES
 
 log = logging.getLogger("pbrl.flows")
 
-# I/O-bound stages (remote judges; API comparators, whose stored answers a retry reuses); training never retries.
-RETRYING_STAGES = {"score-with-oracle", "sample-candidates"}
 # A lock's life. A holder that died on this host is known at once by its pid; this bounds the rest (a
 # holder on another host sharing the folder). A stage that outlives its lock still finishes and is kept.
 LOCK_HOLD_SECONDS = 6 * 3600.0
@@ -274,14 +273,6 @@ def follow_record(run_dir: str | Path, key: str, manifest: StageManifest) -> boo
     return True
 
 
-def _retry_transient(task: Task, task_run: Any, state: Any) -> bool:
-    try:
-        state.result()
-    except Exception as exc:
-        return is_transient(exc)
-    return False
-
-
 def _run(stage: str):
     def run_stage(run_dir: str, round_index: int, job: JobConfig, cache_key: str | None,
                   shards: ShardSet | None = None) -> dict[str, Any]:
@@ -299,10 +290,7 @@ STAGE_TASKS: dict[str, Task] = {
         persist_result=True,
         result_serializer="json",
         cache_result_in_memory=False,
-        retries=3 if name in RETRYING_STAGES else 0,
-        retry_delay_seconds=[1, 4, 16] if name in RETRYING_STAGES else 0,
-        retry_jitter_factor=0.2 if name in RETRYING_STAGES else None,
-        retry_condition_fn=_retry_transient if name in RETRYING_STAGES else None,
+        **retry_options(name),
     )
     for name in STAGE_MODULES
 }
@@ -323,7 +311,6 @@ def run_stage_task(stage: str, run_dir: str, round_index: int, job: JobConfig, *
     to follow it first), else run (always, when ``force``). With ``runner: ray`` an item-parallel stage that
     runs first runs its shards on Ray (:mod:`flows.ray_runner`; shards already written under the key are kept)
     and its task gathers them. Returns the task's final state."""
-    from flows.ray_runner import run_shards, sharded
 
     key = _key_or_none(stage, run_dir, round_index, job)
     record = None if force else valid_record(stage, run_dir, round_index, key)

@@ -7,7 +7,7 @@ Every shard task loads what it needs (the round's checkpoint, the items) from th
 folder must be on storage every Ray node sees (a shared POSIX filesystem).
 
 Failures: a shard whose Ray worker dies is run again by Ray alone (``max_retries``, Ray's own retry of a task
-whose process died); a transient error inside a retrying stage (:data:`flows.cache.RETRYING_STAGES`) is retried
+whose process died); a transient error inside a retrying stage (:data:`flows.retry.RETRYING_STAGES`) is retried
 by Prefect, in its shard only. A shard already written under the stage's cache key is kept (a resumed or
 retried stage recomputes only the shards that are missing).
 
@@ -25,8 +25,12 @@ from typing import Any
 
 from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
+from prefect.server.api.server import SubprocessASGIServer
+from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
+from flows.retry import RETRYING_STAGES, TRANSIENT_RETRIES
 from pbrl.config import JobConfig
+from pbrl.data.schema import CANDIDATES, EVAL, SCORES
 from pbrl.data.storage import RunPaths
 from pbrl.distributed.shards import (
     Shard,
@@ -69,19 +73,12 @@ def shard_resources(job: JobConfig) -> dict[str, int]:
 
 
 def _schema(stage: str):
-    from pbrl.data.schema import CANDIDATES, EVAL, SCORES
 
     return {"sample-candidates": CANDIDATES, "score-with-oracle": SCORES, "evaluate": EVAL}[stage]
 
 
-def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
-    from flows.cache import _retry_transient as transient
-
-    return transient(task, task_run, state)
-
-
 @task(name="shard", task_run_name="{stage}-r{round_index}-shard-{shard.index}", cache_policy=NO_CACHE,
-      retries=3, retry_delay_seconds=[1, 4, 16], retry_jitter_factor=0.2, retry_condition_fn=_retry_transient)
+      **TRANSIENT_RETRIES)
 def shard_task(stage: str, run_dir: str, round_index: int, job: JobConfig, key: str, shard: Shard,
                refresh: bool = False) -> str:
     """Run ``stage``'s per-item code over the shard's items and write its shard file; a shard already done
@@ -111,7 +108,6 @@ def shards_flow(stage: str, run_dir: str, round_index: int, job: JobConfig, key:
     """
     from prefect_ray.context import remote_options
 
-    from flows.cache import RETRYING_STAGES
 
     paths = RunPaths(run_dir)
     plan = plan_shards(len(STAGE_MODULES[stage].items_to_shard(paths, round_index, job)), job.shard_size)
@@ -152,12 +148,10 @@ def run_shards(stage: str, run_dir: str, round_index: int, job: JobConfig, key: 
 def prefect_api_url() -> str:
     """The Prefect API this process talks to: the configured URL, else the ephemeral server's (started if
     needed)."""
-    from prefect.settings import get_current_settings
 
     url = get_current_settings().api.url
     if url:
         return url
-    from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()
     server.start()
@@ -168,7 +162,6 @@ def prefect_api_url() -> str:
 def _api_visible_to_workers() -> Iterator[None]:
     # Ray workers are other processes: an ephemeral API (no URL in the settings) would make each start its own
     # server. The URL set here travels to them in the serialized settings of every task.
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     if get_current_settings().api.url:
         yield

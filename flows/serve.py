@@ -14,7 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import serve
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.deployments.runner import EntrypointType
+from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron
 
 from flows.training import add_iteration_flow, train_flow
@@ -69,9 +72,6 @@ def deploy_to_pool(pool: str, **kwargs: Any) -> dict[str, Any]:
     Returns:
         ``{"<flow>/<deployment>": deployment id}``.
     """
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
 
     with get_client(sync_client=True) as client:
         try:

@@ -6,22 +6,16 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
+from prefect.runtime import flow_run
 
 from flows.ray_runner import ray_session
 from flows.round import call_stage, evaluation_due, round_flow
-from pbrl.config import JobConfig, is_iterative
+from pbrl.config import JobConfig, is_iterative, num_rounds
 from pbrl.reporting.metrics import write_run_metrics
 from pbrl.run.folder import open_job, prepare_run, with_run_name
 
 
-def num_rounds(job: JobConfig) -> int:
-    """Base trainers collect once; iterative trainers run ``num_iterations`` rounds."""
-    return job.num_iterations if is_iterative(job.trainer) else 1
-
-
 def _flow_run_name() -> str:
-    from prefect.runtime import flow_run
-
     config = flow_run.parameters.get("config")
     name = getattr(config, "run_name", None) or (config.get("run_name") if isinstance(config, dict) else None)
     return name or "unnamed-run"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from prefect import Flow, flow
+from prefect.runtime import flow_run
 from pydantic import Field
 from pydantic.fields import FieldInfo
 
@@ -99,7 +100,6 @@ def form_signature(trainer: str) -> inspect.Signature:
 
 def _named(trainer: str):
     def run_name() -> str:
-        from prefect.runtime import flow_run
 
         return flow_run.parameters.get("run_name") or generated_run_name(trainer)
 
@@ -116,7 +116,6 @@ def trainer_flow(trainer: str) -> Flow[..., dict[str, Any]]:
     """
 
     def run(**options: Any) -> dict[str, Any]:
-        from prefect.runtime import flow_run
 
         resume = options.pop("resume", False)
         options["run_name"] = options.get("run_name") or flow_run.name or None
@@ -152,7 +151,6 @@ def config_path(config: str) -> Path:
 
 
 def _file_run_name() -> str:
-    from prefect.runtime import flow_run
 
     return flow_run.parameters.get("run_name") or Path(str(flow_run.parameters.get("config", "run"))).stem
 

@@ -1,22 +1,29 @@
-"""The ``pbrl`` command line (typer). Heavy imports (torch, Prefect) happen inside the commands."""
+"""The ``pbrl`` command line (typer).
+
+Imports that cost seconds (torch, transformers, Prefect, matplotlib) happen inside the commands that need them,
+each saying why, so that ``pbrl --help``, ``pbrl status`` and ``pbrl validate``'s config errors answer at once.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from pbrl.config import ConfigNotice, JobConfig, is_centralized, load_job, num_rounds, parse_job
+from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest, read_states
+from pbrl.distributed.shards import require_ray_extra
 from pbrl.errors import expected_error
-
-if TYPE_CHECKING:
-    from pbrl.config import JobConfig
+from pbrl.run import progress
 
 app = typer.Typer(help="pbrl: train cooperating LLM agents from preferences between their joint responses.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -56,12 +63,7 @@ def _stopped(hint: str) -> typer.Exit:
     return typer.Exit(INTERRUPTED)
 
 
-def _load(config: Path, overrides: list[str] | None, run_name: str | None = None):
-    import warnings
-
-    from pbrl.config import load_job
-    from pbrl.config.notices import ConfigNotice
-
+def _load(config: Path, overrides: list[str] | None, run_name: str | None = None) -> JobConfig:
     extra = [*(overrides or [])]
     if run_name:
         extra.append(f"run_name={run_name}")
@@ -84,13 +86,11 @@ def validate(config: Path, set_: SetOption = None) -> None:
 
     Example: pbrl validate flows/configs/tiny-madpo-iter.yaml --set dpo_beta=0.2
     """
-    from pbrl.run.preflight import preflight
+    from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
 
     with _expected_errors(2):
         job = _load(config, set_)
         preflight(job, prepare_models=False)  # task, import paths, datasets and models exist
-    from pbrl.generation.collaboration import is_centralized
-
     agents = f"{job.num_agents} roles, one actor" if is_centralized(job) else f"{job.num_agents} agents"
     console.print(f"OK: {config} ({job.trainer}, {agents})")
 
@@ -100,8 +100,8 @@ HEADERS = {"train_pairs": "train", "accuracy": "acc", "eval_reward": "eval", "ev
 
 
 def _print_rounds(run_dir: Path) -> None:
-    from pbrl.reporting.metrics import round_table, write_run_metrics
-    from pbrl.reporting.report import write_report_png
+    from pbrl.reporting.metrics import round_table, write_run_metrics  # deferred: pandas and pyarrow
+    from pbrl.reporting.report import write_report_png  # deferred: matplotlib
 
     write_run_metrics(run_dir)  # rebuilt from the manifests: also right for an interrupted run
     table = round_table(run_dir)
@@ -124,8 +124,6 @@ def _runner_set(runner: str | None) -> list[str]:
 
 def _with_runner(job: JobConfig, runner: str) -> JobConfig:
     """A stored job with another runner, validated like a config file (``ray_address`` is kept only for ray)."""
-    from pbrl.config import parse_job
-
     data = job.model_dump(mode="json") | {"runner": runner}
     if runner != "ray":
         data["ray_address"] = None
@@ -136,8 +134,7 @@ def _train_with_progress(job: JobConfig, resume: bool) -> dict[str, Any]:
     """Run the training flow under a one-line progress display (stage events from :mod:`pbrl.run.progress`)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pbrl import orchestration
-    from pbrl.run import progress
+    from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} stages"),
                   TimeElapsedColumn(), console=console) as bar:
@@ -172,10 +169,9 @@ def train(
 
     Example: pbrl train flows/configs/tiny-madpo-iter.yaml --set num_iterations=3 --run-name try-1
     """
-    from pbrl import orchestration
-    from pbrl.distributed.shards import require_ray_extra
-    from pbrl.run.folder import open_job, run_dir_for
-    from pbrl.run.preflight import preflight
+    from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
+    from pbrl.run.folder import open_job, run_dir_for  # deferred: imports torch and transformers (seconds)
+    from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
 
     if run is not None and not resume:
         raise _fail(ValueError("--run continues an existing run: add --resume"))
@@ -224,17 +220,15 @@ def stage(
 
     Example: pbrl stage score-with-oracle --run storage/runs/tiny-madpo-iter --round 1
     """
-    from pbrl import orchestration
+    from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
     orchestration.quiet_libraries()  # before the stages import transformers
-    from stages import STAGE_MODULES
+    from pbrl.run.folder import open_job  # deferred: imports torch and transformers (seconds)
 
-    if name not in STAGE_MODULES:
-        raise _fail(ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGE_MODULES)}"))
+    if name not in STAGES:
+        raise _fail(ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}"))
     if not (run / "run.json").is_file():
         raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
-    from flows.training import num_rounds
-    from pbrl.run.folder import open_job
 
     with _expected_errors(2):
         last = num_rounds(open_job(run))
@@ -258,8 +252,6 @@ def stage(
 @app.command()
 def status(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
     """Each round's stages: done / cached / failed / missing, with counts and seconds."""
-    from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest, read_states
-
     paths = RunPaths(run)
     if not paths.run_json.is_file():
         raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
@@ -306,9 +298,7 @@ def serve(
 
     Example: prefect server start & PREFECT_API_URL=http://127.0.0.1:4200/api pbrl serve --nightly-run docs-1
     """
-    import os
-
-    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.client.schemas.schedules import CronSchedule  # deferred: Prefect (seconds)
 
     try:  # before any server is contacted; the same check as the server's (Prefect's vendored croniter)
         CronSchedule(cron=cron, timezone="UTC")
@@ -318,7 +308,7 @@ def serve(
     if not os.environ.get("PREFECT_API_URL"):
         raise _fail(ValueError("PREFECT_API_URL is not set: start `prefect server start` and export "
                                "PREFECT_API_URL=http://127.0.0.1:4200/api"))
-    from pbrl import orchestration
+    from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
     orchestration.serve(nightly_run=nightly_run, output_dir=output_dir, cron=cron)
 
@@ -337,9 +327,7 @@ def deploy(
 
     Example: PREFECT_API_URL=http://head:4200/api pbrl deploy --pool gpu-pool --nightly-run docs-1
     """
-    import os
-
-    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.client.schemas.schedules import CronSchedule  # deferred: Prefect (seconds)
 
     try:  # before any server is contacted (as in `pbrl serve`)
         CronSchedule(cron=cron, timezone="UTC")
@@ -349,7 +337,7 @@ def deploy(
     if not os.environ.get("PREFECT_API_URL"):
         raise _fail(ValueError("PREFECT_API_URL is not set: start `prefect server start` and export "
                                "PREFECT_API_URL=http://127.0.0.1:4200/api"))
-    from pbrl import orchestration
+    from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
     ids = orchestration.deploy(pool, nightly_run=nightly_run, output_dir=output_dir, cron=cron)
     for name in ids:
@@ -360,7 +348,7 @@ def deploy(
 @models_app.command("list")
 def models_list() -> None:
     """The packaged models and whether they are prepared."""
-    from pbrl.models.packaged import list_packaged_models
+    from pbrl.models.packaged import list_packaged_models  # deferred: imports torch and transformers
 
     t = Table(title="packaged models")
     for col in ("name", "prepared", "folder"):
@@ -373,7 +361,7 @@ def models_list() -> None:
 @models_app.command("prepare")
 def models_prepare(name: str) -> None:
     """Convert a packaged model once (GGUF -> safetensors under storage/models/)."""
-    from pbrl.models.packaged import prepare_packaged_model
+    from pbrl.models.packaged import prepare_packaged_model  # deferred: imports torch and transformers
 
     try:
         console.print(f"ready: {prepare_packaged_model(name)}")

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from pbrl import orchestration
 from pbrl.config import (
     MADPOConfig,
     MADPOIterConfig,
@@ -27,7 +28,10 @@ from pbrl.config import (
     TrainerConfig,
     make_job,
 )
-from pbrl.data.item_sources import DatasetSpec
+from pbrl.config.dataset_spec import DatasetSpec
+from pbrl.reporting.metrics import round_table
+from pbrl.run.folder import generated_run_name, prepare_run
+from pbrl.run.task import IN_PROCESS_TASK, resolve_task
 from pbrl.tasks.base import Task
 
 __all__ = [
@@ -61,7 +65,7 @@ def _as_config_value(value: Any) -> Any:
 
 def _dataset_config_value(value: Any) -> Any:
     """The config value of a ``train_dataset`` / ``eval_dataset`` argument: a path as text, a dataset spec
-    (:class:`~pbrl.data.item_sources.DatasetSpec` or a mapping of its fields, validated with the config), else
+    (:class:`~pbrl.config.dataset_spec.DatasetSpec` or a mapping of its fields, validated with the config), else
     None: in-memory items (a list of dicts, a ``datasets.Dataset``) stay in this process."""
     if isinstance(value, (str, Path)):
         return str(value)
@@ -86,10 +90,6 @@ def _train(
     resume: bool = False,
     **run_options: Any,
 ) -> TrainResult:
-    from pbrl import orchestration
-    from pbrl.reporting.metrics import round_table
-    from pbrl.run.folder import generated_run_name, prepare_run
-    from pbrl.run.task import IN_PROCESS_TASK, resolve_task
 
     # What can be written as config values is (so CLI reruns work); callables and in-memory datasets stay
     # in this process as an attached task.

@@ -23,20 +23,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from pbrl.config import JobConfig
+from pbrl.config import JobConfig, actor_job, is_centralized
 from pbrl.data.items import read_items
 from pbrl.data.schema import EVAL, read_rows, write_table
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.distributed.shards import ShardSet, gather_shards
-from pbrl.generation.collaboration import (
-    actor_job,
-    actor_prompts,
-    is_centralized,
-    job_adapter,
-    score_joint,
-    write_eval_roles,
-)
+from pbrl.generation.collaboration import actor_prompts, job_adapter, score_joint, write_eval_roles
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint
 from pbrl.preference.oracle import score_batch

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from pbrl.config import JobConfig, is_iterative
+from pbrl.config import JobConfig, actor_job, is_centralized, is_iterative, num_actors
 from pbrl.data.items import read_items
 from pbrl.data.schema import CANDIDATES, write_table
 from pbrl.data.seeds import derive_seed
@@ -22,7 +22,7 @@ from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.generation.api_client import ApiSettings
 from pbrl.generation.centralized import ADAPTER_FIELD, load_adapter
-from pbrl.generation.collaboration import actor_job, actor_prompts, is_centralized, num_actors
+from pbrl.generation.collaboration import actor_prompts
 from pbrl.generation.comparators import (
     CandidateRow,
     Comparator,

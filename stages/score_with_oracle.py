@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from pbrl.config import JobConfig
+from pbrl.config import JobConfig, actor_job, is_centralized, num_actors
 from pbrl.data.items import read_items
 from pbrl.data.schema import SCORES, read_joint_responses, write_table
 from pbrl.data.storage import RunPaths, StageManifest
@@ -21,11 +21,8 @@ from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.errors import ArtifactError, OracleError
 from pbrl.generation.collaboration import (
     PARSE_FAILURE,
-    actor_job,
-    is_centralized,
     is_parse_failure,
     job_adapter,
-    num_actors,
     score_joint,
     write_candidate_roles,
 )

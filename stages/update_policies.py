@@ -36,23 +36,25 @@ from typing import Any
 
 import torch
 
-from pbrl.config import JobConfig
+from pbrl.config import JobConfig, actor_job
 from pbrl.data.replay_store import run_identity, stored_rounds
 from pbrl.data.schema import ROLLOUTS, SELECTED_PAIRS, read_joint_responses, read_rows, read_selected_pairs, write_table
 from pbrl.data.seeds import derive_seed, numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest, atomic_dir, read_manifest, write_json
+from pbrl.distributed.ray_agents import gather, remote_agents, write_agents
+from pbrl.distributed.ray_rollouts import ray_rollouts
 from pbrl.errors import ArtifactError
-from pbrl.generation.collaboration import actor_job
 from pbrl.generation.sampling import SamplingSettings, generate
 from pbrl.learning.critics import ACTOR_CRITIC, Critic, CriticSet, CriticSpec, new_critic, restore_critic, save_critic
 from pbrl.learning.env_steps import NEVER_LOGGED, env_step_axis, train_log
-from pbrl.learning.madpo import LocalAgent, PairBatch, StepAgent, TrainablePolicy, madpo_agents_step
+from pbrl.learning.madpo import LocalAgent, PairBatch, StepAgent, madpo_agents_step
 from pbrl.learning.reward_model import RewardScorer, is_marlhf, joint_template_for, reward_device, reward_model_dir
 from pbrl.learning.rl import ReferencePolicy, RLSettings, rl_metrics, rollouts_path, run_rl
 from pbrl.models.loading import resolve_devices
 from pbrl.models.policies import (
     TRAINER_STATE,
     PolicySource,
+    TrainablePolicy,
     load_agent,
     policy_checkpoint,
     read_trainer_state,
@@ -137,7 +139,6 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         policies, tokenizers = _load_policies(job, start)
         return _run_marlhf(record, job, pairs, start, policies, tokenizers)
     if job.runner == "ray":  # one Ray actor per agent (pbrl.distributed.ray_agents); the same numbers as in process
-        from pbrl.distributed.ray_agents import gather, remote_agents, write_agents
 
         with remote_agents(job, start) as agents:
             record.details = {"agents_on": "ray_actors"}
@@ -285,7 +286,6 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
         return generate(policies[agent].model, tokenizers[agent], rows, seeds, settings, row_names=names)
 
     if job.runner == "ray":  # the step's rows in shards on Ray workers (pbrl.distributed.ray_rollouts); the same tokens
-        from pbrl.distributed.ray_rollouts import ray_rollouts
 
         generator = ray_rollouts(job, start, policies, settings, len(item_ids))
     else:

@@ -85,8 +85,8 @@ def lora_dropout_policy(model_dir: Path, tmp_path: Path, seed: int = 0):
     where the dropout sits, changes the output; trainable, with SGD at lr 0 (the weights never move)."""
     import torch
 
-    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
     from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy
+    from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
     lora = LoraSettings(r=4, dropout=0.5)
     adapter = init_lora_adapter(model_dir, lora, tmp_path / f"adapter{seed}", seed=seed)
@@ -116,8 +116,8 @@ def tiny_policies(model_dir: Path, lora=None, lr: float = 1e-2, adapter_root: Pa
     initialised from seed i."""
     import torch
 
-    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
     from pbrl.models.loading import init_lora_adapter, load_policy
+    from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
     out = []
     for seed in range(n):

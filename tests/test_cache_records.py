@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-import pbrl.run.folder
+import pbrl.run.task
 import tests.rewards_ab as rewards_ab
 from flows.cache import ExpiringFileLocks, settle_lock
 from flows.round import round_flow
@@ -85,7 +85,7 @@ def test_reward_a_then_b_then_a_leaves_scores_manifest_and_state_of_a(tiny_model
 
     def train_round(reward: Callable) -> dict[str, dict]:
         monkeypatch.setattr(rewards_ab, "reward", reward)  # the user edits the function behind the path
-        monkeypatch.setattr(pbrl.run.folder, "_ATTACHED_TASKS", {})  # a new process: the task is imported afresh
+        monkeypatch.setattr(pbrl.run.task, "_ATTACHED_TASKS", {})  # a new process: the task is imported afresh
         return {s["stage"]: s for s in round_flow(str(run_dir), "run", 1, job)}
 
     def agent0_lengths() -> dict[tuple, float]:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from pbrl.config import JOB_CLASSES, ConfigNotice, parse_job
+from pbrl.config import JOB_CLASSES, ConfigNotice, actor_job, num_actors, parse_job
 from pbrl.data.schema import CANDIDATES, PAIRS, SCORES, read_rows, write_table
 from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError
 from pbrl.generation.centralized import EqualSharesAdapter, TaggedAdapter
-from pbrl.generation.collaboration import ROLES, actor_job, actor_prompts, num_actors, roles_path, score_joint
+from pbrl.generation.collaboration import ROLES, actor_prompts, roles_path, score_joint
 from pbrl.tasks.registry import get_task
 from stages import STAGE_MODULES
 from tests.helpers import new_run, tiny_job

@@ -25,10 +25,10 @@ from pbrl.learning.critics import (
     save_critic,
     value_head,
 )
-from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
 from pbrl.learning.reward_model import JointTemplate
 from pbrl.learning.rl import RLSettings, run_rl
 from pbrl.models.loading import LoraSettings, load_model, load_tokenizer
+from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
 
 # ---------------------------------------------------------------------------------------------- hand-worked

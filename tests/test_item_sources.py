@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pbrl.config import parse_job
-from pbrl.data.item_sources import DatasetSpec
+from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.data.items import load_item_source, load_run_items, read_items, write_items
 from pbrl.data.schema import read_items_sources
 from pbrl.data.storage import RunPaths

@@ -9,8 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import pbrl.learning.madpo as madpo
-from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+from pbrl.learning.madpo import PairBatch, madpo_step
 from pbrl.models.loading import LoraSettings, load_policy
+from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from tests.helpers import tiny_policies as policies
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]

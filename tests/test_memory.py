@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from pbrl.data.storage import RunPaths
-from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, micro_batches, trainable_parameters
+from pbrl.learning.madpo import PairBatch, madpo_step, micro_batches
+from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from pbrl.reporting.metrics import round_table, write_run_metrics
 from pbrl.run.stage_record import PEAK_RSS_METRIC
 from stages import STAGE_MODULES

@@ -36,7 +36,8 @@ from transformers import AutoModelForCausalLM
 
 from pbrl.learning.logprobs import sequence_logprobs
 from pbrl.learning.losses import madpo_agent_loss, preference_accuracy
-from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step
+from pbrl.learning.madpo import PairBatch, madpo_step
+from pbrl.models.policies import TrainablePolicy
 from pbrl.preference.pairs import CandidateRef, Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
 from pbrl.preference.replay import (
     ReplayDataset,
@@ -335,7 +336,7 @@ def test_micro_seed_hand_values():
 
 
 def test_has_dropout_needs_a_positive_rate():
-    from pbrl.learning.madpo import has_dropout
+    from pbrl.models.forward import has_dropout
 
     assert not has_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)))
     assert has_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))

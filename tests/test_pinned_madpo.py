@@ -25,8 +25,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step
+from pbrl.learning.madpo import PairBatch, madpo_step
 from pbrl.models.loading import LoraSettings
+from pbrl.models.policies import TrainablePolicy
 from tests.helpers import logprob_alone, tiny_policies
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]

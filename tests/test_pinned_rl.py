@@ -96,8 +96,8 @@ def _prompt(agent: int, item: int) -> list[int]:
 
 
 def _policy(model_dir):
-    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
     from pbrl.models.loading import load_model
+    from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
     model = load_model(model_dir, trainable=True)
     return TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=1e-2, weight_decay=0.0), 0)
@@ -287,8 +287,8 @@ def test_rl_agent_step_draws_dropout_masks_from_its_seed_and_refuses_none(tiny_m
 
 
 def _precision_policy(model_dir, mode):
-    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
     from pbrl.models.loading import load_model
+    from pbrl.models.policies import TrainablePolicy, trainable_parameters
     from pbrl.models.precision import make_precision
 
     model = load_model(model_dir, trainable=True)
@@ -341,9 +341,9 @@ class _StubCritics:
 
 def _actor_critic_pass(tiny_model_dir, *, normalize: bool):
     from pbrl.generation.sampling import Generation
-    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
     from pbrl.learning.rl import RLSettings, run_rl
     from pbrl.models.loading import load_model
+    from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
     def policy():
         model = load_model(tiny_model_dir, trainable=True)

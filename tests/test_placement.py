@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from pbrl.errors import ConfigError
-from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+from pbrl.learning.madpo import PairBatch, madpo_step
 from pbrl.models.loading import LoraSettings, init_lora_adapter, load_model, resolve_devices
 from pbrl.models.placement import keep_resident, main_device, normalize_max_memory, placement_spec, resident_modules
+from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
 TOLERANCE = 1e-6
 TINY_BUDGET = {"cpu": "100KB"}  # the tiny model holds ≈ 95k float32 parameters (≈ 380 kB): most go to disk

@@ -12,15 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pbrl.learning.madpo import (
-    PairBatch,
-    TrainablePolicy,
-    agent_margins,
-    madpo_step,
-    trainable_parameters,
-    training_forward,
-)
+from pbrl.learning.madpo import PairBatch, agent_margins, madpo_step
+from pbrl.models.forward import training_forward
 from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy
+from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
 WINNERS = [[70, 71, 72, 3], [80, 81, 3]]

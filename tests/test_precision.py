@@ -12,9 +12,16 @@ import pytest
 import torch
 
 from pbrl.errors import ArtifactError
-from pbrl.learning.madpo import PairBatch, TrainablePolicy, madpo_step, trainable_parameters
+from pbrl.learning.madpo import PairBatch, madpo_step
 from pbrl.models.loading import load_policy, save_agent
-from pbrl.models.policies import PolicySource, load_agent, save_training_state, trainable_policy
+from pbrl.models.policies import (
+    PolicySource,
+    TrainablePolicy,
+    load_agent,
+    save_training_state,
+    trainable_parameters,
+    trainable_policy,
+)
 from pbrl.models.precision import (
     GRAD_SCALER_FILE,
     autocast,

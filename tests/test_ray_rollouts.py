@@ -70,8 +70,8 @@ def test_pushed_weights_make_a_fresh_copy_generate_the_moved_policys_tokens(tiny
 
     from pbrl.distributed.ray_rollouts import _load_weights, trainable_weights
     from pbrl.generation.sampling import SamplingSettings, generate
-    from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
     from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy, load_tokenizer
+    from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
     settings = LoraSettings(r=4) if lora else None
     adapter = init_lora_adapter(tiny_model_dir, settings, tmp_path / "agent_0", seed=1) if lora else None

@@ -9,7 +9,6 @@ import torch
 
 from pbrl.generation.sampling import Generation
 from pbrl.learning.logprobs import sequence_logprobs
-from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
 from pbrl.learning.rl import (
     ADVANTAGE_BACKENDS,
     ReferencePolicy,
@@ -22,6 +21,7 @@ from pbrl.learning.rl import (
     run_rl,
 )
 from pbrl.models.loading import LoraSettings, load_model
+from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
 R = torch.tensor([[1.0, 2.0, 3.0, 6.0]], dtype=torch.float64)
 

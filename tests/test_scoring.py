@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-from pbrl.learning.logprobs import eval_mode, sequence_logprobs
+from pbrl.learning.logprobs import sequence_logprobs
+from pbrl.models.forward import eval_mode
 
 PAD, EOS, VOCAB = 0, 3, 320
 ATOL = 1e-5  # fp32 model; the sums are float64

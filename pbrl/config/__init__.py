@@ -47,9 +47,13 @@ from pbrl.config.models import (
     MARLHFJob,
     RunConfig,
     TrainerConfig,
+    actor_job,
     collect_problems,
+    is_centralized,
     is_iterative,
     job_adapter,
+    num_actors,
+    num_rounds,
 )
 from pbrl.config.notices import ConfigNotice
 
@@ -58,6 +62,6 @@ __all__ = [
     "JobConfig", "TrainerConfig", "RunConfig", "job_adapter",
     "MADPOConfig", "MARLHFConfig", "MADPOIterConfig", "MARLHFIterConfig",
     "MADPOJob", "MARLHFJob", "MADPOIterJob", "MARLHFIterJob",
-    "ConfigNotice", "collect_problems", "config_hash", "is_iterative", "load_job", "make_job", "parse_config",
+    "ConfigNotice", "collect_problems", "config_hash", "actor_job", "is_centralized", "is_iterative", "load_job", "num_actors", "num_rounds", "make_job", "parse_config",
     "parse_job", "parse_override", "read_yaml", "split_job", "stage_config_hash",
 ]

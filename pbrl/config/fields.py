@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
-from pbrl.data.item_sources import DatasetSpec
+from pbrl.config.dataset_spec import DatasetSpec
 
 # Strict scalars (pydantic's StrictInt ... spelled out so the JSON schema and error types stay the plain ones).
 StrictInt = Annotated[int, Strict()]

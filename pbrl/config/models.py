@@ -205,6 +205,11 @@ def is_iterative(trainer: str) -> bool:
     return trainer.endswith("_iter")
 
 
+def num_rounds(job: Any) -> int:
+    """Rounds of a run: base trainers collect once; iterative trainers run ``num_iterations`` rounds."""
+    return job.num_iterations if is_iterative(job.trainer) else 1
+
+
 def collect_problems(cls: type[BaseModel], data: Mapping[str, Any]) -> list[Problem]:
     """Every problem of ``data`` as options of ``cls`` (a config, RunConfig or job class).
 
@@ -257,3 +262,22 @@ def _validate_fields(cls: type[BaseModel], known: dict[str, Any]) -> tuple[dict[
         return dict(cls.model_validate(rest, context=fields_only)), invalid, problems
     except ValidationError:  # e.g. a required option is missing: no best-effort values, so no rule can run
         return {}, frozenset(cls.model_fields), problems
+
+
+def is_centralized(job: Any) -> bool:
+    """Whether one actor writes every role (``collaboration_mode: centralized``)."""
+    return getattr(job, "collaboration_mode", "decentralized") == "centralized"
+
+
+def num_actors(job: Any) -> int:
+    """The number of policies of the job: 1 in centralized collaboration, else ``num_agents``."""
+    return 1 if is_centralized(job) else job.num_agents
+
+
+def actor_job(job: Any) -> Any:
+    """The job as the stages that load, sample, pair and train policies see it: ``num_agents`` = the actors.
+
+    Decentralized: ``job`` itself. Centralized: a copy with ``num_agents=1`` (the roles are then
+    ``len(task.formatters)``; resolve the task with the job itself, before this view).
+    """
+    return job.model_copy(update={"num_agents": 1}) if is_centralized(job) and job.num_agents != 1 else job

@@ -70,7 +70,7 @@ def _rule(registry: list[Rule], *fields: str) -> Callable[[Callable[[Values], li
 
 def _actors(v: Values) -> int:
     """The number of policies: 1 with collaboration_mode='centralized' (one actor writes every role), else
-    num_agents (pbrl.generation.collaboration.num_actors over a mapping of values)."""
+    num_agents (pbrl.config.num_actors over a mapping of values)."""
     return 1 if v["collaboration_mode"] == CENTRALIZED else v["num_agents"]
 
 

@@ -20,44 +20,15 @@ import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
-
+from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.errors import ConfigError, Problem
-
-_Name = Annotated[str, Strict(), Field(min_length=1)]
-DataFiles = _Name | Annotated[list[_Name], Field(min_length=1)] | dict[_Name, _Name | list[_Name]]
 
 # load_dataset's builder for a data file, by suffix (the forms the issue names: json/jsonl/parquet/csv).
 BUILDER_FOR_SUFFIX = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 DATA_FILE_BUILDERS = ("json", "csv", "parquet")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-
-
-class DatasetSpec(BaseModel):
-    """Where ``train_dataset`` / ``eval_dataset`` items come from when they are loaded with ``datasets``.
-
-    It holds no credentials (unknown keys such as ``token`` are refused), so it is stored as given in
-    run.json and in the ``items.parquet`` metadata.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
-
-    path: _Name = Field(description="A save_to_disk folder, a .json/.jsonl/.csv/.parquet file, a folder of data "
-                        "files, a builder name (json, csv, parquet) with data_files, or a hub dataset id already "
-                        "in the local Hugging Face datasets cache.")
-    name: _Name | None = Field(None, description="Configuration name of a hub dataset (datasets' `name`); None = "
-                               "the one in the cache.")
-    split: _Name | None = Field(None, description="Split to use (e.g. 'train'; data files and hub datasets also "
-                                "take slices such as 'test[:100]'); None = the only split (an error when there are "
-                                "several).")
-    data_files: DataFiles | None = Field(None, description="Local data files for a builder name or a folder: a "
-                                         "path or glob, a list, or a mapping split -> paths.")
-    columns: dict[_Name, _Name] = Field(default_factory=dict, description="Column renaming, source column -> "
-                                        "field the formatters read (e.g. {question: prompt}).")
-    id_column: _Name | None = Field(None, description="Column whose values (as text) become each item's "
-                                    "item_id; None = the item's own item_id field, else its position.")
 
 
 class LoadedItems(list):
@@ -99,7 +70,7 @@ def load_spec_items(spec: DatasetSpec, *, field: str) -> LoadedItems:
             local cache (nothing is downloaded), remote data files, an unknown split or configuration, a
             renamed or id column that the dataset lacks, an empty id, or any error ``datasets`` raises.
     """
-    from datasets.exceptions import DatasetsError
+    from datasets.exceptions import DatasetsError  # deferred: datasets takes ~2 s to import; only specs need it
 
     try:
         dataset, loader = _load(spec, field)
@@ -146,7 +117,7 @@ def _with_id_column(row: dict[str, Any], id_column: str, field: str, index: int)
 
 def _load(spec: DatasetSpec, field: str) -> tuple[Any, str]:
     """(Dataset or DatasetDict, the loader used). Raises ConfigError for sources that are not there."""
-    import datasets
+    import datasets  # deferred: ~2 s to import; only dataset specs need it
 
     files = _local_data_files(spec.data_files, field)
     path = Path(spec.path).expanduser()
@@ -177,8 +148,8 @@ def _load(spec: DatasetSpec, field: str) -> tuple[Any, str]:
 def _load_cached_hub_dataset(spec: DatasetSpec, field: str) -> Any:
     """A hub dataset from the local cache only, as ``load_dataset`` does offline (its ``cache`` builder
     finds ``<HF_DATASETS_CACHE>/<org>___<name>/<config>/<version>/<hash>``)."""
-    import datasets.config
-    from datasets.packaged_modules.cache.cache import Cache
+    import datasets.config  # deferred: ~2 s to import; only dataset specs need it
+    from datasets.packaged_modules.cache.cache import Cache  # deferred, as above
 
     try:
         builder = Cache(repo_id=spec.path, dataset_name=spec.path.split("/")[-1], config_name=spec.name,
@@ -197,7 +168,7 @@ def _load_cached_hub_dataset(spec: DatasetSpec, field: str) -> Any:
 
 def _one_split(dataset: Any, split: str | None, field: str, where: str) -> Any:
     """``dataset`` itself (a Dataset), or the ``split`` of a DatasetDict (its only split when None)."""
-    import datasets
+    import datasets  # deferred: ~2 s to import; only dataset specs need it
 
     if isinstance(dataset, datasets.Dataset):
         if split is not None and dataset.split is not None and split != str(dataset.split):

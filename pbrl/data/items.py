@@ -13,9 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from pbrl.config import JobConfig
-from pbrl.data.schema import ITEMS, read_rows, write_table
+from pbrl.config.dataset_spec import DatasetSpec
+from pbrl.data.item_sources import (
+    LoadedItems,
+    is_datasets_object,
+    load_dataset_object_items,
+    load_spec_items,
+    with_provenance,
+)
+from pbrl.data.schema import ITEMS, items_schema, read_rows, write_table
 from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError, Problem
 from pbrl.tasks.base import Task
@@ -38,7 +47,7 @@ def format_prompts(formatter, items: list[dict], agent: int) -> list[str]:
 
 def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, field: str) -> list[dict]:
     """Items from a list of dicts (or anything iterating dicts), a JSONL / Parquet path, a dataset spec
-    (:class:`~pbrl.data.item_sources.DatasetSpec` or a mapping of its fields: a ``save_to_disk`` folder, data
+    (:class:`~pbrl.config.dataset_spec.DatasetSpec` or a mapping of its fields: a ``save_to_disk`` folder, data
     files through ``load_dataset``, or a hub id in the local cache), or a ``datasets.Dataset`` /
     single-split ``DatasetDict``. The result also records the source and, for ``datasets``, its fingerprint
     (:class:`~pbrl.data.item_sources.LoadedItems`), which :func:`write_items` stores in items.parquet.
@@ -47,15 +56,7 @@ def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, 
         ConfigError: the path is missing or of an unknown kind, the spec is invalid or its dataset cannot be
             loaded offline (naming the dataset), or an item is not a dict (named by index).
     """
-    from pydantic import ValidationError
 
-    from pbrl.data.item_sources import (
-        DatasetSpec,
-        LoadedItems,
-        is_datasets_object,
-        load_dataset_object_items,
-        load_spec_items,
-    )
 
     if isinstance(source, LoadedItems):
         items: list[Any] = LoadedItems(source, source.source, source.fingerprint)
@@ -106,7 +107,6 @@ def load_run_items(job: JobConfig, task: Task, train_items: Any = None, eval_ite
         ConfigError: a source is missing or malformed, there is no train item, or an item cannot be
             formatted by an agent's formatter (e.g. a missing field), naming the item and the agent.
     """
-    from pbrl.data.item_sources import LoadedItems, with_provenance
 
     from_task = {"kind": "task", "task": task.name, "task_options": job.task_options}  # where task items came from
     given = train_items if train_items is not None else job.train_dataset
@@ -190,7 +190,6 @@ def write_items(paths: RunPaths, train: list[dict], eval_: list[dict]) -> None:
     Raises:
         ConfigError: an item is not JSON-serialisable (naming it) or two items share an id.
     """
-    from pbrl.data.schema import items_schema
 
     rows, sources = [], {}
     for split, items, prefix in (("train", train, "item"), ("eval", eval_, "eval")):

@@ -27,8 +27,10 @@ from typing import Any
 import torch
 
 from pbrl.config import JobConfig
+from pbrl.distributed.shards import ray_init_kwargs, require_ray_extra
 from pbrl.learning.madpo import LocalAgent
 from pbrl.models.loading import resolve_devices
+from pbrl.models.policies import PolicySource, trainable_agent, write_agent
 
 
 def agent_resources(job: JobConfig) -> list[dict[str, float]]:
@@ -43,7 +45,6 @@ def agent_resources(job: JobConfig) -> list[dict[str, float]]:
 def placed_devices(job: JobConfig) -> list[str]:
     """Each agent's device as the in-process run places it: ``agent_devices`` through ``parallel_training``
     ('none' puts every agent on the first device, 'mp' agent i on device i; :func:`pbrl.models.placement.placement_spec`)."""
-    from pbrl.models.policies import PolicySource
 
     spec = PolicySource.from_job(job).devices
     return list(resolve_devices(list(spec) if isinstance(spec, tuple) else spec, job.num_agents))
@@ -62,7 +63,6 @@ class AgentActor:
     :func:`remote_agents`). Its methods are the :class:`pbrl.learning.madpo.StepAgent` phases and the checkpoint write."""
 
     def __init__(self, job: JobConfig, agent: int, start: str, num_threads: int) -> None:
-        from pbrl.models.policies import trainable_agent
 
         torch.set_num_threads(num_threads)  # the driver's: the same float reductions, so the same bits on CPU
         devices = placed_devices(job)
@@ -86,7 +86,6 @@ class AgentActor:
 
     def write(self, folder: str) -> None:
         """Write ``agent_<i>/`` (weights, optimizer state) into ``folder`` (the checkpoint's temporary folder)."""
-        from pbrl.models.policies import write_agent
 
         write_agent(self.local.policy, Path(folder) / f"agent_{self.agent}")
 
@@ -127,12 +126,10 @@ def remote_agents(job: JobConfig, start: Path) -> Iterator[list[RemoteAgent]]:
         ConfigError: the 'ray' extra is not installed.
         ray.exceptions.RayActorError: an actor failed to load its agent (its error inside).
     """
-    from pbrl.distributed.shards import require_ray_extra
 
     require_ray_extra(job)
     import ray
 
-    from pbrl.distributed.shards import ray_init_kwargs
 
     started = not ray.is_initialized()
     if started:

@@ -32,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 
 from pbrl.config import JobConfig
 from pbrl.distributed.ray_agents import cuda_device_name, placed_devices
-from pbrl.distributed.shards import plan_shards
+from pbrl.distributed.shards import plan_shards, ray_init_kwargs, require_ray_extra
 from pbrl.generation.sampling import Generation, SamplingSettings, generate
-from pbrl.learning.madpo import TrainablePolicy
+from pbrl.models.policies import PolicySource, TrainablePolicy, load_agent
 
 WORKER_RESTARTS = 1  # Ray restarts a dead worker once and reruns its shard there (max_restarts, max_task_retries)
 
@@ -75,7 +76,6 @@ def worker_devices(job: JobConfig) -> tuple[list[str], int]:
 def trainable_weights(policy: TrainablePolicy) -> dict[str, torch.Tensor]:
     """What a worker needs of ``policy`` to generate as it does now, on CPU: the LoRA adapter's state dict (peft's
     names, without the adapter name) of a peft model, else the model's full state dict."""
-    from peft import PeftModel, get_peft_model_state_dict
 
     model = policy.model
     state = get_peft_model_state_dict(model) if isinstance(model, PeftModel) else model.state_dict()
@@ -89,7 +89,6 @@ class RolloutWorker:
 
     def __init__(self, job: JobConfig, start: str, settings: SamplingSettings, num_threads: int) -> None:
         torch.set_num_threads(num_threads)  # the driver's: the same float reductions, so the same tokens on CPU
-        from pbrl.models.policies import PolicySource
 
         devices, _ = worker_devices(job)
         self.source = dataclasses.replace(PolicySource.from_job(job), devices=tuple(devices))
@@ -113,7 +112,6 @@ class RolloutWorker:
 
     def _agent(self, agent: int) -> Any:
         if agent not in self.agents:
-            from pbrl.models.policies import load_agent
 
             # trainable=True: the driver's dtypes (float32 master weights), so the same logits
             self.agents[agent] = load_agent(self.source, agent, self.start, trainable=True)
@@ -127,7 +125,6 @@ def _load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
     Raises:
         RuntimeError: a name the model does not have, or (full state dict) one it lacks.
     """
-    from peft import PeftModel, set_peft_model_state_dict
 
     if isinstance(model, PeftModel):
         result = set_peft_model_state_dict(model, state)
@@ -164,7 +161,6 @@ def ray_rollouts(job: JobConfig, start: Path, policies: Sequence[TrainablePolicy
         ConfigError: the 'ray' extra is not installed.
         ray.exceptions.RayActorError: a worker died twice on one shard, or failed to load its agent.
     """
-    from pbrl.distributed.shards import ray_init_kwargs, require_ray_extra
 
     require_ray_extra(job)
     import ray

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from pbrl.config import is_centralized
 from pbrl.data.items import format_prompts
 from pbrl.data.schema import read_joint_responses, write_table
 from pbrl.errors import ConfigError, Problem
@@ -59,25 +60,6 @@ ROLES = pa.schema(
         ("failure", pa.string()),  # null when parsed; else "centralized_parse: <why>"
     ]
 )
-
-
-def is_centralized(job: JobConfig) -> bool:
-    """Whether one actor writes every role (``collaboration_mode: centralized``)."""
-    return getattr(job, "collaboration_mode", "decentralized") == CENTRALIZED
-
-
-def num_actors(job: JobConfig) -> int:
-    """The number of policies of the job: 1 in centralized collaboration, else ``num_agents``."""
-    return 1 if is_centralized(job) else job.num_agents
-
-
-def actor_job(job: JobConfig) -> JobConfig:
-    """The job as the stages that load, sample, pair and train policies see it: ``num_agents`` = the actors.
-
-    Decentralized: ``job`` itself. Centralized: a copy with ``num_agents=1`` (the roles are then
-    ``len(task.formatters)``; resolve the task with the job itself, before this view).
-    """
-    return job.model_copy(update={"num_agents": 1}) if is_centralized(job) and job.num_agents != 1 else job
 
 
 def job_adapter(job: JobConfig) -> CentralizedAdapter:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,8 +36,9 @@ from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, read_json, write_json
 from pbrl.errors import ConfigError, Problem
 from pbrl.generation.api_client import ApiAnswer, ApiRequest, ApiSettings, fetch_answers
-from pbrl.generation.centralized import CentralizedAdapter, split_roles
+from pbrl.generation.centralized import CentralizedAdapter, load_adapter, split_roles
 from pbrl.generation.sampling import Generation, SamplingSettings, encode_prompt, generate
+from pbrl.models.loading import load_model, load_tokenizer, resolve_devices, resolve_model_source
 from pbrl.models.policies import policy_checkpoint
 
 Devices = str | list[str] | None  # one device, one per agent, or None (resolved by pbrl.models.loading.resolve_devices)
@@ -359,7 +361,6 @@ def _checkpoint_kind(paths: RunPaths, round_index: int, settings: ComparatorSett
 
 def _model_kind(paths: RunPaths, round_index: int, settings: ComparatorSettings,
                 load_checkpoint: Callable[[int, Path, Devices], LoadedModel]) -> Comparator:
-    from pbrl.models.loading import load_model, load_tokenizer, resolve_devices, resolve_model_source
 
     loaded: dict[tuple[str, str], LoadedModel] = {}  # agents that share a model and device share one copy
 
@@ -415,10 +416,7 @@ def preflight_problems(policy: str, *, model_sources: Sequence[str] = (), model_
     """What a comparator needs before a run starts, every problem at once: a known policy; with ``model``,
     every source exists offline; with ``api``, the key variable ``key_env`` is set (named, its value never
     read into the message); with centralized generation, the adapter imports."""
-    import os
 
-    from pbrl.generation.centralized import load_adapter
-    from pbrl.models.loading import resolve_model_source
 
     problems: list[Problem] = []
     if policy not in COMPARATORS:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 from transformers import (
+    DynamicCache,
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
@@ -35,7 +36,7 @@ from transformers import (
 )
 
 from pbrl.errors import SamplingError
-from pbrl.learning.logprobs import distinct_prompts, eval_mode
+from pbrl.models.forward import distinct_prompts, eval_mode
 
 SEED_LIMIT = 2**63
 # Temperatures where float32 logits / temperature stay finite. Lower: |logit| <= 1e4 covers real LMs (Gemma
@@ -406,7 +407,6 @@ def _shared_prefill(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     ``generate``'s own position ids (``cumsum(mask) − 1``, 0 on padding). Returns (cache, distinct prompts), or
     None when no two rows of the chunk share a prompt or the prompts are one column wide (nothing to share).
     """
-    from transformers import DynamicCache
 
     distinct, which = distinct_prompts([tuple(r) for r in torch.cat([input_ids, attention_mask], dim=1).tolist()])
     if len(distinct) == len(which) or input_ids.shape[1] < 2:

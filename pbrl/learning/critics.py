@@ -38,12 +38,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from pbrl.data.storage import atomic_dir, read_json, write_json
 from pbrl.errors import ArtifactError
-from pbrl.learning.logprobs import eval_mode
 from pbrl.learning.reward_model import JointTemplate, RewardModelSpec, _pad, joint_input_ids, new_reward_model
+from pbrl.models.forward import eval_mode
 from pbrl.models.loading import LoraSettings, load_optimizer_state, save_optimizer
 from pbrl.models.precision import backward_and_step
 
@@ -225,7 +226,6 @@ def _meta(spec: CriticSpec) -> dict[str, Any]:
 def save_critic(critic: Critic, folder: Path) -> None:
     """Write ``folder`` atomically: the trainable weights (safetensors; a value head's policy backbone is the
     policy's, saved with it), the AdamW state (``optimizer.pt``) and ``critic.json`` last."""
-    from safetensors.torch import save_file
 
     with atomic_dir(Path(folder)) as tmp:
         save_file({name: p.detach().cpu().contiguous() for name, p in critic.model.named_parameters()
@@ -241,7 +241,6 @@ def restore_critic(critic: Critic, folder: Path) -> None:
     Raises:
         ArtifactError: the folder was written for another critic, or misses a trained weight.
     """
-    from safetensors.torch import load_file
 
     folder = Path(folder)
     meta = read_json(folder / _META)

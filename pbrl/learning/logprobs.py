@@ -12,28 +12,14 @@ Shape legend: b batch (sequences), t tokens, c completion positions kept (the lo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Put every submodule of ``model`` in eval mode (dropout off) and restore each one's mode afterwards.
-
-    Restores the modes module by module, so a model whose parts were in different modes (e.g. a frozen
-    backbone kept in eval under a training head) comes back exactly as it was. Gradient mode is untouched.
-    """
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield model
-    finally:
-        for module, was_training in modes:
-            module.training = was_training
+from pbrl.models.forward import distinct_prompts, eval_mode
 
 
 def _validate(
@@ -75,7 +61,7 @@ def sequence_logprobs(
     Position ids are ``cumsum(attention_mask) − 1`` (clamped at 0), so a padded row sees the same
     positions as when scored alone. Dropout is off for the call (every submodule is put in eval mode and
     restored afterwards) unless ``dropout`` is true, when the modules keep the modes the caller set (a
-    training forward: :func:`pbrl.learning.madpo.training_forward` seeds the masks); gradients flow when called
+    training forward: :func:`pbrl.models.forward.training_forward` seeds the masks); gradients flow when called
     with grad enabled, so training can use it. Logits are
     computed only at the positions that predict completion tokens (the model's ``logits_to_keep``, as a
     (b, c) tensor of positions, supported by transformers ≥ 5 causal LMs), never over the prompt.
@@ -167,20 +153,6 @@ def completion_token_logprobs(
     return token_logprobs, valid
 
 
-def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
-    """The distinct prompts in first-seen order and, per row, the index of its prompt among them."""
-    index: dict[tuple[int, ...], int] = {}
-    distinct: list[list[int]] = []
-    rows = []
-    for prompt in prompt_ids:
-        key = tuple(int(i) for i in prompt)
-        if key not in index:
-            index[key] = len(distinct)
-            distinct.append(list(key))
-        rows.append(index[key])
-    return distinct, rows
-
-
 def shared_prompt_logprobs(
     model: nn.Module,
     prompt_ids: Sequence[Sequence[int]],
@@ -222,7 +194,6 @@ def shared_prompt_logprobs(
     Raises:
         ValueError: as :func:`sequence_logprobs` (rows named).
     """
-    from transformers import DynamicCache  # transformers is heavy; only this path needs the class
 
     vocab_size = model.get_input_embeddings().num_embeddings
     _validate(prompt_ids, completion_ids, vocab_size, "left")

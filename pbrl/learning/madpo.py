@@ -14,8 +14,7 @@ from a seed per agent and step; sampling and evaluation forwards run in eval mod
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +22,9 @@ import torch
 
 from pbrl.learning.logprobs import sequence_logprobs, shared_prompt_logprobs
 from pbrl.learning.losses import madpo_agent_loss, madpo_loss, preference_accuracy
-from pbrl.models.precision import Precision, autocast, backward_and_step
+from pbrl.models.forward import has_dropout, training_forward
+from pbrl.models.policies import TrainablePolicy, trainable_parameters
+from pbrl.models.precision import autocast, backward_and_step
 
 
 @dataclass(frozen=True)
@@ -39,66 +40,12 @@ class PairBatch:
         return len(self.prompt_ids[0])
 
 
-@dataclass
-class TrainablePolicy:
-    """An agent being trained: its model (float32 trainable parameters), AdamW, pad id, and the mixed precision
-    of its training forwards and steps (None: float32, see :mod:`pbrl.models.precision`)."""
-
-    model: Any
-    optimizer: torch.optim.Optimizer
-    pad_token_id: int
-    precision: Precision | None = None
-
-
 @dataclass(frozen=True)
 class StepStats:
     loss: float  # mean joint MADPO loss of the batch, nats
     accuracy: float  # share of pairs with joint margin > 0
     margins: torch.Tensor  # (b, a) detached per-agent margins, nats
     skipped: tuple[bool, ...]  # per agent: update skipped (non-finite loss or gradient)
-
-
-def has_dropout(model: torch.nn.Module) -> bool:
-    """True when ``model`` holds a dropout module with p > 0 (e.g. peft's ``lora_dropout``)."""
-    kinds = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
-             torch.nn.FeatureAlphaDropout)
-    return any(isinstance(m, kinds) and m.p > 0 for m in model.modules())
-
-
-def _cuda_indices(model: torch.nn.Module) -> list[int]:
-    """The CUDA devices holding ``model``'s resident parameters (several when accelerate split it)."""
-    indices = set()
-    for param in model.parameters():
-        if param.device.type == "cuda":
-            indices.add(param.device.index if param.device.index is not None else torch.cuda.current_device())
-    return sorted(indices)
-
-
-@contextmanager
-def training_forward(model: torch.nn.Module, seed: int, precision: Precision | None = None) -> Iterator[None]:
-    """Inside the block, every forward of ``model`` runs in train mode, so its dropout takes effect, with
-    masks drawn from torch's RNG seeded with ``seed``: the same seed gives the same masks (a resumed run
-    is bitwise identical), and the global RNG state is restored on exit (``torch.random.fork_rng``).
-    With ``precision`` (``mixed_precision`` bf16/fp16), the forwards also run under its autocast
-    (:func:`pbrl.models.precision.autocast`); the float32 master weights are not cast.
-
-    Score with ``sequence_logprobs(..., dropout=True)`` inside the block (it otherwise forces eval mode).
-    Every submodule's mode is restored on exit. Backward draws no random numbers (the masks are saved by
-    the forward). A model split over several GPUs by ``agent_devices: auto`` gets ``seed`` on each of them.
-    """
-    modes = [(module, module.training) for module in model.modules()]
-    cuda = _cuda_indices(model)
-    model.train()
-    try:
-        with torch.random.fork_rng(devices=cuda), autocast(precision):
-            torch.random.default_generator.manual_seed(seed)
-            for index in cuda:
-                with torch.cuda.device(index):
-                    torch.cuda.manual_seed(seed)
-            yield
-    finally:
-        for module, was_training in modes:
-            module.training = was_training
 
 
 def _score(model: Any) -> Any:
@@ -138,10 +85,6 @@ def agent_margins(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, se
             logps = score(policy.model, p * 2, completions, pad_token_id=policy.pad_token_id, dropout=True)
     diff = logps[: len(rows)] - logps[len(rows):]
     return margins.to(diff.device, diff.dtype).index_put((torch.tensor(rows, device=diff.device),), diff)
-
-
-def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
 
 
 def micro_batches(size: int, micro_batch_size: int | None) -> list[slice]:

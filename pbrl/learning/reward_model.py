@@ -39,11 +39,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import AutoModel
 
 from pbrl.data.storage import RunPaths, atomic_dir, read_json, read_manifest, write_json
-from pbrl.learning.logprobs import eval_mode
-from pbrl.models.loading import LoraSettings, resolve_model_source
+from pbrl.models.forward import eval_mode
+from pbrl.models.loading import LoraSettings, load_tokenizer, resolve_devices, resolve_model_source
 
 TEMPLATE_VERSION = "joint-v1"
 HEADER = "Joint multi-agent response\n"
@@ -236,13 +239,11 @@ class RewardModelSpec:
 
 
 def _load_backbone(path: Path) -> nn.Module:
-    from transformers import AutoModel
 
     return AutoModel.from_pretrained(path, dtype=torch.float32, local_files_only=True, use_safetensors=True)
 
 
 def _pad_id(source: Path) -> int:
-    from pbrl.models.loading import load_tokenizer
 
     return int(load_tokenizer(source).pad_token_id)
 
@@ -260,7 +261,6 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
         if spec.trained == "head":
             backbone.requires_grad_(False)
         elif spec.trained == "lora":
-            from peft import LoraConfig, get_peft_model
 
             backbone = get_peft_model(backbone, LoraConfig(r=spec.lora.r, lora_alpha=spec.lora.alpha,
                                                            lora_dropout=spec.lora.dropout,
@@ -272,7 +272,6 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
                       max_length: int | None) -> None:
     """Write the model atomically (safetensors only): ``head.safetensors``; the trained backbone weights
     (``backbone/`` for full training, ``adapter/`` for LoRA, none when frozen); ``reward_model.json`` last."""
-    from safetensors.torch import save_file
 
     with atomic_dir(Path(out_dir)) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}, tmp / _HEAD)
@@ -294,7 +293,6 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     Raises:
         ArtifactError: the record is missing; ValueError: it was written with another template.
     """
-    from safetensors.torch import load_file
 
     folder = Path(folder)
     meta = read_json(folder / _META)
@@ -303,7 +301,6 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     src = resolve_model_source(meta["source"], field="reward_model_name")
     backbone = _load_backbone(folder / "backbone" if meta["trained"] == "full" else src)
     if meta["trained"] == "lora":
-        from peft import PeftModel
 
         backbone = PeftModel.from_pretrained(backbone, str(folder / "adapter"), is_trainable=False)
     state = load_file(str(folder / _HEAD))
@@ -396,7 +393,6 @@ def pair_joint_ids_path(round_dir: Path) -> Path:
 def joint_template_for(source: str, agent_sources: Sequence[str]) -> tuple[JointTemplate, Any]:
     """The template for the reward model ``source`` and its tokenizer, after checking that every agent
     (``agent_sources``, one per agent) shares its vocabulary (:func:`check_same_vocabulary`)."""
-    from pbrl.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model_source(source, field="reward_model_name"))
     agents = {s: load_tokenizer(resolve_model_source(s)) for s in dict.fromkeys(agent_sources)}
@@ -421,7 +417,6 @@ def pair_joint_rows(pairs: Sequence[dict[str, Any]], template: JointTemplate, ma
 
 def reward_device(configured: str | None, agent_devices: str | Sequence[str] | None, num_agents: int) -> str:
     """``reward_model_device``, else the first agent's device."""
-    from pbrl.models.loading import resolve_devices
 
     if configured:
         return configured
@@ -433,7 +428,6 @@ class RewardScorer:
     """A fitted reward model with its template, scoring joint responses from stored ids (no gradients)."""
 
     def __init__(self, folder: Path, num_agents: int, *, device: str = "cpu", batch_size: int = 16):
-        from pbrl.models.loading import load_tokenizer
 
         self.model, self.meta = load_reward_model(folder, device=device)
         tokenizer = load_tokenizer(resolve_model_source(self.meta["source"], field="reward_model_name"))

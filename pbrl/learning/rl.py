@@ -30,7 +30,8 @@ import torch
 from pbrl.learning.critics import ACTOR_CRITIC, CriticSet, actor_critic_advantages, normalize_batch
 from pbrl.learning.logprobs import completion_token_logprobs as scoring_token_logprobs
 from pbrl.learning.logprobs import sequence_logprobs
-from pbrl.learning.madpo import TrainablePolicy, has_dropout, trainable_parameters, training_forward
+from pbrl.models.forward import has_dropout, training_forward
+from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from pbrl.models.precision import autocast, backward_and_step
 
 NORMALIZATION_EPS = 1e-6  # a group's standard deviation is clamped here before dividing (never by zero)

@@ -10,6 +10,8 @@ then reused (about 2 s to load).
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import logging
 import os
@@ -23,6 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import init_empty_weights
+from huggingface_hub import constants, try_to_load_from_cache
+from huggingface_hub.errors import HFValidationError
+from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, load_peft_weights, set_peft_model_state_dict
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.pytorch_utils import Conv1D
 
 from pbrl.data.storage import atomic_dir
 from pbrl.errors import ArtifactError, ConfigError, Problem
@@ -72,8 +80,6 @@ def resolve_model_source(source: str | Path, root: Path | None = None, *, field:
     text = str(source)
     if isinstance(source, Path) or text.startswith((".", "/", "~")) or text.count("/") > 1:
         raise ConfigError([Problem(field, text, "no such model folder")])
-    from huggingface_hub import constants, try_to_load_from_cache
-    from huggingface_hub.errors import HFValidationError
 
     try:
         cached = try_to_load_from_cache(text, "config.json")
@@ -113,7 +119,6 @@ def load_tokenizer(source: str | Path) -> Any:
     Raises:
         ArtifactError: the tokenizer has neither a pad nor an EOS token.
     """
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(_local(source), local_files_only=True)
     if tokenizer.pad_token is None:
@@ -161,7 +166,6 @@ def load_model(
         ArtifactError: the adapter folder is missing or was built with other LoRA settings.
         ConfigError: ``device="auto"`` would offload weights of a fully fine-tuned trainable model.
     """
-    from transformers import AutoModelForCausalLM
 
     if adapter_dir is not None and lora is None:
         raise ValueError(f"adapter_dir={adapter_dir} given without LoRA settings (lora_r)")
@@ -218,8 +222,6 @@ def _shared_base(key: tuple[str, torch.dtype, str], load: Any) -> Any:
     very ones of the base. Nothing in pbrl writes a frozen base weight in place (LoRA trains adapters only;
     adapters are never merged); moving the tree moves the shared weights, which is why the device is in the
     key. The tree keeps the base object alive (outside ``Module.__setattr__``, so it is no submodule)."""
-    import copy
-    import itertools
 
     base = _SHARED_BASES.get(key)
     if base is None:
@@ -246,7 +248,6 @@ def _fill_pad_ids(model: Any, src: Path) -> None:
 def _with_lora(
     model: Any, lora: LoraSettings, adapter_dir: Path | None, *, trainable: bool, seed: int | None
 ) -> Any:
-    from peft import LoraConfig, PeftModel, get_peft_model
 
     if adapter_dir is not None:
         _check_adapter(Path(adapter_dir), lora)
@@ -254,7 +255,6 @@ def _with_lora(
             return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
         # Placed by accelerate (device="auto"): PeftModel.from_pretrained would re-dispatch the model with a
         # device map of its own, offloading the adapted modules too; wrap it in place and load the weights.
-        from peft import PeftConfig, load_peft_weights, set_peft_model_state_dict
 
         peft_model = get_peft_model(model, PeftConfig.from_pretrained(str(adapter_dir)))
         result = set_peft_model_state_dict(peft_model, load_peft_weights(str(adapter_dir), device="cpu"))
@@ -291,7 +291,6 @@ def lora_module_names(model: torch.nn.Module) -> set[str]:
     name and by each dotted suffix of it (peft matches an entry ``e`` to a module named ``n`` when
     ``n == e`` or ``n`` ends with ``"." + e``).
     """
-    from transformers.pytorch_utils import Conv1D
 
     adaptable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
     names: set[str] = set()
@@ -319,8 +318,6 @@ def check_lora_target_modules(model_source: str | Path, target_modules: list[str
     Raises:
         ConfigError: the source cannot be resolved (see :func:`resolve_model_source`).
     """
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(_local(model_source), local_files_only=True)
     with torch.random.fork_rng(devices=[]), init_empty_weights():

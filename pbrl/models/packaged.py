@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pbrl.data.storage import replace_dir
 from pbrl.errors import ArtifactError
+from pbrl.models.tiny import build_tiny_model
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +140,6 @@ def convert_gguf(src: Path, dst: Path) -> None:
     transformers 5 attaches a ``GgufHfQuantizer`` that refuses ``save_pretrained`` although the loaded
     weights are dense; dropping it is lossless (max abs logit difference 0.0 after reload, notes §5).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
@@ -164,7 +166,6 @@ def prepare_converted_folder(
     Raises:
         ArtifactError: the lock could not be taken within ``lock_timeout_s`` seconds.
     """
-    from filelock import FileLock, Timeout
 
     sha = file_sha256(src)
     if _matches(dest, sha):
@@ -228,7 +229,6 @@ def prepare_packaged_model(name: str, root: Path | None = None) -> Path:
 
 def _build_tiny(src: Path, dst: Path) -> None:
     # The "source file" is the builder's own code: its hash in the marker rebuilds the model if it changes.
-    from pbrl.models.tiny import build_tiny_model
 
     build_tiny_model(dst, seed=0)
 

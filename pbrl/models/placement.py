@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from accelerate import infer_auto_device_map, init_empty_weights
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from pbrl.errors import ConfigError, Problem
 
 DeviceSpec = str | list[str] | None
 
@@ -102,7 +106,6 @@ def keep_resident(model: Any, device_map: Mapping[str, int | str], resident: set
         ConfigError: naming ``max_memory`` (its value given only for the message), when the whole model must
             stay resident (full fine-tuning) but the map offloads part of it.
     """
-    from pbrl.errors import ConfigError, Problem
 
     main = main_device(device_map)
     out: dict[str, int | str] = {}
@@ -144,8 +147,6 @@ def auto_device_map(source: Path, *, dtype: torch.dtype, max_memory: MaxMemory |
     Raises:
         ConfigError: see :func:`keep_resident`.
     """
-    from accelerate import infer_auto_device_map, init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(source, local_files_only=True)
     with torch.random.fork_rng(devices=[]), init_empty_weights():

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pbrl.config import num_actors
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, hash_path, read_json, read_manifest, write_json
 from pbrl.errors import ArtifactError
-from pbrl.learning.madpo import TrainablePolicy, trainable_parameters
 from pbrl.models.loading import (
     LoraSettings,
     init_lora_adapter,
@@ -29,7 +29,7 @@ from pbrl.models.loading import (
     save_optimizer,
 )
 from pbrl.models.placement import AUTO, main_device, normalize_max_memory, placement_spec
-from pbrl.models.precision import load_precision_state, make_precision, save_precision_state
+from pbrl.models.precision import Precision, load_precision_state, make_precision, save_precision_state
 
 if TYPE_CHECKING:
     from pbrl.config import JobConfig
@@ -38,6 +38,22 @@ TRAINER_STATE = "trainer_state.json"  # written last in checkpoints/round_<r>/: 
 UPDATE_STAGE = "update-policies"  # the stage whose manifest names the policy after its round
 SOURCE_FILE = "source.json"  # written last in checkpoints/initial/agent_<i>/
 OPTIMIZER_FILE = "optimizer.pt"  # an agent's AdamW state in a round checkpoint's agent_<i>/
+
+
+@dataclass
+class TrainablePolicy:
+    """An agent being trained: its model (float32 trainable parameters), AdamW, pad id, and the mixed precision
+    of its training forwards and steps (None: float32, see :mod:`pbrl.models.precision`)."""
+
+    model: Any
+    optimizer: torch.optim.Optimizer
+    pad_token_id: int
+    precision: Precision | None = None
+
+
+def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
+    """The parameters of ``model`` that require gradients (the LoRA adapter, or every weight), in order."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 @dataclass(frozen=True)
@@ -70,7 +86,7 @@ class PolicySource:
     @classmethod
     def from_job(cls, job: JobConfig) -> PolicySource:
         """The job's agent fields (``agents`` or ``agent_model`` × the actors: ``num_agents``, or 1 with
-        ``collaboration_mode: centralized``, :func:`pbrl.generation.collaboration.num_actors`; ``lora_*``,
+        ``collaboration_mode: centralized``, :func:`pbrl.config.num_actors`; ``lora_*``,
         ``torch_dtype``, ``agent_devices``, ``mixed_precision``, ``max_memory``) as a PolicySource. The one place
         that reads them."""
         lora = None
@@ -79,7 +95,6 @@ class PolicySource:
             if job.lora_target_modules:
                 kwargs["target_modules"] = tuple(job.lora_target_modules)
             lora = LoraSettings(**kwargs)
-        from pbrl.generation.collaboration import num_actors
 
         # One policy per agent; one actor (agent_0) for every role in centralized collaboration.
         models = tuple(job.agents) if job.agents else (str(job.agent_model),) * num_actors(job)

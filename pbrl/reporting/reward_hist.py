@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 
 NUM_BINS = 16
@@ -109,10 +111,8 @@ def distribution_metrics(record: dict[str, Any]) -> dict[str, float]:
 
 def plot_distribution(record: dict[str, Any], path: str | Path) -> Path:
     """Draw the record's four histograms (candidates and selected pairs, target vs comparator) as a PNG."""
-    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     centers = record["bin_centers"]
     width = (record["reward_max"] - record["reward_min"]) / record["num_bins"]

@@ -6,9 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pbrl.config import JobConfig, is_iterative
 from pbrl.data.items import load_run_items
 from pbrl.errors import ArtifactError, ConfigError, Problem
+from pbrl.generation.collaboration import job_adapter
+from pbrl.generation.comparators import preflight_problems as comparator_preflight_problems
+from pbrl.models.loading import check_lora_target_modules, load_tokenizer, resolve_model_source
+from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
+from pbrl.models.placement import auto_device_map
+from pbrl.models.policies import PolicySource
+from pbrl.models.precision import autocast_problem
+from pbrl.reporting.reward_hist import check_reward_range
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task
 
@@ -28,10 +38,6 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
     Raises:
         ConfigError: every problem found, at once.
     """
-    from pbrl.generation.comparators import preflight_problems as comparator_preflight_problems
-    from pbrl.models.loading import resolve_model_source
-    from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
-    from pbrl.models.policies import PolicySource
 
     problems: list[Problem] = []
     if job.trainer in ("marlhf", "marlhf_iter") and job.rl_algorithm in ("maac", "iac"):
@@ -43,7 +49,6 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
             key_env=job.comparator_api_key_env, generation_mode=job.comparator_generation_mode,
             adapter_path=getattr(job, "comparator_centralized_adapter", None))
     if getattr(job, "collaboration_mode", "decentralized") == "centralized":  # the actor's adapter imports
-        from pbrl.generation.collaboration import job_adapter
 
         try:
             job_adapter(job)
@@ -54,7 +59,6 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
     except ConfigError as exc:
         problems += exc.problems
     if getattr(job, "log_reward_distribution", False) and task is not None:
-        from pbrl.reporting.reward_hist import check_reward_range
 
         try:
             check_reward_range(getattr(task.reward_func, "reward_range", None) or task.reward_range,
@@ -93,12 +97,7 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
 def _precision_and_placement_problems(job: JobConfig) -> list[Problem]:
     """``mixed_precision`` autocast available on every agent device type; ``agent_devices: auto`` without
     LoRA fits ``max_memory`` without offloading trainable weights (accelerate's device map, no weights read)."""
-    import torch
 
-    from pbrl.models.loading import resolve_model_source
-    from pbrl.models.placement import auto_device_map
-    from pbrl.models.policies import PolicySource
-    from pbrl.models.precision import autocast_problem
 
     source = PolicySource.from_job(job)
     devices = source.devices if isinstance(source.devices, tuple) else (source.devices,)
@@ -120,8 +119,6 @@ def _actor_critic_problems(job: JobConfig) -> list[Problem]:
     """A ``maac``/``iac`` critic backbone (:mod:`pbrl.learning.critics`) resolves offline and shares the agents'
     vocabulary (the critic reads the agents' token ids). The critic layout is checked with the config
     (:mod:`pbrl.config.rules`)."""
-    from pbrl.models.loading import load_tokenizer, resolve_model_source
-    from pbrl.models.policies import PolicySource
 
     problems = []
     head_only = job.rl_algorithm == "iac" and not job.use_separate_critic
@@ -144,7 +141,6 @@ def _lora_target_problems(job: JobConfig, resolved: Any) -> list[Problem]:
     """``lora_target_modules`` entries that name no module of the model (LoRA only)."""
     if job.lora_r is None or not job.lora_target_modules:
         return []
-    from pbrl.models.loading import check_lora_target_modules
 
     unknown = check_lora_target_modules(resolved, list(job.lora_target_modules))
     if not unknown:
