@@ -14,7 +14,8 @@ from pbrl.config import JobConfig, is_iterative, num_actors
 from pbrl.data.schema import PAIR_JOINT_IDS, PAIRS, SCORES, read_joint_responses, read_rows, write_table
 from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
-from pbrl.learning.reward_model import is_marlhf, joint_template_for, pair_joint_ids_path, pair_joint_rows
+from pbrl.learning.joint_template import joint_template_for, pair_joint_rows
+from pbrl.learning.reward_model import is_marlhf, pair_joint_ids_path
 from pbrl.models.policies import PolicySource
 from pbrl.preference.pairs import Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
 from pbrl.run.stage_record import StageRecord

@@ -23,6 +23,7 @@ from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.generation.api_client import ApiSettings
 from pbrl.generation.centralized import ADAPTER_FIELD, load_adapter
 from pbrl.generation.collaboration import actor_prompts
+from pbrl.generation.comparator_factory import build_comparator
 from pbrl.generation.comparators import (
     CandidateRow,
     Comparator,
@@ -30,7 +31,6 @@ from pbrl.generation.comparators import (
     ComparatorSettings,
     Devices,
     SamplingSide,
-    build_comparator,
     target_side,
 )
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate

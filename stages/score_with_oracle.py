@@ -26,7 +26,8 @@ from pbrl.generation.collaboration import (
     score_joint,
     write_candidate_roles,
 )
-from pbrl.learning.reward_model import DROP_TOO_LONG, RewardScorer, newest_reward_model, reward_device
+from pbrl.learning.joint_template import DROP_TOO_LONG
+from pbrl.learning.reward_model import RewardScorer, newest_reward_model, reward_device
 from pbrl.preference.oracle import OracleScore, score_batch
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task

@@ -47,8 +47,9 @@ from pbrl.errors import ArtifactError
 from pbrl.generation.sampling import SamplingSettings, generate
 from pbrl.learning.critics import ACTOR_CRITIC, Critic, CriticSet, CriticSpec, new_critic, restore_critic, save_critic
 from pbrl.learning.env_steps import NEVER_LOGGED, env_step_axis, train_log
+from pbrl.learning.joint_template import joint_template_for
 from pbrl.learning.madpo import LocalAgent, PairBatch, StepAgent, madpo_agents_step
-from pbrl.learning.reward_model import RewardScorer, is_marlhf, joint_template_for, reward_device, reward_model_dir
+from pbrl.learning.reward_model import RewardScorer, is_marlhf, reward_device, reward_model_dir
 from pbrl.learning.rl import ReferencePolicy, RLSettings, rl_metrics, rollouts_path, run_rl
 from pbrl.models.loading import resolve_devices
 from pbrl.models.policies import (

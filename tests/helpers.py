@@ -85,7 +85,8 @@ def lora_dropout_policy(model_dir: Path, tmp_path: Path, seed: int = 0):
     where the dropout sits, changes the output; trainable, with SGD at lr 0 (the weights never move)."""
     import torch
 
-    from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy
+    from pbrl.models.loading import init_lora_adapter, load_policy
+    from pbrl.models.lora import LoraSettings
     from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
     lora = LoraSettings(r=4, dropout=0.5)
@@ -112,7 +113,7 @@ def logprob_alone(model, prompt: list[int], completion: list[int]) -> float:
 
 def tiny_policies(model_dir: Path, lora=None, lr: float = 1e-2, adapter_root: Path | None = None, n: int = 2):
     """``n`` trainable float32 CPU agents of the tiny model, AdamW at ``lr`` (no weight decay), pad id 0; with
-    ``lora`` (a :class:`pbrl.models.loading.LoraSettings`) each gets its own adapter ``adapter_root/agent_<i>``
+    ``lora`` (a :class:`pbrl.models.lora.LoraSettings`) each gets its own adapter ``adapter_root/agent_<i>``
     initialised from seed i."""
     import torch
 

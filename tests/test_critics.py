@@ -14,7 +14,6 @@ from pbrl.learning.critics import (
     CriticSet,
     CriticSpec,
     actor_critic_advantages,
-    clipped_value_loss,
     critic_rows,
     critic_step,
     explained_variance,
@@ -25,9 +24,11 @@ from pbrl.learning.critics import (
     save_critic,
     value_head,
 )
-from pbrl.learning.reward_model import JointTemplate
+from pbrl.learning.joint_template import JointTemplate
+from pbrl.learning.losses import clipped_value_loss
 from pbrl.learning.rl import RLSettings, run_rl
-from pbrl.models.loading import LoraSettings, load_model, load_tokenizer
+from pbrl.models.loading import load_model, load_tokenizer
+from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
 

@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM
 
 import pbrl.learning.madpo as madpo
 from pbrl.learning.madpo import PairBatch, madpo_step
-from pbrl.models.loading import LoraSettings, load_policy
+from pbrl.models.loading import load_policy
+from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from tests.helpers import tiny_policies as policies
 

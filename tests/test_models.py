@@ -20,7 +20,7 @@ from pbrl.data.seeds import torch_generator
 from pbrl.errors import ArtifactError, ConfigError
 from pbrl.models import loading as models
 from pbrl.models import packaged
-from pbrl.models.loading import LoraSettings
+from pbrl.models.lora import LoraSettings
 from pbrl.models.tiny import build_tiny_model
 
 IDS = torch.tensor([[5, 6, 7, 8, 9, 10]])

@@ -38,14 +38,14 @@ from pbrl.learning.critics import (
     CriticSet,
     CriticSpec,
     ValueModel,
-    clipped_value_loss,
     critic_step,
     new_critic,
     predict,
     restore_critic,
     save_critic,
 )
-from pbrl.models.loading import LoraSettings
+from pbrl.learning.losses import clipped_value_loss
+from pbrl.models.lora import LoraSettings
 
 
 def _critic_set(backend: str, critics: int) -> CriticSet:
@@ -213,7 +213,7 @@ def test_maac_targets_the_agents_mean_return_and_iac_each_agents_own():
 
 
 def test_evaluate_builds_rows_from_the_backend_type_and_max_length(tiny_model_dir):
-    from pbrl.learning.reward_model import JointTemplate
+    from pbrl.learning.joint_template import JointTemplate
     from pbrl.models.loading import load_tokenizer
 
     template = JointTemplate.build(load_tokenizer(tiny_model_dir), 2)

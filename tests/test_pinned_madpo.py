@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pbrl.learning.madpo import PairBatch, madpo_step
-from pbrl.models.loading import LoraSettings
+from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy
 from tests.helpers import logprob_alone, tiny_policies
 

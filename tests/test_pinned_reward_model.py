@@ -34,17 +34,14 @@ from torch import nn
 
 from pbrl.data.storage import RunPaths, StageManifest, write_manifest
 from pbrl.errors import ConfigError
+from pbrl.learning.joint_template import DROP_TOO_LONG, JointTemplate, joint_template_for, pair_joint_rows
 from pbrl.learning.reward_model import (
-    DROP_TOO_LONG,
-    JointTemplate,
     RewardModelSpec,
     RewardScorer,
     fit_bradley_terry,
     heldout_split,
-    joint_template_for,
     new_reward_model,
     newest_reward_model,
-    pair_joint_rows,
     pair_metrics,
     reward_device,
     save_reward_model,
@@ -336,7 +333,7 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
     import json
 
     from pbrl.learning.reward_model import load_reward_model
-    from pbrl.models.loading import LoraSettings
+    from pbrl.models.lora import LoraSettings
 
     spec = RewardModelSpec(str(tiny_model_dir), lora=LoraSettings(r=2, target_modules=("q_proj",)))
     save_reward_model(new_reward_model(spec, seed=0), spec, tmp_path / "rm", max_length=64)
@@ -360,7 +357,7 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- padding, build
 def test_pad_hand_values_both_sides_and_errors():
-    from pbrl.learning.reward_model import _pad
+    from pbrl.models.forward import pad_rows as _pad
 
     ids, mask, positions, last = _pad([[11, 12, 13], [14]], 0, "left")
     assert ids.tolist() == [[11, 12, 13], [0, 0, 14]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
@@ -380,7 +377,7 @@ def test_pad_hand_values_both_sides_and_errors():
 
 
 def test_joint_input_needs_one_completion_per_agent_too():
-    from pbrl.learning.reward_model import joint_input_ids
+    from pbrl.learning.joint_template import joint_input_ids
 
     with pytest.raises(ValueError, match="got 2 prompts and 1 completions"):
         joint_input_ids(T, PROMPTS, [[30]], None)
@@ -389,7 +386,7 @@ def test_joint_input_needs_one_completion_per_agent_too():
 def test_new_reward_model_builds_the_configured_adapter_in_float32_and_names_the_field(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from pbrl.models.loading import LoraSettings
+    from pbrl.models.lora import LoraSettings
 
     spec = RewardModelSpec(str(tiny_model_dir), lora=LoraSettings(r=2, alpha=4, dropout=0.1,
                                                                   target_modules=("q_proj",)))

@@ -13,7 +13,8 @@ import torch
 
 from pbrl.errors import ConfigError
 from pbrl.learning.madpo import PairBatch, madpo_step
-from pbrl.models.loading import LoraSettings, init_lora_adapter, load_model, resolve_devices
+from pbrl.models.loading import init_lora_adapter, load_model, resolve_devices
+from pbrl.models.lora import LoraSettings
 from pbrl.models.placement import keep_resident, main_device, normalize_max_memory, placement_spec, resident_modules
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 

@@ -14,7 +14,7 @@ from pbrl.config import parse_job
 from pbrl.data.schema import SELECTED_PAIRS, write_table
 from pbrl.data.storage import RunPaths, StageManifest, read_manifest, write_json, write_manifest
 from pbrl.errors import ArtifactError
-from pbrl.models.loading import LoraSettings
+from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint, write_initial_checkpoints
 from stages import STAGE_MODULES
 from tests.helpers import new_run

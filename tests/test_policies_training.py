@@ -14,7 +14,8 @@ import torch
 
 from pbrl.learning.madpo import PairBatch, agent_margins, madpo_step
 from pbrl.models.forward import training_forward
-from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy
+from pbrl.models.loading import init_lora_adapter, load_policy
+from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]

@@ -70,7 +70,8 @@ def test_pushed_weights_make_a_fresh_copy_generate_the_moved_policys_tokens(tiny
 
     from pbrl.distributed.ray_rollouts import _load_weights, trainable_weights
     from pbrl.generation.sampling import SamplingSettings, generate
-    from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy, load_tokenizer
+    from pbrl.models.loading import init_lora_adapter, load_policy, load_tokenizer
+    from pbrl.models.lora import LoraSettings
     from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
     settings = LoraSettings(r=4) if lora else None

@@ -11,23 +11,21 @@ import torch
 
 from pbrl.data.schema import PAIR_JOINT_IDS, PAIRS, ROLLOUTS, read_rows
 from pbrl.data.storage import RunPaths
+from pbrl.learning.joint_template import DROP_TOO_LONG, JointTemplate, check_same_vocabulary, joint_input_ids
+from pbrl.learning.losses import bradley_terry_loss
 from pbrl.learning.reward_model import (
-    DROP_TOO_LONG,
-    JointTemplate,
     RewardModelSpec,
     RewardScorer,
-    bradley_terry_loss,
-    check_same_vocabulary,
     fit_bradley_terry,
     heldout_split,
-    joint_input_ids,
     load_reward_model,
     new_reward_model,
     pair_joint_ids_path,
     pair_metrics,
     save_reward_model,
 )
-from pbrl.models.loading import LoraSettings, load_tokenizer
+from pbrl.models.loading import load_tokenizer
+from pbrl.models.lora import LoraSettings
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 

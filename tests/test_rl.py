@@ -9,18 +9,19 @@ import torch
 
 from pbrl.generation.sampling import Generation
 from pbrl.learning.logprobs import sequence_logprobs
+from pbrl.learning.losses import k3_kl
 from pbrl.learning.rl import (
     ADVANTAGE_BACKENDS,
     ReferencePolicy,
     RLSettings,
     advantage_backend,
     completion_token_logprobs,
-    k3_kl,
     normalize_group,
     rl_agent_step,
     run_rl,
 )
-from pbrl.models.loading import LoraSettings, load_model
+from pbrl.models.loading import load_model
+from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
 R = torch.tensor([[1.0, 2.0, 3.0, 6.0]], dtype=torch.float64)

@@ -10,15 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from pbrl.generation.sampling import (
-    SamplingSettings,
-    build_warpers,
-    counter_uniforms,
-    draw_inverse_cdf,
-    encode_prompt,
-    generate,
-    splitmix64,
-)
+from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.generation.seeded_sampler import build_warpers, counter_uniforms, draw_inverse_cdf, splitmix64
 
 EOS = 3
 U64 = 2**64

@@ -20,7 +20,8 @@ from pbrl.learning.logprobs import sequence_logprobs, shared_prompt_logprobs
 from pbrl.learning.losses import madpo_agent_loss
 from pbrl.learning.madpo import PairBatch, madpo_step
 from pbrl.models.forward import distinct_prompts
-from pbrl.models.loading import LoraSettings, init_lora_adapter, load_policy
+from pbrl.models.loading import init_lora_adapter, load_policy
+from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from stages.update_policies import item_grouped_order
 

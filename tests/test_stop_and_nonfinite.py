@@ -14,14 +14,8 @@ from pbrl.data.items import read_items
 from pbrl.data.schema import CANDIDATES, EVAL, read_rows
 from pbrl.data.storage import RunPaths
 from pbrl.errors import SamplingError
-from pbrl.generation.sampling import (
-    SamplingSettings,
-    SeededSampler,
-    build_warpers,
-    encode_prompt,
-    generate,
-    stop_token_ids,
-)
+from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate, stop_token_ids
+from pbrl.generation.seeded_sampler import SeededSampler, build_warpers
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 

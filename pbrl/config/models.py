@@ -35,15 +35,9 @@ from pbrl.config.notices import (
     madpo_no_effect_notice,
     marlhf_no_effect_notice,
 )
-from pbrl.config.rules import (
-    HIDDEN,
-    RUN_RULES,
-    SECRET_MESSAGE,
-    TRAINER_RULES,
-    Rule,
-    job_rules,
-    run_rules,
-)
+from pbrl.config.rules import HIDDEN, SECRET_MESSAGE, Rule, run_rules
+from pbrl.config.run_rules import RUN_RULES, job_rules
+from pbrl.config.trainer_rules import TRAINER_RULES
 from pbrl.errors import ConfigError, Problem
 
 SECRET_KEY = "comparator_api_key"

@@ -127,7 +127,7 @@ PAIR_JOINT_IDS = pa.schema(  # rounds/<r>/pair_joint_ids.parquet (MARLHF): the p
         ("winner_joint_ids", _ids),  # null when dropped
         ("loser_joint_ids", _ids),  # null when dropped
         ("prompt_tokens_cut", pa.int32()),  # prompt tokens cut to fit reward_max_length (winner + loser)
-        ("dropped", pa.string()),  # null when kept; else the reason (pbrl.learning.reward_model.DROP_TOO_LONG)
+        ("dropped", pa.string()),  # null when kept; else the reason (pbrl.learning.joint_template.DROP_TOO_LONG)
     ]
 )
 

@@ -5,8 +5,8 @@ items, each agent's prompts and prompt ids in the *target* tokenizer) it returns
 records whose completion ids are in each target agent's vocabulary (MADPO scores comparator completions
 with the target policy), the text, where the ids came from (``ids_source``: ``generated`` when the ids are
 the sampled ones, ``encoded_from_text`` when text entered from a model with another tokenizer, an API or a
-centralized response) and a finish reason. The stage builds one with :func:`build_comparator` and never
-looks at its kind.
+centralized response) and a finish reason. The stage builds one with :func:`pbrl.generation.comparator_factory.build_comparator`
+and never looks at its kind.
 
 Kinds (``comparator_policy``): ``current`` (live weights, own seed stream), ``current_copy`` (a frozen copy
 on ``comparator_devices``), ``history`` (C_max(0, r-1-k)) sample a policy checkpoint of this run: they name
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,11 +33,9 @@ from typing import Any, Literal, Protocol
 
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, read_json, write_json
-from pbrl.errors import ConfigError, Problem
 from pbrl.generation.api_client import ApiAnswer, ApiRequest, ApiSettings, fetch_answers
-from pbrl.generation.centralized import CentralizedAdapter, load_adapter, split_roles
+from pbrl.generation.centralized import CentralizedAdapter, split_roles
 from pbrl.generation.sampling import Generation, SamplingSettings, encode_prompt, generate
-from pbrl.models.loading import load_model, load_tokenizer, resolve_devices, resolve_model_source
 from pbrl.models.policies import policy_checkpoint
 
 Devices = str | list[str] | None  # one device, one per agent, or None (resolved by pbrl.models.loading.resolve_devices)
@@ -338,101 +335,3 @@ class ApiComparator:
         for (agent, i), answers in zip(keys, self._answers(asks, request), strict=True):
             out.rows += [_text_row(request, agent, i, k, a.text, a.finish_reason, None) for k, a in enumerate(answers)]
         return out
-
-
-# ---------------------------------------------------------------------------------------------- factory
-def _checkpoint(paths: RunPaths, round_index: int, settings: ComparatorSettings) -> tuple[Path, Devices]:
-    if settings.policy == "current":
-        return policy_checkpoint(paths, round_index - 1), settings.agent_devices  # live weights, own seed stream
-    if settings.policy == "current_copy":
-        return policy_checkpoint(paths, round_index - 1), settings.copy_devices  # a frozen copy
-    # history: C_max(0, r-1-k), the policy k updates older than the current one, the initial one until it exists.
-    return policy_checkpoint(paths, max(0, round_index - 1 - settings.history_k)), settings.copy_devices
-
-
-def _checkpoint_kind(paths: RunPaths, round_index: int, settings: ComparatorSettings,
-                     load_checkpoint: Callable[[int, Path, Devices], LoadedModel]) -> Comparator:
-    checkpoint, devices = _checkpoint(paths, round_index, settings)
-    if settings.centralized_adapter is None:
-        return CheckpointComparator(SamplingSide("comparator", checkpoint, settings.num_candidates, devices))
-    return LocalModelComparator(lambda agent: load_checkpoint(agent, checkpoint, devices), settings.num_candidates,
-                                settings.centralized_adapter, settings.centralized_index, (checkpoint,))
-
-
-def _model_kind(paths: RunPaths, round_index: int, settings: ComparatorSettings,
-                load_checkpoint: Callable[[int, Path, Devices], LoadedModel]) -> Comparator:
-
-    loaded: dict[tuple[str, str], LoadedModel] = {}  # agents that share a model and device share one copy
-
-    def load(agent: int) -> LoadedModel:
-        field_name = "comparator_agents" if len(set(settings.model_sources)) > 1 else "comparator_model_name"
-        source = resolve_model_source(settings.model_sources[agent], field=field_name)
-        device = resolve_devices(settings.copy_devices, len(settings.model_sources), field="comparator_devices")[agent]
-        if (str(source), device) not in loaded:
-            loaded[(str(source), device)] = (load_model(source, device=device, dtype=settings.dtype),
-                                             load_tokenizer(source))
-        return loaded[(str(source), device)]
-
-    return LocalModelComparator(load, settings.num_candidates, settings.centralized_adapter,
-                                settings.centralized_index)
-
-
-def _api_kind(paths: RunPaths, round_index: int, settings: ComparatorSettings,
-              load_checkpoint: Callable[[int, Path, Devices], LoadedModel]) -> Comparator:
-    if settings.api is None or settings.store_dir is None:
-        raise ValueError("comparator_policy='api' needs ApiSettings and a store_dir")
-    return ApiComparator(settings.api, settings.num_candidates, settings.store_dir, settings.centralized_adapter,
-                         settings.centralized_index)
-
-
-# comparator_policy -> builder(paths, round, settings, load_checkpoint(agent, checkpoint, devices)).
-COMPARATORS: dict[str, Callable[..., Comparator]] = {
-    "current": _checkpoint_kind,
-    "current_copy": _checkpoint_kind,
-    "history": _checkpoint_kind,
-    "model": _model_kind,
-    "api": _api_kind,
-}
-
-
-def build_comparator(paths: RunPaths, round_index: int, settings: ComparatorSettings,
-                     load_checkpoint: Callable[[int, Path, Devices], LoadedModel]) -> Comparator:
-    """The comparator of round ``round_index``; ``load_checkpoint(agent, checkpoint, devices)`` loads an agent's
-    policy from a checkpoint (centralized generation by a checkpoint kind).
-
-    Raises:
-        ConfigError: an unknown ``comparator_policy``.
-    """
-    builder = COMPARATORS.get(settings.policy)
-    if builder is None:
-        raise ConfigError([Problem("comparator_policy", settings.policy, f"allowed: {', '.join(COMPARATORS)}")])
-    return builder(paths, round_index, settings, load_checkpoint)
-
-
-
-def preflight_problems(policy: str, *, model_sources: Sequence[str] = (), model_field: str = "comparator_model_name",
-                       key_env: str | None = None, generation_mode: str = "decentralized",
-                       adapter_path: str | None = None) -> list[Problem]:
-    """What a comparator needs before a run starts, every problem at once: a known policy; with ``model``,
-    every source exists offline; with ``api``, the key variable ``key_env`` is set (named, its value never
-    read into the message); with centralized generation, the adapter imports."""
-
-
-    problems: list[Problem] = []
-    if policy not in COMPARATORS:
-        problems.append(Problem("comparator_policy", policy, f"allowed: {', '.join(COMPARATORS)}"))
-    if policy == "model":
-        for source in dict.fromkeys(model_sources):
-            try:
-                resolve_model_source(source, field=model_field)
-            except ConfigError as exc:
-                problems += exc.problems
-    if policy == "api" and key_env is not None and not os.environ.get(key_env):
-        problems.append(Problem("comparator_api_key_env", key_env, "this environment variable is not set (or empty); "
-                                "export the API key in it before starting the run"))
-    if generation_mode == "centralized":
-        try:
-            load_adapter(adapter_path)
-        except ConfigError as exc:
-            problems += exc.problems
-    return problems

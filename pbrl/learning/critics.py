@@ -4,7 +4,7 @@ critic per agent).
 **What a critic reads.** With ``critic_type: v`` a critic predicts the value of the history *before* the action
 (the reference's V(h): prompts only), so A = R − V(h) is an unbiased baseline; with ``critic_type: q`` it also
 reads the responses (the reference's Q(h, a)). ``maac``: the reward model's joint template
-(:func:`pbrl.learning.reward_model.joint_input_ids`, built with the critic's tokenizer from the stored ids; with ``v`` every
+(:func:`pbrl.learning.joint_template.joint_input_ids`, built with the critic's tokenizer from the stored ids; with ``v`` every
 response is empty, so the row ends at the last agent's response marker; over ``reward_max_length`` prompts are cut
 as for the reward model). ``iac``: agent i's own prompt ids (``v``), or prompt + completion ids (``q``). Every
 critic pools the last layer's hidden state at the **last non-padding token** (masks from the row lengths, as the
@@ -43,9 +43,12 @@ from torch import nn
 
 from pbrl.data.storage import atomic_dir, read_json, write_json
 from pbrl.errors import ArtifactError
-from pbrl.learning.reward_model import JointTemplate, RewardModelSpec, _pad, joint_input_ids, new_reward_model
-from pbrl.models.forward import eval_mode
-from pbrl.models.loading import LoraSettings, load_optimizer_state, save_optimizer
+from pbrl.learning.joint_template import JointTemplate, joint_input_ids
+from pbrl.learning.losses import clipped_value_loss
+from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
+from pbrl.models.forward import eval_mode, pad_rows
+from pbrl.models.loading import load_optimizer_state, save_optimizer
+from pbrl.models.lora import LoraSettings
 from pbrl.models.precision import backward_and_step
 
 ACTOR_CRITIC = ("maac", "iac")
@@ -57,27 +60,6 @@ _WEIGHTS, _OPTIMIZER, _META = "weights.safetensors", "optimizer.pt", "critic.jso
 def actor_critic_advantages(returns: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """A = R − V with V a constant (detached): returns (n,), values (n,) → (n,). SPEC §5.7."""
     return returns - values.detach().to(returns.dtype)
-
-
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       clip_range: float | None) -> torch.Tensor:
-    """Per-row clipped value loss max((V − R)², (V_clip − R)²), V_clip = V_old + clamp(V − V_old, −ε, ε), ε =
-    ``clip_range`` (None: (V − R)²). Schulman et al. 2017 (PPO), the value clipping of OpenAI baselines ``ppo2``.
-
-    Args:
-        values: (n,) predictions at update time (carry the gradient).
-        old_values: (n,) predictions recorded at rollout time (constants).
-        returns: (n,) targets R.
-
-    Returns:
-        (n,) squared reward units.
-    """
-    unclipped = (values - returns) ** 2
-    if clip_range is None:
-        return unclipped
-    old = old_values.detach()
-    clipped = old + (values - old).clamp(-clip_range, clip_range)
-    return torch.maximum(unclipped, (clipped - returns) ** 2)
 
 
 def explained_variance(values: Sequence[float] | torch.Tensor, returns: Sequence[float] | torch.Tensor) -> float:
@@ -148,7 +130,7 @@ class ValueModel(nn.Module):
     def forward(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """Values (b,), float32, on the head's device; gradients reach the head, and the backbone only when it is
         the critic's own."""
-        input_ids, mask, positions, last = _pad(rows, self.pad_token_id, "right")  # (b, t) ×3, (b,)
+        input_ids, mask, positions, last = pad_rows(rows, self.pad_token_id, "right")  # (b, t) ×3, (b,)
         device = next(self.head.parameters()).device
         body = self.policy if self.policy is not None else self.backbone
         kwargs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),

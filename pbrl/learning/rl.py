@@ -30,6 +30,7 @@ import torch
 from pbrl.learning.critics import ACTOR_CRITIC, CriticSet, actor_critic_advantages, normalize_batch
 from pbrl.learning.logprobs import completion_token_logprobs as scoring_token_logprobs
 from pbrl.learning.logprobs import sequence_logprobs
+from pbrl.learning.losses import k3_kl, policy_gradient_loss
 from pbrl.models.forward import has_dropout, training_forward
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from pbrl.models.precision import autocast, backward_and_step
@@ -103,22 +104,6 @@ def normalize_group(advantages: torch.Tensor, eps: float = NORMALIZATION_EPS) ->
 
 
 # ---------------------------------------------------------------------------------------------- KL
-def k3_kl(policy_logps: torch.Tensor, reference_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-sequence KL estimate Σ_t k3_t over completion tokens, k3 = exp(Δ) − Δ − 1 with Δ = ℓ_ref − ℓ
-    (Schulman 2020, "Approximating KL divergence"). Each term is ≥ 0 and 0 exactly when Δ = 0.
-
-    Args:
-        policy_logps, reference_logps: (n, c) token log-probs of the sampled completion tokens, nats.
-        mask: (n, c) bool, true at real completion tokens (prompt and padding never count).
-
-    Returns:
-        (n,) float64, nats.
-    """
-    delta = (reference_logps.double() - policy_logps.double()).masked_fill(~mask, 0.0)  # (n, c)
-    k3 = (torch.expm1(delta) - delta).clamp(min=0.0)  # (n, c); expm1 keeps small Δ exact
-    return torch.where(mask, k3, torch.zeros_like(k3)).sum(dim=-1)
-
-
 @torch.no_grad()
 def completion_token_logprobs(model: Any, prompt_ids: Sequence[Sequence[int]],
                               completion_ids: Sequence[Sequence[int]], *, pad_token_id: int
@@ -160,11 +145,6 @@ def apply_update(policy: TrainablePolicy, loss: torch.Tensor, max_grad_norm: flo
         return True
     return not backward_and_step(policy.optimizer, loss, trainable_parameters(policy.model),
                                  max_grad_norm=max_grad_norm, precision=policy.precision)
-
-
-def policy_gradient_loss(advantages: torch.Tensor, logps: torch.Tensor) -> torch.Tensor:
-    """−mean_j A_j · log π(a^j | h): advantages (n,) (constants), logps (n,) summed token log-probs → scalar."""
-    return -(advantages.to(logps.device, logps.dtype) * logps).mean()
 
 
 def rl_agent_step(policy: TrainablePolicy, prompt_ids: Sequence[Sequence[int]],

@@ -83,3 +83,25 @@ def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int
             distinct.append(list(key))
         rows.append(index[key])
     return distinct, rows
+
+
+def pad_rows(rows: Sequence[Sequence[int]], pad_token_id: int, padding_side: str
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token rows as one padded batch: (b, t) ids, mask and position ids, and (b,) the index of each row's last
+    token. Masks and positions come from the row lengths, never from comparing ids with the pad id (pad may equal
+    EOS). Raises ValueError for an unknown ``padding_side`` or an empty row."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side: got {padding_side!r}; allowed: left, right")
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    if len(rows) == 0 or int(lengths.min()) == 0:
+        raise ValueError("joint input ids: every row needs at least one token")
+    width = int(lengths.max())
+    offsets = width - lengths if padding_side == "left" else torch.zeros_like(lengths)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)  # (b, t)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (b, t)
+    for r, row in enumerate(rows):
+        start = int(offsets[r])
+        input_ids[r, start:start + len(row)] = torch.tensor(list(row), dtype=torch.long)
+        mask[r, start:start + len(row)] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, t)
+    return input_ids, mask, positions, offsets + lengths - 1

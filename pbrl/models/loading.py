@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import logging
 import os
 import shutil
@@ -20,7 +19,6 @@ import tempfile
 import uuid
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,32 +26,17 @@ import torch
 from accelerate import init_empty_weights
 from huggingface_hub import constants, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
-from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model, load_peft_weights, set_peft_model_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from transformers.pytorch_utils import Conv1D
 
 from pbrl.data.storage import atomic_dir
 from pbrl.errors import ArtifactError, ConfigError, Problem
+from pbrl.models.lora import LoraSettings, lora_module_names, with_lora
 from pbrl.models.packaged import PACKAGED_MODELS, prepare_packaged_model
 from pbrl.models.placement import AUTO, auto_device_map
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA hyper-parameters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models")."""
-
-    r: int
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Sources, tokenizers, models.
 
 
 def resolve_model_source(source: str | Path, root: Path | None = None, *, field: str = "agent_model") -> Path:
@@ -200,7 +183,7 @@ def load_model(
         if lora is None:
             model.requires_grad_(trainable)
         else:
-            model = _with_lora(model, lora, adapter_dir, trainable=trainable, seed=seed)
+            model = with_lora(model, lora, adapter_dir, trainable=trainable, seed=seed)
     for param in model.parameters():
         if param.requires_grad and param.dtype != torch.float32:
             param.data = param.data.float()  # float32 master weights for whatever trains
@@ -245,62 +228,6 @@ def _fill_pad_ids(model: Any, src: Path) -> None:
         model.generation_config.pad_token_id = pad_id
 
 
-def _with_lora(
-    model: Any, lora: LoraSettings, adapter_dir: Path | None, *, trainable: bool, seed: int | None
-) -> Any:
-
-    if adapter_dir is not None:
-        _check_adapter(Path(adapter_dir), lora)
-        if getattr(model, "hf_device_map", None) is None:
-            return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
-        # Placed by accelerate (device="auto"): PeftModel.from_pretrained would re-dispatch the model with a
-        # device map of its own, offloading the adapted modules too; wrap it in place and load the weights.
-
-        peft_model = get_peft_model(model, PeftConfig.from_pretrained(str(adapter_dir)))
-        result = set_peft_model_state_dict(peft_model, load_peft_weights(str(adapter_dir), device="cpu"))
-        missing = [k for k in result.missing_keys if "lora_" in k]
-        if missing or result.unexpected_keys:
-            raise ArtifactError(f"{adapter_dir}: adapter weights do not fit the model (missing {missing[:3]}, "
-                                f"unexpected {list(result.unexpected_keys)[:3]})")
-        peft_model.requires_grad_(False)
-        if trainable:
-            for name, param in peft_model.named_parameters():
-                param.requires_grad_("lora_" in name)
-        return peft_model
-    if seed is None:
-        raise ValueError(
-            "a fresh LoRA adapter needs a seed; or pass adapter_dir written by init_lora_adapter"
-        )
-    config = LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
-    torch.manual_seed(seed)  # the caller forked the RNG, so the global stream is restored afterwards
-    peft_model = get_peft_model(model, config)
-    if not trainable:
-        peft_model.requires_grad_(False)
-    return peft_model
-
-
-def lora_module_names(model: torch.nn.Module) -> set[str]:
-    """Names a LoRA ``target_modules`` entry may use for ``model``: every module that peft can adapt
-    (``nn.Linear``, ``nn.Embedding``, ``nn.Conv1d/2d/3d``, transformers ``Conv1D``), by its full dotted
-    name and by each dotted suffix of it (peft matches an entry ``e`` to a module named ``n`` when
-    ``n == e`` or ``n`` ends with ``"." + e``).
-    """
-
-    adaptable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, Conv1D)
-    names: set[str] = set()
-    for name, module in model.named_modules():
-        if name and isinstance(module, adaptable):
-            parts = name.split(".")
-            names.update(".".join(parts[i:]) for i in range(len(parts)))
-    return names
-
-
 def check_lora_target_modules(model_source: str | Path, target_modules: list[str] | tuple[str, ...]) -> list[str]:
     """The entries of ``target_modules`` (``lora_target_modules``) that name no adaptable module of the
     model, in the given order, each once. An empty list means every entry adapts at least one module.
@@ -324,29 +251,6 @@ def check_lora_target_modules(model_source: str | Path, target_modules: list[str
         model = AutoModelForCausalLM.from_config(config)
     known = lora_module_names(model)
     return [name for name in dict.fromkeys(target_modules) if name not in known]
-
-
-def _check_adapter(adapter_dir: Path, lora: LoraSettings) -> None:
-    config_path = adapter_dir / "adapter_config.json"
-    if not config_path.is_file():
-        raise ArtifactError(f"{config_path}: missing; {adapter_dir} is not a LoRA adapter folder")
-    stored = json.loads(config_path.read_text())
-    expected = {
-        "r": lora.r,
-        "lora_alpha": lora.alpha,
-        "lora_dropout": lora.dropout,
-        "target_modules": sorted(lora.target_modules),
-    }
-    found = {key: stored.get(key) for key in expected}
-    if isinstance(found["target_modules"], list):
-        found["target_modules"] = sorted(found["target_modules"])
-    diffs = [
-        f"{key}: stored {found[key]!r}, configured {value!r}"
-        for key, value in expected.items()
-        if found[key] != value
-    ]
-    if diffs:
-        raise ArtifactError(f"{config_path}: adapter built with other LoRA settings ({'; '.join(diffs)})")
 
 
 def init_lora_adapter(source: str | Path, lora: LoraSettings, out_dir: Path, *, seed: int) -> Path:

@@ -18,7 +18,6 @@ from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, hash_path, read_json, read_manifest, write_json
 from pbrl.errors import ArtifactError
 from pbrl.models.loading import (
-    LoraSettings,
     init_lora_adapter,
     load_optimizer_state,
     load_policy,
@@ -28,6 +27,7 @@ from pbrl.models.loading import (
     save_agent,
     save_optimizer,
 )
+from pbrl.models.lora import LoraSettings
 from pbrl.models.placement import AUTO, main_device, normalize_max_memory, placement_spec
 from pbrl.models.precision import Precision, load_precision_state, make_precision, save_precision_state
 

@@ -12,7 +12,7 @@ from pbrl.config import JobConfig, is_iterative
 from pbrl.data.items import load_run_items
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.generation.collaboration import job_adapter
-from pbrl.generation.comparators import preflight_problems as comparator_preflight_problems
+from pbrl.generation.comparator_factory import preflight_problems as comparator_preflight_problems
 from pbrl.models.loading import check_lora_target_modules, load_tokenizer, resolve_model_source
 from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
 from pbrl.models.placement import auto_device_map
