@@ -10,7 +10,7 @@ constant, no weight decay, no warm-up), gradient clipping at 1.0, float32, no ac
 initial LoRA adapter (r=8 on q/k/v/o, dropout 0).
 
 Recorded: each step's loss on both sides (they must agree within 1e-5: the same function of the same parameters),
-and pairs per second over the whole training (MADPO ``madpo_step`` loop vs ``trainer.train()``), as a ratio
+and pairs per second over the whole training (MADPO ``madpo_agents_step`` loop vs ``trainer.train()``), as a ratio
 measured in one run (target >= 1.0x; MADPO scores each shared prompt once). TRL is a benchmark-only extra
 (``pip install -e '.[bench]'``).
 
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from benchkit import check, humaneval_prompt_ids, print_checks, ratio, sizes_for, trained_lora, write_result
 
-from pbrl.learning.madpo import PairBatch, madpo_step
+from pbrl.learning.madpo import LocalAgent, PairBatch, madpo_agents_step
 from pbrl.models.loading import load_model, load_tokenizer
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
@@ -67,7 +67,7 @@ def run_madpo(policy: Any, pad: int, pairs: list[dict[str, list[int]]], epochs: 
             chunk = pairs[begin:begin + BATCH_SIZE]
             batch = PairBatch([[p["prompt_ids"] for p in chunk]], [[p["chosen_ids"] for p in chunk]],
                               [[p["rejected_ids"] for p in chunk]])
-            losses.append(madpo_step([agent], batch, beta=BETA, max_grad_norm=1.0).loss)
+            losses.append(madpo_agents_step([LocalAgent(agent)], batch, beta=BETA, max_grad_norm=1.0).loss)
     return losses, time.perf_counter() - start
 
 
@@ -155,7 +155,7 @@ def main() -> None:
         "speed_ratio": speed,
         "method": "One warm-up MADPO step (discarded), then one run of each, MADPO first (not interleaved: each "
                   "trains its own copy from the same start); "
-                  "TRL's time includes its Trainer loop overhead, MADPO's the madpo_step loop.",
+                  "TRL's time includes its Trainer loop overhead, MADPO's the madpo_agents_step loop.",
         "checks": checks,
     })
     print(f"[peer_trl] MADPO {madpo_s:.2f} s, TRL {trl_s:.2f} s for {trained} pairs: {speed}x; "

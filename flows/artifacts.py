@@ -16,8 +16,6 @@ from pbrl.data.storage import RunPaths
 from pbrl.reporting.metrics import round_rows, write_run_metrics
 from pbrl.reporting.report import write_report_png
 
-KINDS = ("round-metrics", "round-summary", "round-report")
-
 
 def artifact_key(kind: str, run_name: str) -> str:
     """``<kind>-<run>``: Prefect keys allow only lowercase letters, digits and dashes, so the run name is

@@ -54,15 +54,6 @@ def build_deployments(*, nightly_run: str | None = None, output_dir: str = "stor
     return deployments
 
 
-def register_deployments(**kwargs: Any) -> dict[str, Any]:
-    """Create or update the deployments on the server named by PREFECT_API_URL.
-
-    Returns:
-        ``{"<flow>/<deployment>": deployment id}``, e.g. ``ids["pbrl-train/madpo-iter"]``.
-    """
-    return {f"{d.flow_name}/{d.name}": d.apply() for d in build_deployments(**kwargs)}
-
-
 def deploy_to_pool(pool: str, **kwargs: Any) -> dict[str, Any]:
     """Register the deployments (``build_deployments(**kwargs)``) against the Prefect work pool ``pool`` on the
     server at PREFECT_API_URL, creating it as a ``process`` pool when it does not exist. Runs then start on

@@ -23,7 +23,7 @@ def _flow_run_name() -> str:
 
 @flow(name="pbrl-train", flow_run_name=_flow_run_name, log_prints=True)
 def train_flow(config: JobConfig, resume: bool = False, run_dir: str | None = None) -> dict[str, Any]:
-    """Train cooperating agents from preferences between their joint responses (MADPO / MADPO-iterative).
+    """Train cooperating agents from preferences between their joint responses (MADPO or MARLHF, base or iterative).
 
     With ``resume`` an existing run continues: stages whose inputs and outputs are unchanged come back
     Cached and only what is missing or stale runs. A config without ``run_name`` (a run started from the

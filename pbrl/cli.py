@@ -165,7 +165,7 @@ def train(
     runner: Annotated[str | None, typer.Option(help="Where item-parallel stages run: local or ray (the config's "
                                                     "runner option; same artifacts either way).")] = None,
 ) -> None:
-    """Train a run (MADPO / MADPO-iterative) through the Prefect flows, with a progress display.
+    """Train a run (MADPO or MARLHF, base or iterative) through the Prefect flows, with a progress display.
 
     Example: pbrl train flows/configs/tiny-madpo-iter.yaml --set num_iterations=3 --run-name try-1
     """

@@ -144,3 +144,19 @@ def constant_reward(
     sizes = {len(agent) for agent in completions}
     assert len(sizes) == 1, sizes
     return [1.0] * sizes.pop()
+
+
+def register_deployments(**kwargs: Any) -> dict[str, Any]:
+    """Create or update pbrl's deployments on the server at PREFECT_API_URL without serving them:
+    ``{"<flow>/<deployment>": deployment id}``, e.g. ``ids["pbrl-train/madpo-iter"]``."""
+    from flows.serve import build_deployments
+
+    return {f"{d.flow_name}/{d.name}": d.apply() for d in build_deployments(**kwargs)}
+
+
+def madpo_step(policies: Sequence[Any], batch: Any, **kwargs: Any) -> Any:
+    """One MADPO step of in-process policies: :func:`pbrl.learning.madpo.madpo_agents_step` over
+    :class:`~pbrl.learning.madpo.LocalAgent` s (what update-policies runs without Ray)."""
+    from pbrl.learning.madpo import LocalAgent, madpo_agents_step
+
+    return madpo_agents_step([LocalAgent(p) for p in policies], batch, **kwargs)

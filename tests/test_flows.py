@@ -137,7 +137,7 @@ def test_stage_command_reports_cached_then_recomputed(tiny_model_dir, tmp_path):
 def test_deployments_register_with_utc_cron_and_typed_parameters():
     from prefect.client.orchestration import get_client
 
-    from flows.serve import register_deployments
+    from tests.helpers import register_deployments
 
     ids = register_deployments(nightly_run="docs-1", cron="30 3 * * *")
     train_id, nightly_id = ids["pbrl-train/train"], ids["pbrl-add-iteration/nightly"]

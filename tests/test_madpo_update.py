@@ -9,10 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import pbrl.learning.madpo as madpo
-from pbrl.learning.madpo import PairBatch, madpo_step
+from pbrl.learning.madpo import PairBatch
 from pbrl.models.loading import load_policy
 from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
+from tests.helpers import madpo_step
 from tests.helpers import tiny_policies as policies
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]

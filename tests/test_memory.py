@@ -17,12 +17,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from pbrl.data.storage import RunPaths
-from pbrl.learning.madpo import PairBatch, madpo_step, micro_batches
+from pbrl.learning.madpo import PairBatch, micro_batches
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from pbrl.reporting.metrics import round_table, write_run_metrics
 from pbrl.run.stage_record import PEAK_RSS_METRIC
 from stages import STAGE_MODULES
-from tests.helpers import new_run
+from tests.helpers import madpo_step, new_run
 
 PAD = 0
 PROMPTS = [[2, 40, 41, 42, 43, 44, 45, 3, 2, 50], [2, 60, 61, 62, 63, 3, 2, 50]] * 2

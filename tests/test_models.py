@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers.utils.hub
 
-from pbrl.data.seeds import torch_generator
+from pbrl.data.seeds import derive_seed
 from pbrl.errors import ArtifactError, ConfigError
 from pbrl.models import loading as models
 from pbrl.models import packaged
@@ -37,7 +37,7 @@ def logits(model: torch.nn.Module) -> torch.Tensor:
 
 
 def perturb(params: list[torch.nn.Parameter], seed: int) -> None:
-    gen = torch_generator(seed, round_index=0, stage="test")
+    gen = torch.Generator().manual_seed(derive_seed(seed, round_index=0, stage="test"))
     with torch.no_grad():
         for p in params:
             p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))

@@ -36,7 +36,7 @@ from transformers import AutoModelForCausalLM
 
 from pbrl.learning.logprobs import sequence_logprobs
 from pbrl.learning.losses import madpo_agent_loss, preference_accuracy
-from pbrl.learning.madpo import PairBatch, madpo_step
+from pbrl.learning.madpo import PairBatch
 from pbrl.models.policies import TrainablePolicy
 from pbrl.preference.pairs import CandidateRef, Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
 from pbrl.preference.replay import (
@@ -49,7 +49,7 @@ from pbrl.preference.replay import (
     replay_config_problems,
     sample_within,
 )
-from tests.helpers import lora_dropout_policy
+from tests.helpers import lora_dropout_policy, madpo_step
 
 MODES = "current, nearest_k, all_history, lambda_decay"
 

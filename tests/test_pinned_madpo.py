@@ -1,6 +1,6 @@
 """MADPO's learning step pinned by its direction and its coupling (SPEC §5.5), on the tiny model.
 
-Wrong versions of ``pbrl.learning.madpo.madpo_step`` that these tests make fail (re-check by applying each to a copy
+Wrong versions of ``pbrl.learning.madpo.madpo_agents_step`` that these tests make fail (re-check by applying each to a copy
 of the repository and running this module):
 
 1. Each agent's loss on the negated margins, ``madpo_agent_loss(-own[i], -others, beta)`` (it then raises
@@ -25,10 +25,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pbrl.learning.madpo import PairBatch, madpo_step
+from pbrl.learning.madpo import PairBatch
 from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy
-from tests.helpers import logprob_alone, tiny_policies
+from tests.helpers import logprob_alone, madpo_step, tiny_policies
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
 

@@ -148,7 +148,8 @@ def test_fp16_accumulation_keeps_gradients_that_would_underflow_unscaled(tiny_mo
     survives, so a step over two one-pair micro-batches equals the float32 step (SGD, lr = 1/beta: the update is
     the gradient of the unit-beta loss) to float16 rounding; without the scale on the first micro-batch its half
     of the gradient would be lost (measured: 62 % relative error instead of 1.5 %)."""
-    from pbrl.learning.madpo import PairBatch, madpo_step
+    from pbrl.learning.madpo import PairBatch
+    from tests.helpers import madpo_step
     from pbrl.models.loading import load_policy
     from pbrl.models.policies import TrainablePolicy, trainable_parameters
 

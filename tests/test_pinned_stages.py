@@ -33,11 +33,11 @@ from transformers import AutoModelForCausalLM
 from pbrl.data.schema import CANDIDATES, PAIRS, SCORES, SELECTED_PAIRS, read_rows, write_table
 from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths
-from pbrl.learning.madpo import PairBatch, madpo_step
+from pbrl.learning.madpo import PairBatch
 from pbrl.models.policies import TrainablePolicy
 from stages import STAGE_MODULES
 from stages.update_policies import item_grouped_order
-from tests.helpers import new_run
+from tests.helpers import madpo_step, new_run
 
 COLLECT = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round"]
 LEARN = ["replay-select", "update-policies"]

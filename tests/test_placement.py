@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from pbrl.errors import ConfigError
-from pbrl.learning.madpo import PairBatch, madpo_step
+from pbrl.learning.madpo import PairBatch
 from pbrl.models.loading import init_lora_adapter, load_model, resolve_devices
 from pbrl.models.lora import LoraSettings
 from pbrl.models.placement import keep_resident, main_device, normalize_max_memory, placement_spec, resident_modules
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
+from tests.helpers import madpo_step
 
 TOLERANCE = 1e-6
 TINY_BUDGET = {"cpu": "100KB"}  # the tiny model holds ≈ 95k float32 parameters (≈ 380 kB): most go to disk

@@ -12,11 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pbrl.learning.madpo import PairBatch, agent_margins, madpo_step
+from pbrl.learning.madpo import PairBatch, agent_margins
 from pbrl.models.forward import training_forward
 from pbrl.models.loading import init_lora_adapter, load_policy
 from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
+from tests.helpers import madpo_step
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
 WINNERS = [[70, 71, 72, 3], [80, 81, 3]]

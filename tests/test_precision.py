@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pbrl.errors import ArtifactError
-from pbrl.learning.madpo import PairBatch, madpo_step
+from pbrl.learning.madpo import PairBatch
 from pbrl.models.loading import load_policy, save_agent
 from pbrl.models.policies import (
     PolicySource,
@@ -30,6 +30,7 @@ from pbrl.models.precision import (
     load_precision_state,
     make_precision,
 )
+from tests.helpers import madpo_step
 
 PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
 WINNERS = [[70, 71, 72, 3], [80, 81, 3]]

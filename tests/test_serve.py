@@ -107,7 +107,7 @@ flow_tests = pytest.mark.usefixtures("prefect_api")
 def test_deployments_register_with_forms_that_the_server_enforces():
     from prefect.client.orchestration import get_client
 
-    from flows.serve import register_deployments
+    from tests.helpers import register_deployments
 
     ids = register_deployments()
     assert set(ids) == {"pbrl-train/madpo", "pbrl-train/madpo-iter", "pbrl-train/marlhf", "pbrl-train/marlhf-iter",

@@ -18,12 +18,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 from pbrl.generation.sampling import SamplingSettings, generate, prompt_grouped_order
 from pbrl.learning.logprobs import sequence_logprobs, shared_prompt_logprobs
 from pbrl.learning.losses import madpo_agent_loss
-from pbrl.learning.madpo import PairBatch, madpo_step
+from pbrl.learning.madpo import PairBatch
 from pbrl.models.forward import distinct_prompts
 from pbrl.models.loading import init_lora_adapter, load_policy
 from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from stages.update_policies import item_grouped_order
+from tests.helpers import madpo_step
 
 PAD, EOS, VOCAB = 0, 3, 320
 ATOL = 1e-5

@@ -24,7 +24,6 @@ def test_skewed_values_hand_worked_quantiles() -> None:
     # P(k >= 3) = 13/256 = 5.1 % > 2.5 % but P(k = 4) = 1/256 = 0.4 % < 2.5 % -> high = 3/4.
     ci = bootstrap_mean([0.0, 0.0, 0.0, 1.0], seed=7)
     assert (ci.mean, ci.low, ci.high, ci.n) == (0.25, 0.0, 0.75, 4)
-    assert not ci.excludes_zero
 
 
 def test_confidence_level_moves_the_ends() -> None:
@@ -46,11 +45,6 @@ def test_same_seed_same_interval_and_seed_is_used() -> None:
     others = {bootstrap_mean(values, seed=s, num_resamples=200).low for s in range(5)}
     assert len(others) > 1  # the seed drives the resampling
     assert a.low < a.mean < a.high
-
-
-def test_excludes_zero() -> None:
-    assert Interval(0.3, 0.1, 0.5, 4).excludes_zero and Interval(-0.3, -0.5, -0.1, 4).excludes_zero
-    assert not Interval(0.3, 0.0, 0.5, 4).excludes_zero and not Interval(0.0, -0.1, 0.1, 4).excludes_zero
 
 
 @pytest.mark.parametrize(("values", "kwargs", "match"), [

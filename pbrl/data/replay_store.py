@@ -15,10 +15,6 @@ from typing import Any
 from pbrl.data.storage import RunPaths, hash_path, read_json, read_run_id, sha256_file, write_json
 from pbrl.errors import ArtifactError, ConfigError, Problem
 
-RECORD_KEYS = (
-    "prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward",
-    "candidate_reward_mean", "raw_rewards", "target_raw_reward", "comparator_raw_reward",
-)
 EXTRA_KEYS = ("pair_id", "item_id", "winner_side", "winner_index", "loser_side", "loser_index")
 _ROUND_FILE = re.compile(r"iteration_(\d{4})\.json")
 

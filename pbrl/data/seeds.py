@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-import torch
 
 SEED_BITS = 63
 
@@ -38,9 +37,3 @@ def numpy_rng(seed: int, **parts: object) -> np.random.Generator:
     """A numpy Generator seeded by :func:`derive_seed` (same keyword parts)."""
     return np.random.default_rng(derive_seed(seed, **parts))  # type: ignore[arg-type]
 
-
-def torch_generator(seed: int, **parts: object) -> torch.Generator:
-    """A CPU torch Generator seeded by :func:`derive_seed` (same keyword parts)."""
-    g = torch.Generator(device="cpu")
-    g.manual_seed(derive_seed(seed, **parts))  # type: ignore[arg-type]
-    return g

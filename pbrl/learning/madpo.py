@@ -202,38 +202,22 @@ class LocalAgent:
                              max_grad_norm=max_grad_norm)
 
 
-def madpo_step(policies: Sequence[TrainablePolicy], batch: PairBatch, *, beta: float,
-               max_grad_norm: float | None, seeds: Sequence[int] | None = None,
-               micro_batch_size: int | None = None) -> StepStats:
+def madpo_agents_step(agents: Sequence[StepAgent], batch: PairBatch, *, beta: float, max_grad_norm: float | None,
+                      seeds: Sequence[int] | None = None, micro_batch_size: int | None = None,
+                      gather: Callable[[list[Any]], list[Any]] = list, concurrent: bool = False) -> StepStats:
     """Update every agent once on ``batch``; an agent whose loss or gradient norm is not finite is skipped
     (its parameters and optimizer state untouched). Each agent's step is
     :func:`pbrl.models.precision.backward_and_step` in its ``precision`` (fp16: scaled loss, unscaled clipping).
 
-    Memory: one agent's autograd graph is alive at a time. With several agents, the margins of agents 1…a−1
-    are first computed without a graph (their detached values are the "others" terms of each agent's loss;
-    no agent has moved yet, and the same dropout seeds give the same masks); then agent 0 scores with
-    gradients (its margins, detached, join the others terms), steps and frees its graph, and so does each
-    later agent in turn. ``micro_batch_size`` (``gradient_accumulation_steps`` in the
-    stage) cuts the batch into micro-batches whose gradients are accumulated into the one step, so the graph
-    alive at a time covers one micro-batch of one agent; the step equals the whole-batch step (the loss is
+    Memory: one agent's autograd graph is alive at a time. ``micro_batch_size`` (``gradient_accumulation_steps``
+    in the stage) cuts the batch into micro-batches whose gradients are accumulated into the one step, so the
+    graph alive at a time covers one micro-batch of one agent; the step equals the whole-batch step (the loss is
     the batch mean either way) up to float rounding and, with dropout, the masks (one seed per micro-batch).
-
     ``seeds``: one dropout seed per agent for this step's training forwards (derive them with
-    :func:`pbrl.data.seeds.derive_seed`, a new one per step). Without ``seeds`` the forwards run without dropout,
-    which only models without dropout allow. The two phases are :func:`madpo_agents_step`'s over
-    :class:`LocalAgent` s.
+    :func:`pbrl.data.seeds.derive_seed`, a new one per step); without ``seeds`` the forwards run without dropout,
+    which only models without dropout allow.
 
-    Raises:
-        ValueError: ``seeds`` is not one per agent, or is missing while a model has dropout.
-    """
-    return madpo_agents_step([LocalAgent(p) for p in policies], batch, beta=beta, max_grad_norm=max_grad_norm,
-                             seeds=seeds, micro_batch_size=micro_batch_size)
-
-
-def madpo_agents_step(agents: Sequence[StepAgent], batch: PairBatch, *, beta: float, max_grad_norm: float | None,
-                      seeds: Sequence[int] | None = None, micro_batch_size: int | None = None,
-                      gather: Callable[[list[Any]], list[Any]] = list, concurrent: bool = False) -> StepStats:
-    """:func:`madpo_step` over :class:`StepAgent` s: phase 1 asks the agents for their detached margins, the
+    The agents are :class:`StepAgent` s (:class:`LocalAgent` in process, Ray actors remotely): phase 1 asks the agents for their detached margins, the
     "others" term of agent i is the sum over the other agents' margins (Σ_{j≠i} Δ_j),
     phase 2 asks every agent for its step. ``gather`` turns a phase's list of per-agent results (or handles,
     e.g. Ray object refs with ``ray.get``) into the results.
@@ -245,7 +229,10 @@ def madpo_agents_step(agents: Sequence[StepAgent], batch: PairBatch, *, beta: fl
     with the same dropout seeds, hence the same values, bitwise on CPU) are its "others" term for the
     agents after it. That saves one of the step's 3a forward-or-backward passes per micro-batch (a
     detached forward costs about half a forward and backward; measured on SmolLM2, README "Benchmarks")
-    and gives the same step. Same arguments, result and errors as :func:`madpo_step`.
+    and gives the same step.
+
+    Raises:
+        ValueError: ``seeds`` is not one per agent, or is missing while a model has dropout.
     """
     if seeds is not None and len(seeds) != len(agents):
         raise ValueError(f"seeds: got {len(seeds)} for {len(agents)} agents; give one dropout seed per agent")

@@ -39,10 +39,6 @@ class Interval:
     high: float
     n: int
 
-    @property
-    def excludes_zero(self) -> bool:
-        return self.low > 0 or self.high < 0
-
 
 def bootstrap_mean(values: Sequence[float], *, seed: int, confidence: float = CONFIDENCE,
                    num_resamples: int = NUM_RESAMPLES) -> Interval:
