@@ -45,6 +45,7 @@ from pbrl.config import JobConfig, load_job
 from pbrl.data.items import read_items
 from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.run.folder import prepare_run
+from pbrl.run.settings import policy_source
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
 ROUND_STAGES = ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
@@ -127,9 +128,9 @@ def pair_margins(paths: RunPaths, job: JobConfig, round_index: int, pairs: list[
 
     from pbrl.generation.sampling import encode_prompt
     from pbrl.learning.logprobs import sequence_logprobs
-    from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint
+    from pbrl.models.policies import load_agent, policy_checkpoint
 
-    source = PolicySource.from_job(job)
+    source = policy_source(job)
     margins = torch.zeros(len(pairs), dtype=torch.float64)  # (p,)
     for agent in range(job.num_agents):
         rows = [w for w, _ in pairs] + [lo for _, lo in pairs]  # winners then losers: (2p,)

@@ -106,7 +106,7 @@ def shards_flow(stage: str, run_dir: str, round_index: int, job: JobConfig, key:
     Raises:
         the first failed shard's error (after its retries), once every shard has finished.
     """
-    from prefect_ray.context import remote_options
+    from prefect_ray.context import remote_options  # deferred: prefect-ray is an optional extra
 
 
     paths = RunPaths(run_dir)
@@ -122,9 +122,9 @@ def shards_flow(stage: str, run_dir: str, round_index: int, job: JobConfig, key:
 
 def ray_task_runner(job: JobConfig):
     """prefect-ray's ``RayTaskRunner`` for ``job`` (it reuses a Ray already initialised in this process)."""
-    from prefect_ray import RayTaskRunner
+    from prefect_ray import RayTaskRunner  # deferred: prefect-ray is an optional extra
 
-    return RayTaskRunner(init_kwargs=ray_init_kwargs(job))
+    return RayTaskRunner(init_kwargs=ray_init_kwargs(job.ray_address))
 
 
 def run_shards(stage: str, run_dir: str, round_index: int, job: JobConfig, key: str, *,
@@ -135,7 +135,7 @@ def run_shards(stage: str, run_dir: str, round_index: int, job: JobConfig, key: 
     Raises:
         ConfigError: the 'ray' extra is not installed.
     """
-    require_ray_extra(job)
+    require_ray_extra(job.runner)
     with _api_visible_to_workers():
         result = shards_flow.with_options(task_runner=ray_task_runner(job))(stage, run_dir, round_index, job, key,
                                                                             refresh)
@@ -178,13 +178,13 @@ def ray_session(job: JobConfig) -> Iterator[None]:
     if job.runner != "ray":
         yield
         return
-    require_ray_extra(job)
-    import ray
+    require_ray_extra(job.runner)
+    import ray  # deferred: ray is an optional extra
 
     if ray.is_initialized():
         yield
         return
-    ray.init(**ray_init_kwargs(job), runtime_env={"env_vars": {"PREFECT_API_URL": prefect_api_url()}})
+    ray.init(**ray_init_kwargs(job.ray_address), runtime_env={"env_vars": {"PREFECT_API_URL": prefect_api_url()}})
     try:
         yield
     finally:

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pbrl.config import ConfigNotice, JobConfig, is_centralized, load_job, num_rounds, parse_job
@@ -132,7 +133,6 @@ def _with_runner(job: JobConfig, runner: str) -> JobConfig:
 
 def _train_with_progress(job: JobConfig, resume: bool) -> dict[str, Any]:
     """Run the training flow under a one-line progress display (stage events from :mod:`pbrl.run.progress`)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
@@ -189,7 +189,7 @@ def train(
             # A resumed run reads its stored items; a new one's items are loaded and formatted here.
             stored = folder / "items.parquet"
             preflight(job, check_items=not (resume and stored.is_file()))  # before Prefect: one clear message
-            require_ray_extra(job)
+            require_ray_extra(job.runner)
         orchestration.mark_interrupts()
         with _expected_errors(1):
             out = _train_with_progress(job, resume)

@@ -3,6 +3,7 @@ so that ``import pbrl`` never imports Prefect."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -28,7 +29,7 @@ def quiet_libraries() -> None:
     if not sys.stderr.isatty():
         os.environ.setdefault("TQDM_DISABLE", "1")
     if os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1").lower() not in ("0", "false", "no", "off"):
-        from transformers.utils import logging as hf_logging  # reads the variable only at first import
+        from transformers.utils import logging as hf_logging  # deferred: reads the variable only at first import
 
         hf_logging.disable_progress_bar()
     for module in ("transformers", "peft"):
@@ -85,7 +86,9 @@ def _prepare_logging() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     logging.getLogger("pbrl").setLevel(logging.INFO)
     quiet_libraries()
-    from prefect.logging.configuration import ensure_logging_setup
+    from prefect.logging.configuration import (
+        ensure_logging_setup,  # deferred: Prefect reads its settings at first import, after _prepare_logging sets them
+    )
 
     ensure_logging_setup()  # Prefect's console handler is on the root logger; its API handler on the run loggers
     for handler in logging.getLogger().handlers:
@@ -102,13 +105,16 @@ def _start_ephemeral_api() -> None:
     minutes. In its own session the server sees only the SIGTERM of Prefect's exit hook, after pbrl has
     recorded the run as crashed. On Linux it also dies with pbrl (parent-death signal), so a killed pbrl
     leaves no server holding the database. Prefect reuses this instance (one per port; ``None`` = any)."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+    from prefect.settings import (  # deferred: Prefect reads its settings at first import, after _prepare_logging sets them
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_ENABLED,
+    )
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return
-    import prefect
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
+    import prefect  # deferred: Prefect reads its settings at first import, after _prepare_logging sets them
+    from prefect.server.api.server import SubprocessASGIServer  # deferred, as above
+    from prefect.settings import get_current_settings  # deferred, as above
 
     die_with_parent = _parent_death_signal()
 
@@ -133,9 +139,6 @@ def _parent_death_signal() -> Any:
     the main thread: the signal fires when the *thread* that started the child ends."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
         return None
-    import ctypes
-    import signal
-
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: a forked child must not import
     pr_set_pdeathsig = 1
     return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM)
@@ -145,7 +148,7 @@ def train(job: JobConfig, *, resume: bool = False, run_dir: Path | None = None) 
     """Run the training flow (ephemeral API unless PREFECT_API_URL points at a server) in ``run_dir``
     (default ``<output_dir>/<run_name>``)."""
     _prepare_logging()
-    from flows.training import train_flow
+    from flows.training import train_flow  # deferred: flows import Prefect, which reads its settings at first import
 
     return train_flow(job, resume=resume, run_dir=None if run_dir is None else str(run_dir))
 
@@ -153,7 +156,7 @@ def train(job: JobConfig, *, resume: bool = False, run_dir: Path | None = None) 
 def rerun_stage(stage: str, run_dir: Path, round_index: int, *, force: bool = False) -> dict[str, Any]:
     """Run one stage as a one-task flow on an existing run folder."""
     _prepare_logging()
-    from flows.stage import stage_flow
+    from flows.stage import stage_flow  # deferred: flows import Prefect, which reads its settings at first import
 
     return stage_flow(stage, str(run_dir), round_index, force=force)
 
@@ -161,9 +164,9 @@ def rerun_stage(stage: str, run_dir: Path, round_index: int, *, force: bool = Fa
 def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, Any]:
     """Run one stage's plain function: no Prefect, no cache, no retries."""
     quiet_libraries()
-    from flows.cache import run_recorded  # the manifest records its cache key, so a resume accepts it
-    from pbrl.reporting.metrics import write_run_metrics
-    from pbrl.run.folder import open_job
+    from flows.cache import run_recorded  # deferred: flows import Prefect, which reads its settings at first import
+    from pbrl.reporting.metrics import write_run_metrics  # deferred: imports torch (after quiet_libraries)
+    from pbrl.run.folder import open_job  # deferred: imports torch (after quiet_libraries)
 
     manifest = run_recorded(stage, run_dir, round_index, open_job(run_dir))
     write_run_metrics(run_dir)
@@ -174,7 +177,9 @@ def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, An
 def serve(**kwargs: Any) -> None:
     """Register the deployments against the running Prefect server and serve them."""
     _prepare_logging()
-    from flows.serve import serve_deployments
+    from flows.serve import (
+        serve_deployments,  # deferred: flows import Prefect, which reads its settings at first import
+    )
 
     serve_deployments(**kwargs)
 
@@ -182,6 +187,6 @@ def serve(**kwargs: Any) -> None:
 def deploy(pool: str, **kwargs: Any) -> dict[str, Any]:
     """Register the deployments against the work pool ``pool`` on the running Prefect server (no serving)."""
     _prepare_logging()
-    from flows.serve import deploy_to_pool
+    from flows.serve import deploy_to_pool  # deferred: flows import Prefect, which reads its settings at first import
 
     return deploy_to_pool(pool, **kwargs)

@@ -16,8 +16,8 @@ from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.learning.joint_template import joint_template_for, pair_joint_rows
 from pbrl.learning.reward_model import is_marlhf, pair_joint_ids_path
-from pbrl.models.policies import PolicySource
 from pbrl.preference.pairs import Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
+from pbrl.run.settings import policy_source
 from pbrl.run.stage_record import StageRecord
 
 NAME = "build-pairs"
@@ -76,7 +76,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
 
 def _write_joint_ids(paths: RunPaths, round_index: int, job: JobConfig, rows: list[dict], record: StageRecord
                      ) -> Path:
-    source = PolicySource.from_job(job)
+    source = policy_source(job)
     template, _ = joint_template_for(job.reward_model_name or source.models[0], source.models)
     joint = pair_joint_rows(rows, template, job.reward_max_length)
     path = pair_joint_ids_path(paths.round_dir(round_index))

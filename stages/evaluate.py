@@ -29,11 +29,12 @@ from pbrl.data.schema import EVAL, read_rows, write_table
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.distributed.shards import ShardSet, gather_shards
-from pbrl.generation.collaboration import actor_prompts, job_adapter, score_joint, write_eval_roles
+from pbrl.generation.collaboration import actor_prompts, score_joint, write_eval_roles
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
-from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint
+from pbrl.models.policies import load_agent, policy_checkpoint
 from pbrl.preference.oracle import score_batch
 from pbrl.reporting.stats import SampleKey, mean_interval, paired_difference
+from pbrl.run.settings import centralized_adapter, policy_source
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task
 
@@ -91,15 +92,15 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]
     as in a run over all items.
     """
     task = resolve_task(job, paths.root)
-    adapter = job_adapter(job) if is_centralized(job) else None  # one actor: its joint responses split into roles
+    adapter = centralized_adapter(job)  # one actor (centralized): its joint responses split into roles
     job = actor_job(job)
     draws = [(item, s) for item in items for s in range(job.eval_samples_per_item)]  # item-major rows
     checkpoint = policy_checkpoint(paths, round_index)
     settings = SamplingSettings(max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
                                 top_k=job.top_k, batch_size=job.eval_batch_size)  # rows per generate call
     prompts, completions = [], []
-    for agent, agent_prompts in enumerate(actor_prompts(job, task, [item for item, _ in draws])):
-        policy = load_agent(PolicySource.from_job(job), agent, checkpoint, trainable=False)
+    for agent, agent_prompts in enumerate(actor_prompts(task, [item for item, _ in draws], adapter)):
+        policy = load_agent(policy_source(job), agent, checkpoint, trainable=False)
         seeds = [eval_seed(job.seed, agent, item["item_id"], s) for item, s in draws]
         names = [f"agent {agent}, eval item {item['item_id']!r}, sample {s}" for item, s in draws]
         gens = generate(policy.model, policy.tokenizer, [encode_prompt(policy.tokenizer, p) for p in agent_prompts],
@@ -139,7 +140,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
     write_table(paths.eval(round_index), rows, EVAL)
     outputs = [paths.eval(round_index)]
     if is_centralized(job):  # the role texts of each draw (pbrl.generation.collaboration)
-        outputs.append(write_eval_roles(rows, paths.round_dir(round_index), job))
+        outputs.append(write_eval_roles(rows, paths.round_dir(round_index), centralized_adapter(job), job.num_agents))
     seen = items_seen_in_training(items, read_items(paths, "train"))
     rewards = rewards_by_draw(rows)
     record.counts = {"items": len(items), "samples": len(rows), "failed": len(rows) - len(rewards),

@@ -31,7 +31,7 @@ from pbrl.learning.reward_model import (
     reward_model_dir,
     save_reward_model,
 )
-from pbrl.models.policies import PolicySource
+from pbrl.run.settings import policy_source
 from pbrl.run.stage_record import StageRecord
 
 NAME = "fit-reward-model"
@@ -51,7 +51,7 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
 
 def spec_of(job: JobConfig) -> RewardModelSpec:
     """``reward_model_name`` (default: the first agent's model), the run's LoRA settings, the freeze flag."""
-    source = PolicySource.from_job(job)
+    source = policy_source(job)
     return RewardModelSpec(source=job.reward_model_name or source.models[0], lora=source.lora,
                            freeze_backbone=job.reward_freeze_backbone)
 

@@ -34,7 +34,8 @@ from pbrl.generation.comparators import (
     target_side,
 )
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
-from pbrl.models.policies import PolicySource, load_agent
+from pbrl.models.policies import load_agent
+from pbrl.run.settings import centralized_adapter, policy_source
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task
 
@@ -89,7 +90,7 @@ def comparator(paths: RunPaths, round_index: int, job: JobConfig) -> Comparator 
     """The round's comparator (iterative trainers), None for base trainers. Loads nothing yet."""
     if not is_iterative(job.trainer):
         return None
-    source = PolicySource.from_job(job)
+    source = policy_source(job)
 
     def load_checkpoint(agent: int, checkpoint: Path, devices: Devices):
         policy = load_agent(source, agent, checkpoint, trainable=False, devices=devices)
@@ -136,10 +137,10 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]
 
     rows: list[CandidateRow] = []
     prompts, prompt_ids, tokenizers = [], [], []
-    for agent, agent_prompts in enumerate(actor_prompts(job, task, items)):
+    for agent, agent_prompts in enumerate(actor_prompts(task, items, centralized_adapter(job))):
         prompts.append(agent_prompts)
         for (checkpoint, _), group in groups.items():
-            policy = load_agent(PolicySource.from_job(job), agent, checkpoint, trainable=False,
+            policy = load_agent(policy_source(job), agent, checkpoint, trainable=False,
                                 devices=group[0].devices)
             ids = [encode_prompt(policy.tokenizer, p) for p in prompts[agent]]
             if any(s.side == "target" for s in group):  # the target's tokenizer and prompt ids are what is stored

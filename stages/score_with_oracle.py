@@ -22,13 +22,13 @@ from pbrl.errors import ArtifactError, OracleError
 from pbrl.generation.collaboration import (
     PARSE_FAILURE,
     is_parse_failure,
-    job_adapter,
     score_joint,
     write_candidate_roles,
 )
 from pbrl.learning.joint_template import DROP_TOO_LONG
 from pbrl.learning.reward_model import RewardScorer, newest_reward_model, reward_device
 from pbrl.preference.oracle import OracleScore, score_batch
+from pbrl.run.settings import centralized_adapter
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task
 
@@ -58,7 +58,7 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]
     """The score row of every joint response of ``items`` (all train items, or one shard's), in the order of
     candidates.parquet; no counts (the gather derives them from the rows)."""
     task = resolve_task(job, paths.root)
-    adapter = job_adapter(job) if is_centralized(job) else None  # one actor: its joint responses split into roles
+    adapter = centralized_adapter(job)  # one actor (centralized): its joint responses split into roles
     job = actor_job(job)
     wanted = {item["item_id"]: item for item in items}
     joint = read_joint_responses(paths.candidates(round_index), job.num_agents)
@@ -130,7 +130,8 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
     record.counts = {"joint_responses": len(keys), "failed": failed}
     outputs = [paths.scores(round_index)]
     if is_centralized(job):  # the role texts of each joint response (pbrl.generation.collaboration)
-        outputs.append(write_candidate_roles(paths.candidates(round_index), paths.round_dir(round_index), job))
+        outputs.append(write_candidate_roles(paths.candidates(round_index), paths.round_dir(round_index),
+                                             centralized_adapter(job), job.num_agents))
         record.counts["centralized_parse_failures"] = reasons[PARSE_FAILURE]
     for side in sorted({k[1] for k in keys}):
         vals = [r["reward"] for r in rows if r["side"] == side and r["reward"] is not None]

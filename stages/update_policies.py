@@ -54,7 +54,6 @@ from pbrl.learning.rl import ReferencePolicy, RLSettings, rl_metrics, rollouts_p
 from pbrl.models.loading import resolve_devices
 from pbrl.models.policies import (
     TRAINER_STATE,
-    PolicySource,
     TrainablePolicy,
     load_agent,
     policy_checkpoint,
@@ -64,6 +63,7 @@ from pbrl.models.policies import (
 )
 from pbrl.run.export import export_policy_checkpoint
 from pbrl.run.folder import job_replay_dir
+from pbrl.run.settings import agent_training, policy_source, ray_settings
 from pbrl.run.stage_record import StageRecord
 
 NAME = "update-policies"
@@ -141,7 +141,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         return _run_marlhf(record, job, pairs, start, policies, tokenizers)
     if job.runner == "ray":  # one Ray actor per agent (pbrl.distributed.ray_agents); the same numbers as in process
 
-        with remote_agents(job, start) as agents:
+        with remote_agents(agent_training(job), ray_settings(job), start) as agents:
             record.details = {"agents_on": "ray_actors"}
             return _run_madpo(record, job, pairs, start, agents, gather=gather, concurrent=True,
                               write=lambda folder: write_agents(agents, folder))
@@ -214,7 +214,7 @@ def _run_madpo(record: StageRecord, job: JobConfig, pairs: list[dict], start: Pa
 
 def _load_policies(job: JobConfig, start: Path) -> tuple[list[TrainablePolicy], list]:
     """Every agent's policy at ``start``, trainable, with its AdamW (and the state stored beside it)."""
-    loaded = [trainable_agent(job, start, agent) for agent in range(job.num_agents)]
+    loaded = [trainable_agent(agent_training(job), start, agent) for agent in range(job.num_agents)]
     return [policy for policy, _ in loaded], [tokenizer for _, tokenizer in loaded]
 
 
@@ -288,13 +288,15 @@ def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: P
 
     if job.runner == "ray":  # the step's rows in shards on Ray workers (pbrl.distributed.ray_rollouts); the same tokens
 
-        generator = ray_rollouts(job, start, policies, settings, len(item_ids))
+        generator = ray_rollouts(policy_source(job), ray_settings(job), start, policies, settings,
+                                 items_per_step=min(job.train_batch_size, len(item_ids)),
+                                 num_generations=job.num_generations)
     else:
         generator = contextlib.nullcontext((generate_here, {}))
 
     references = None
     if job.reference_kl_enabled:
-        source = PolicySource.from_job(job)
+        source = policy_source(job)
         if source.lora is not None:  # the base weights: the agent's own model with its adapter disabled
             references = [ReferencePolicy(p.model, p.pad_token_id, disable_adapter=True) for p in policies]
         else:
@@ -348,7 +350,7 @@ def _critics(job: JobConfig, paths: RunPaths, start: Path, policies: list[Traina
     Raises:
         ArtifactError: a round checkpoint without its critics, or with critics of another configuration.
     """
-    source, a = PolicySource.from_job(job), job.num_agents
+    source, a = policy_source(job), job.num_agents
     separate = job.rl_algorithm == "maac" or job.use_separate_critic
     count = 1 if job.rl_algorithm == "maac" else a
     sources = [job.critic_model_name or source.models[k] for k in range(count)]

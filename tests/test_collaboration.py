@@ -17,6 +17,7 @@ from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError
 from pbrl.generation.centralized import EqualSharesAdapter, TaggedAdapter
 from pbrl.generation.collaboration import ROLES, actor_prompts, roles_path, score_joint
+from pbrl.run.settings import centralized_adapter
 from pbrl.tasks.registry import get_task
 from stages import STAGE_MODULES
 from tests.helpers import new_run, tiny_job
@@ -107,7 +108,7 @@ def test_preflight_names_an_adapter_that_does_not_import_for_a_base_trainer_too(
 def test_the_actor_prompt_is_the_tagged_prompt_of_every_role_prompt():
     job = parse_job({**MINIMAL, "collaboration_mode": "centralized"})
     task = get_task("toy", num_items=2)
-    (prompts,) = actor_prompts(job, task, list(task.train_items))
+    (prompts,) = actor_prompts(task, list(task.train_items), centralized_adapter(job))
     role = [p.format(t="apples") for p in TOY_PROMPTS]
     assert prompts[0] == (
         "You are a centralized coordinator writing the separate outputs of 2 agents that work together on one "
@@ -115,7 +116,7 @@ def test_the_actor_prompt_is_the_tagged_prompt_of_every_role_prompt():
         f"Agent 1 original prompt:\n{role[0]}\n\nAgent 2 original prompt:\n{role[1]}\n\n"
         "Write every agent's output, each inside its own tags, in this form and nothing else:\n"
         "<agent_1>agent 1's output</agent_1>\n<agent_2>agent 2's output</agent_2>")
-    decentralized = actor_prompts(parse_job(MINIMAL), task, list(task.train_items))
+    decentralized = actor_prompts(task, list(task.train_items), centralized_adapter(parse_job(MINIMAL)))
     assert decentralized == [[TOY_PROMPTS[a].format(t=t) for t in ("apples", "rivers")] for a in range(2)]
 
 

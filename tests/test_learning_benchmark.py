@@ -22,8 +22,9 @@ from pbrl.data.items import read_items
 from pbrl.data.schema import EVAL, read_rows
 from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.generation.sampling import encode_prompt
-from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint
+from pbrl.models.policies import load_agent, policy_checkpoint
 from pbrl.run.folder import open_job
+from pbrl.run.settings import policy_source
 from tests.helpers import logprob_alone
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -105,7 +106,7 @@ def test_a_run_of_the_script_on_the_tiny_model_reports_its_runs_numbers(learning
     # round-1 policy, sum_agents [(log pi_1 - log pi_0)(best) - (log pi_1 - log pi_0)(worst)], is positive.
     pairs = learning.held_out_pairs(read_rows(paths.eval(0), EVAL), job.tie_tolerance)
     assert pairs and later["heldout_pairs"] == len(pairs)
-    source, margins = PolicySource.from_job(job), [0.0] * len(pairs)
+    source, margins = policy_source(job), [0.0] * len(pairs)
     for agent in range(2):
         new = load_agent(source, agent, policy_checkpoint(paths, 1), trainable=False)
         old = load_agent(source, agent, policy_checkpoint(paths, 0), trainable=False)

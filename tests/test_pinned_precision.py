@@ -149,9 +149,9 @@ def test_fp16_accumulation_keeps_gradients_that_would_underflow_unscaled(tiny_mo
     the gradient of the unit-beta loss) to float16 rounding; without the scale on the first micro-batch its half
     of the gradient would be lost (measured: 62 % relative error instead of 1.5 %)."""
     from pbrl.learning.madpo import PairBatch
-    from tests.helpers import madpo_step
     from pbrl.models.loading import load_policy
     from pbrl.models.policies import TrainablePolicy, trainable_parameters
+    from tests.helpers import madpo_step
 
     beta = 1e-8
     batch = PairBatch([[[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]], [[[70, 71, 72, 3], [80, 81, 3]]],

@@ -17,6 +17,7 @@ from pbrl.models.loading import init_lora_adapter, load_model, resolve_devices
 from pbrl.models.lora import LoraSettings
 from pbrl.models.placement import keep_resident, main_device, normalize_max_memory, placement_spec, resident_modules
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
+from pbrl.run.settings import policy_source
 from tests.helpers import madpo_step
 
 TOLERANCE = 1e-6
@@ -135,7 +136,7 @@ def test_auto_placement_through_a_round_matches_the_cpu_run(tiny_model_dir, tmp_
     from safetensors.torch import load_file
 
     from pbrl.data.storage import RunPaths
-    from pbrl.models.policies import PolicySource, load_agent
+    from pbrl.models.policies import load_agent
     from stages import STAGE_MODULES
     from tests.helpers import new_run
 
@@ -149,7 +150,7 @@ def test_auto_placement_through_a_round_matches_the_cpu_run(tiny_model_dir, tmp_
         assert manifest.counts["steps"] >= 1
         paths = RunPaths(run_dir)
         if name == "auto":  # the stages loaded it offloaded: the job's max_memory reached the loader
-            policy = load_agent(PolicySource.from_job(job), 0, paths.round_checkpoint(1), trainable=False)
+            policy = load_agent(policy_source(job), 0, paths.round_checkpoint(1), trainable=False)
             assert "disk" in policy.model.hf_device_map.values() and policy.device == "cpu"
         pairs[name] = paths.pairs(1).read_bytes()
         adapters[name] = load_file(paths.round_checkpoint(1) / "agent_1" / "adapter_model.safetensors")

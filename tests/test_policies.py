@@ -16,6 +16,7 @@ from pbrl.data.storage import RunPaths, StageManifest, read_manifest, write_json
 from pbrl.errors import ArtifactError
 from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint, write_initial_checkpoints
+from pbrl.run.settings import policy_source
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 
@@ -98,11 +99,11 @@ def test_policy_source_from_job_reads_the_agent_fields():
     job = parse_job({"trainer": "madpo_iter", "task": "toy", "agents": ["m0", "m1", "m2"], "num_agents": 3,
                      "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "lora_target_modules": ["q_proj"],
                      "torch_dtype": "bfloat16", "agent_devices": ["cpu"]})
-    assert PolicySource.from_job(job) == PolicySource(
+    assert policy_source(job) == PolicySource(
         models=("m0", "m1", "m2"), lora=LoraSettings(r=4, alpha=8, dropout=0.1, target_modules=("q_proj",)),
         dtype="bfloat16", devices="cpu")  # parallel_training 'none' (default): every agent on the first device
     job = parse_job({"trainer": "madpo", "task": "toy", "agent_model": "m", "num_agents": 2})
-    assert PolicySource.from_job(job) == PolicySource(models=("m", "m"), lora=None, dtype="float32", devices=None)
+    assert policy_source(job) == PolicySource(models=("m", "m"), lora=None, dtype="float32", devices=None)
 
 
 def test_load_agent_initial_is_the_base_and_a_round_checkpoint_its_weights(tiny_model_dir, tmp_path):

@@ -22,6 +22,7 @@ from pbrl.config.loading import config_hash, load_job
 from pbrl.data.storage import read_json
 from pbrl.distributed.shards import Shard, plan_shards
 from pbrl.errors import ConfigError
+from pbrl.run.settings import policy_source
 from pbrl.tasks.toy import toy_reward
 from tests.helpers import assert_same_artifacts, run_artifacts
 
@@ -101,10 +102,10 @@ def test_a_ray_run_without_the_extra_is_refused_with_the_install_command(monkeyp
     real = importlib.util.find_spec
     monkeypatch.setattr(shards.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(ConfigError) as err:
-        shards.require_ray_extra(job)
+        shards.require_ray_extra(job.runner)
     assert [(p.field, p.value) for p in err.value.problems] == [("runner", "ray")]
     assert "missing: ray)" in str(err.value) and 'pip install -e ".[ray]"' in str(err.value)
-    shards.require_ray_extra(job.model_copy(update={"runner": "local"}))  # nothing needed for local runs
+    shards.require_ray_extra("local")  # nothing needed for local runs
 
 
 def test_a_shard_asks_ray_for_one_gpu_per_distinct_cuda_device():
@@ -125,14 +126,14 @@ def test_an_agent_actor_asks_ray_for_its_own_gpu_or_a_share_of_one():
     from pbrl.distributed.ray_agents import agent_resources
 
     def job(devices=None):
-        return load_job(ITER_YAML, ["output_dir=/tmp/x", *([f"agent_devices={devices}"] if devices else [])])
+        return policy_source(load_job(ITER_YAML, ["output_dir=/tmp/x", *([f"agent_devices={devices}"] if devices else [])]))
 
     assert agent_resources(job("cpu")) == [{"num_cpus": 1}, {"num_cpus": 1}]
     assert agent_resources(job("auto")) == [{"num_cpus": 1}, {"num_cpus": 1}]  # accelerate's placement: no GPU
     # parallel_training 'none' (the default) puts both agents on the first device, as the in-process run does
     assert agent_resources(job("[cuda:0, cuda:1]")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2
-    assert agent_resources(load_job(ITER_YAML, ["output_dir=/tmp/x", "agent_devices=[cuda:0, cuda:1]",
-                                                "parallel_training=mp"])) == [{"num_cpus": 1, "num_gpus": 1}] * 2
+    assert agent_resources(policy_source(load_job(ITER_YAML, ["output_dir=/tmp/x", "agent_devices=[cuda:0, cuda:1]",
+                                                              "parallel_training=mp"]))) == [{"num_cpus": 1, "num_gpus": 1}] * 2
     assert agent_resources(job("cuda:0")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2  # both agents on one GPU
     assert agent_resources(job("[cuda, cuda:0]")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2
 

@@ -18,6 +18,7 @@ import pytest
 from pbrl.config.loading import load_job
 from pbrl.data.storage import read_json
 from pbrl.distributed.ray_rollouts import RolloutWorker, pool_size, rollout_shards, worker_devices
+from pbrl.run.settings import policy_source
 from tests.helpers import assert_same_artifacts, run_artifacts
 from tests.test_ray import local_ray, needs_ray  # noqa: F401  (local_ray: the module's Ray, a fixture)
 
@@ -48,18 +49,18 @@ def test_a_worker_holds_every_agent_and_asks_for_one_gpu_per_distinct_cuda_devic
         return load_job(MARLHF_YAML, ["output_dir=/tmp/x", *([f"agent_devices={devices}"] if devices else []),
                                       *(f"{k}={v}" for k, v in over.items())])
 
-    assert worker_devices(job("cpu")) == (["cpu", "cpu"], 0)
-    assert worker_devices(job("cuda:2")) == (["cuda:0", "cuda:0"], 1)  # the worker's first (only) GPU
-    assert worker_devices(job("[cuda:3, cuda:1]", parallel_training="mp")) == (["cuda:1", "cuda:0"], 2)  # by name
-    assert worker_devices(job("[cuda:3, cuda:1]")) == (["cuda:0", "cuda:0"], 1)  # 'none': both on cuda:3
+    assert worker_devices(policy_source(job("cpu"))) == (["cpu", "cpu"], 0)
+    assert worker_devices(policy_source(job("cuda:2"))) == (["cuda:0", "cuda:0"], 1)  # the worker's first (only) GPU
+    assert worker_devices(policy_source(job("[cuda:3, cuda:1]", parallel_training="mp"))) == (["cuda:1", "cuda:0"], 2)  # by name
+    assert worker_devices(policy_source(job("[cuda:3, cuda:1]"))) == (["cuda:0", "cuda:0"], 1)  # 'none': both on cuda:3
     # train_batch_size 4: the largest step has 4 items, so 4 shards of 1 (2 of 2); capped by what Ray has free
-    assert pool_size(job("cpu", shard_size=1), 8, {"CPU": 2.0}) == 2
-    assert pool_size(job("cpu", shard_size=1), 8, {"CPU": 16.0}) == 4
-    assert pool_size(job("cpu", shard_size=2), 8, {"CPU": 16.0}) == 2
-    assert pool_size(job("cpu", shard_size=1), 3, {"CPU": 16.0}) == 3  # fewer items than a batch
-    assert pool_size(job("[cuda:0, cuda:1]", parallel_training="mp", shard_size=1), 8, {"CPU": 16.0, "GPU": 5.0}) \
+    assert pool_size(policy_source(job("cpu")), min(4, 8), 1, {"CPU": 2.0}) == 2
+    assert pool_size(policy_source(job("cpu")), min(4, 8), 1, {"CPU": 16.0}) == 4
+    assert pool_size(policy_source(job("cpu")), min(4, 8), 2, {"CPU": 16.0}) == 2
+    assert pool_size(policy_source(job("cpu")), min(4, 3), 1, {"CPU": 16.0}) == 3  # fewer items than a batch
+    assert pool_size(policy_source(job("[cuda:0, cuda:1]", parallel_training="mp")), min(4, 8), 1, {"CPU": 16.0, "GPU": 5.0}) \
         == 2  # 2 GPUs each: 2 workers fit in 5
-    assert pool_size(job("cpu", shard_size=1), 8, {}) == 1  # nothing free now: one worker, which waits
+    assert pool_size(policy_source(job("cpu")), min(4, 8), 1, {}) == 1  # nothing free now: one worker, which waits
 
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora-adapter", "full-state-dict"])

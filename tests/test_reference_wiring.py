@@ -9,8 +9,8 @@ import json
 import pytest
 
 from pbrl.errors import ConfigError
-from pbrl.models.policies import PolicySource
 from pbrl.run.preflight import preflight
+from pbrl.run.settings import policy_source
 from stages import STAGE_MODULES
 from tests.helpers import new_run, tiny_job
 
@@ -53,9 +53,9 @@ def test_env_step_axis_and_logging_gate_carry_across_rounds(tiny_model_dir, tmp_
 
 def test_parallel_training_places_agents_as_the_reference_does(tiny_model_dir, tmp_path):
     both = tiny_job(tiny_model_dir, tmp_path, agent_devices=["cpu", "cuda:1"], parallel_training="none")
-    assert PolicySource.from_job(both).devices == "cpu"
+    assert policy_source(both).devices == "cpu"
     mp = tiny_job(tiny_model_dir, tmp_path, agent_devices=["cpu", "cuda:1"], parallel_training="mp")
-    assert PolicySource.from_job(mp).devices == ("cpu", "cuda:1")
+    assert policy_source(mp).devices == ("cpu", "cuda:1")
 
 
 def test_reward_histograms_need_the_reward_range(tiny_model_dir, tmp_path):

@@ -19,6 +19,7 @@ actors' nodes see (a shared POSIX filesystem), as for the shard tasks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,28 +27,26 @@ from typing import Any
 
 import torch
 
-from pbrl.config import JobConfig
-from pbrl.distributed.shards import ray_init_kwargs, require_ray_extra
+from pbrl.distributed.shards import RaySettings, ray_init_kwargs, require_ray_extra
 from pbrl.learning.madpo import LocalAgent
 from pbrl.models.loading import resolve_devices
-from pbrl.models.policies import PolicySource, trainable_agent, write_agent
+from pbrl.models.policies import AgentTraining, PolicySource, trainable_agent, write_agent
 
 
-def agent_resources(job: JobConfig) -> list[dict[str, float]]:
+def agent_resources(source: PolicySource) -> list[dict[str, float]]:
     """Ray resources of each agent's actor: ``{"num_cpus": 1}``, plus ``num_gpus`` when the agent's device (as the
     in-process run places it, :func:`placed_devices`) is a ``cuda`` device: 1 for a device of its own, ``1/k``
     for a device k agents share (so the actors ask Ray for one GPU per distinct device the agents use)."""
-    devices = [cuda_device_name(d) for d in placed_devices(job)]
+    devices = [cuda_device_name(d) for d in placed_devices(source)]
     sharing = Counter(d for d in devices if d is not None)
     return [{"num_cpus": 1, **({"num_gpus": 1 / sharing[d]} if d is not None else {})} for d in devices]
 
 
-def placed_devices(job: JobConfig) -> list[str]:
-    """Each agent's device as the in-process run places it: ``agent_devices`` through ``parallel_training``
-    ('none' puts every agent on the first device, 'mp' agent i on device i; :func:`pbrl.models.placement.placement_spec`)."""
-
-    spec = PolicySource.from_job(job).devices
-    return list(resolve_devices(list(spec) if isinstance(spec, tuple) else spec, job.num_agents))
+def placed_devices(source: PolicySource) -> list[str]:
+    """Each agent's device as the in-process run places it (``source.devices``: ``agent_devices`` already placed by
+    ``parallel_training``, :func:`pbrl.models.placement.placement_spec`), one per agent."""
+    spec = source.devices
+    return list(resolve_devices(list(spec) if isinstance(spec, tuple) else spec, source.num_agents))
 
 
 def cuda_device_name(device: str) -> str | None:
@@ -62,16 +61,15 @@ class AgentActor:
     """One agent's trainable policy and AdamW, in a Ray actor (wrapped with ``ray.remote`` by
     :func:`remote_agents`). Its methods are the :class:`pbrl.learning.madpo.StepAgent` phases and the checkpoint write."""
 
-    def __init__(self, job: JobConfig, agent: int, start: str, num_threads: int) -> None:
-
+    def __init__(self, training: AgentTraining, agent: int, start: str, num_threads: int) -> None:
         torch.set_num_threads(num_threads)  # the driver's: the same float reductions, so the same bits on CPU
-        devices = placed_devices(job)
+        devices = placed_devices(training.source)
         if cuda_device_name(devices[agent]) is not None:
             # Ray numbers the GPUs it gave this actor from 0: the agent's device is this actor's cuda:0.
             devices[agent] = "cuda:0"
-            job = job.model_copy(update={"agent_devices": devices, "parallel_training": "mp"})
+            training = dataclasses.replace(training, source=dataclasses.replace(training.source, devices=tuple(devices)))
         self.agent = agent
-        self.local = LocalAgent(trainable_agent(job, Path(start), agent)[0])
+        self.local = LocalAgent(trainable_agent(training, Path(start), agent)[0])
 
     def has_dropout(self) -> bool:
         return self.local.has_dropout()
@@ -111,35 +109,35 @@ class RemoteAgent:
 
 def gather(refs: list[Any]) -> list[Any]:
     """The results of a phase's object refs, in agent order (raises the first actor's error)."""
-    import ray
+    import ray  # deferred: ray is an optional extra
 
     return ray.get(refs)
 
 
 @contextlib.contextmanager
-def remote_agents(job: JobConfig, start: Path) -> Iterator[list[RemoteAgent]]:
-    """One :class:`AgentActor` per agent of ``job``, loaded from ``start``, for the ``with`` block; the actors are
-    ended on exit. Uses the Ray this process is connected to (:func:`flows.ray_runner.ray_session`), else
-    connects for the block (``ray_address``) and disconnects after.
+def remote_agents(training: AgentTraining, ray_settings: RaySettings, start: Path) -> Iterator[list[RemoteAgent]]:
+    """One :class:`AgentActor` per agent of ``training.source``, loaded from ``start``, for the ``with`` block; the
+    actors are ended on exit. Uses the Ray this process is connected to (:func:`flows.ray_runner.ray_session`), else
+    connects for the block (``ray_settings.address``) and disconnects after.
 
     Raises:
         ConfigError: the 'ray' extra is not installed.
         ray.exceptions.RayActorError: an actor failed to load its agent (its error inside).
     """
 
-    require_ray_extra(job)
-    import ray
+    require_ray_extra("ray")
+    import ray  # deferred: ray is an optional extra
 
 
     started = not ray.is_initialized()
     if started:
-        ray.init(**ray_init_kwargs(job))
+        ray.init(**ray_init_kwargs(ray_settings.address))
     handles = []
     try:
         actor = ray.remote(AgentActor)
         threads = torch.get_num_threads()
-        handles = [actor.options(**resources).remote(job, agent, str(start), threads)
-                   for agent, resources in enumerate(agent_resources(job))]
+        handles = [actor.options(**resources).remote(training, agent, str(start), threads)
+                   for agent, resources in enumerate(agent_resources(training.source))]
         dropouts = ray.get([h.has_dropout.remote() for h in handles])
         yield [RemoteAgent(h, d) for h, d in zip(handles, dropouts, strict=True)]
     finally:

@@ -34,9 +34,8 @@ from typing import Any
 import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 
-from pbrl.config import JobConfig
 from pbrl.distributed.ray_agents import cuda_device_name, placed_devices
-from pbrl.distributed.shards import plan_shards, ray_init_kwargs, require_ray_extra
+from pbrl.distributed.shards import RaySettings, plan_shards, ray_init_kwargs, require_ray_extra
 from pbrl.generation.sampling import Generation, SamplingSettings, generate
 from pbrl.models.policies import PolicySource, TrainablePolicy, load_agent
 
@@ -62,12 +61,12 @@ def rollout_shards(num_rows: int, num_generations: int, shard_size: int) -> list
             for s in plan_shards(num_rows // num_generations, shard_size)]
 
 
-def worker_devices(job: JobConfig) -> tuple[list[str], int]:
+def worker_devices(source: PolicySource) -> tuple[list[str], int]:
     """Each agent's device inside a worker and the GPUs the worker asks for. The agents' devices are the
     driver's (``agent_devices`` placed by ``parallel_training``: 'none' puts every agent on the first one); their
     distinct ``cuda`` devices, in name order, become ``cuda:0``, ``cuda:1``... (Ray numbers a worker's GPUs
     from 0); other devices stay as they are."""
-    devices = placed_devices(job)
+    devices = placed_devices(source)
     cuda = sorted({name for d in devices if (name := cuda_device_name(d)) is not None})
     local = [f"cuda:{cuda.index(name)}" if (name := cuda_device_name(d)) is not None else d for d in devices]
     return local, len(cuda)
@@ -87,11 +86,10 @@ class RolloutWorker:
     agent i's model from the stage's start checkpoint on its first shard for agent i, then only swaps in the
     weights each step's object names."""
 
-    def __init__(self, job: JobConfig, start: str, settings: SamplingSettings, num_threads: int) -> None:
+    def __init__(self, source: PolicySource, start: str, settings: SamplingSettings, num_threads: int) -> None:
         torch.set_num_threads(num_threads)  # the driver's: the same float reductions, so the same tokens on CPU
-
-        devices, _ = worker_devices(job)
-        self.source = dataclasses.replace(PolicySource.from_job(job), devices=tuple(devices))
+        devices, _ = worker_devices(source)
+        self.source = dataclasses.replace(source, devices=tuple(devices))
         self.start = Path(start)
         self.settings = settings
         self.agents: dict[int, Any] = {}  # agent -> pbrl.models.policies.AgentPolicy
@@ -101,7 +99,7 @@ class RolloutWorker:
                  row_names: list[str]) -> list[Generation]:
         """One shard: load ``weights[0]`` (an object ref, wrapped in a list so that Ray passes the ref and not
         its value) into agent ``agent``'s model unless it holds them already, then sample the rows."""
-        import ray
+        import ray  # deferred: ray is an optional extra
 
         policy = self._agent(agent)
         (ref,) = weights
@@ -134,12 +132,11 @@ def _load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
         model.load_state_dict(state, strict=True)
 
 
-def pool_size(job: JobConfig, num_items: int, available: dict[str, float]) -> int:
-    """Workers in the pool: the shards of the largest step (``min(train_batch_size, num_items)`` items in
-    ``shard_size`` shards), capped by the CPUs and GPUs ``available`` (Ray's ``available_resources()``), at
-    least 1."""
-    _, gpus = worker_devices(job)
-    largest = math.ceil(min(job.train_batch_size, num_items) / job.shard_size)
+def pool_size(source: PolicySource, items_per_step: int, shard_size: int, available: dict[str, float]) -> int:
+    """Workers in the pool: the shards of the largest step (``items_per_step`` items in ``shard_size`` shards),
+    capped by the CPUs and GPUs ``available`` (Ray's ``available_resources()``), at least 1."""
+    _, gpus = worker_devices(source)
+    largest = math.ceil(items_per_step / shard_size)
     fits = int(available.get("CPU", 0))
     if gpus:
         fits = min(fits, int(available.get("GPU", 0) // gpus))
@@ -147,43 +144,45 @@ def pool_size(job: JobConfig, num_items: int, available: dict[str, float]) -> in
 
 
 @contextlib.contextmanager
-def ray_rollouts(job: JobConfig, start: Path, policies: Sequence[TrainablePolicy], settings: SamplingSettings,
-                 num_items: int) -> Iterator[tuple[RolloutGenerator, dict[str, Any]]]:
+def ray_rollouts(source: PolicySource, ray_settings: RaySettings, start: Path, policies: Sequence[TrainablePolicy],
+                 settings: SamplingSettings, *, items_per_step: int, num_generations: int
+                 ) -> Iterator[tuple[RolloutGenerator, dict[str, Any]]]:
     """A pool of :class:`RolloutWorker` actors for the ``with`` block, and a generator of one agent's step rows
     on it: ``generate(agent, prompt_ids, seeds, row_names)`` puts ``policies[agent]``'s current weights in the
     object store, maps the :func:`rollout_shards` over the pool and returns every row's
     :class:`pbrl.generation.sampling.Generation` in row order (call it once per agent per step, after any update). Also
     yields a details dict for the stage's manifest (``rollouts_on``, the pool size, the shards of every
-    step, updated as steps run). Uses the Ray this process is connected to, else connects for the block
-    (``ray_address``) and disconnects after; the workers are ended on exit.
+    step, updated as steps run). ``items_per_step`` (``min(train_batch_size, items)``) sizes the pool. Uses the
+    Ray this process is connected to, else connects for the block (``ray_settings.address``) and disconnects
+    after; the workers are ended on exit.
 
     Raises:
         ConfigError: the 'ray' extra is not installed.
         ray.exceptions.RayActorError: a worker died twice on one shard, or failed to load its agent.
     """
 
-    require_ray_extra(job)
-    import ray
-    from ray.util import ActorPool
+    require_ray_extra("ray")
+    import ray  # deferred: ray is an optional extra
+    from ray.util import ActorPool  # deferred, as above
 
     started = not ray.is_initialized()
     if started:
-        ray.init(**ray_init_kwargs(job))
+        ray.init(**ray_init_kwargs(ray_settings.address))
     handles: list[Any] = []
     try:
-        _, gpus = worker_devices(job)
+        _, gpus = worker_devices(source)
         actor = ray.remote(RolloutWorker).options(num_cpus=1, **({"num_gpus": gpus} if gpus else {}),
                                                   max_restarts=WORKER_RESTARTS, max_task_retries=WORKER_RESTARTS)
-        size = pool_size(job, num_items, ray.available_resources())
+        size = pool_size(source, items_per_step, ray_settings.shard_size, ray.available_resources())
         threads = torch.get_num_threads()
-        handles = [actor.remote(job, str(start), settings, threads) for _ in range(size)]
+        handles = [actor.remote(source, str(start), settings, threads) for _ in range(size)]
         pool = ActorPool(handles)
         details: dict[str, Any] = {"rollouts_on": "ray_workers", "rollout_workers": size,
                                    "rollout_shards_per_step": []}
 
         def run(agent: int, prompt_ids: list[list[int]], seeds: list[int], row_names: list[str]) -> list[Generation]:
             weights = [ray.put(trainable_weights(policies[agent]))]
-            shards = rollout_shards(len(prompt_ids), job.num_generations, job.shard_size)
+            shards = rollout_shards(len(prompt_ids), num_generations, ray_settings.shard_size)
             if agent == 0:
                 details["rollout_shards_per_step"].append(len(shards))
             parts = pool.map(lambda worker, rows: worker.generate.remote(

@@ -27,13 +27,22 @@ from pbrl.data.storage import RunPaths, read_json, sha256_file, write_json
 from pbrl.errors import ArtifactError, ConfigError, Problem
 
 
-def require_ray_extra(job: Any) -> None:
+@dataclass(frozen=True)
+class RaySettings:
+    """Where Ray work runs: ``address`` (``ray_address``; None = a Ray of the run's own) and ``shard_size`` (items
+    per shard)."""
+
+    address: str | None = None
+    shard_size: int = 16
+
+
+def require_ray_extra(runner: str) -> None:
     """Before a run with ``runner: ray`` starts: the 'ray' extra must be installed here.
 
     Raises:
         ConfigError: ``runner`` is 'ray' and ``ray`` or ``prefect_ray`` cannot be imported.
     """
-    if getattr(job, "runner", "local") != "ray":
+    if runner != "ray":
         return
     missing = [m for m in ("ray", "prefect_ray") if importlib.util.find_spec(m) is None]
     if missing:
@@ -138,10 +147,10 @@ def gather_shards(paths: RunPaths, round_index: int, stage: str, shard_set: Shar
     return rows, dict(counts)
 
 
-def ray_init_kwargs(job: Any) -> dict[str, Any]:
-    """``ray.init`` keywords for ``job``: ``address="local"`` for a Ray of its own when ``ray_address`` is unset
-    (a plain ``ray.init()`` would join whatever cluster this machine last started with ``ray start``), else the
+def ray_init_kwargs(address: str | None) -> dict[str, Any]:
+    """``ray.init`` keywords: ``address="local"`` for a Ray of its own when ``address`` (``ray_address``) is None (a
+    plain ``ray.init()`` would join whatever cluster this machine last started with ``ray start``), else the
     address (``auto`` included)."""
-    if job.ray_address is None:
+    if address is None:
         return {"address": "local", "include_dashboard": False}
-    return {"address": job.ray_address}
+    return {"address": address}

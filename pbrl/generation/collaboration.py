@@ -35,15 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pbrl.config import is_centralized
 from pbrl.data.items import format_prompts
 from pbrl.data.schema import read_joint_responses, write_table
 from pbrl.errors import ConfigError, Problem
-from pbrl.generation.centralized import ADAPTER_FIELD, CentralizedAdapter, load_adapter, parse_roles
+from pbrl.generation.centralized import ADAPTER_FIELD, CentralizedAdapter, parse_roles
 from pbrl.preference.oracle import OracleScore, score_batch
 
 if TYPE_CHECKING:
-    from pbrl.config import JobConfig
     from pbrl.tasks.base import Task
 
 CENTRALIZED = "centralized"
@@ -62,29 +60,21 @@ ROLES = pa.schema(
 )
 
 
-def job_adapter(job: JobConfig) -> CentralizedAdapter:
-    """The job's centralized adapter (``comparator_centralized_adapter``; None = ``<agent_i>`` sections).
-
-    Raises:
-        ConfigError: the adapter's import path does not import or lacks its methods.
-    """
-    return load_adapter(getattr(job, ADAPTER_FIELD, None))
-
-
-def actor_prompts(job: JobConfig, task: Task, items: Sequence[dict[str, Any]]) -> list[list[str]]:
+def actor_prompts(task: Task, items: Sequence[dict[str, Any]], adapter: CentralizedAdapter | None
+                  ) -> list[list[str]]:
     """Each actor's prompt for every item, ``[actor][item]``.
 
-    Decentralized: agent i's formatter. Centralized: one actor whose prompt is the adapter's centralized prompt
-    built from every role's prompt (``adapter.build_prompt(item, [formatter_i(item) for each role])``).
+    Decentralized (``adapter`` None): agent i's formatter. Centralized: one actor whose prompt is the adapter's
+    centralized prompt built from every role's prompt (``adapter.build_prompt(item, [formatter_i(item) for each
+    role])``).
 
     Raises:
         ConfigError: a formatter fails or returns no text (named ``formatters[i]``), or the adapter's
             ``build_prompt`` does not return a non-empty str.
     """
     roles = [format_prompts(f, list(items), i) for i, f in enumerate(task.formatters)]
-    if not is_centralized(job):
+    if adapter is None:
         return roles
-    adapter = job_adapter(job)
     joint = []
     for n, item in enumerate(items):
         prompt = adapter.build_prompt(item, [roles[i][n] for i in range(len(roles))])
@@ -169,30 +159,29 @@ def write_roles(path: Path, keys: Sequence[tuple[str, str, int]], parsed: Sequen
                         "failure": p.failure} for k, p in zip(keys, parsed, strict=True)], ROLES)
 
 
-def write_candidate_roles(candidates: Path, round_dir: Path, job: JobConfig) -> Path:
+def write_candidate_roles(candidates: Path, round_dir: Path, adapter: CentralizedAdapter, num_roles: int) -> Path:
     """``rounds/<r>/roles.parquet``: the role texts of every joint response of ``candidates`` (one actor row
-    each), split with the job's adapter into ``job.num_agents`` roles, in candidates.parquet's order.
+    each), split with ``adapter`` into ``num_roles`` roles, in candidates.parquet's order.
 
     Raises:
         ArtifactError: candidates.parquet is unreadable or a joint response lacks its actor row.
     """
     joint = read_joint_responses(candidates, 1)
-    adapter = job_adapter(job)
     keys = list(joint)
     path = roles_path(round_dir)
-    write_roles(path, keys, [parse_joint(adapter, joint[k][0]["completion"], job.num_agents) for k in keys])
+    write_roles(path, keys, [parse_joint(adapter, joint[k][0]["completion"], num_roles) for k in keys])
     return path
 
 
-def write_eval_roles(rows: Sequence[Mapping[str, Any]], round_dir: Path, job: JobConfig) -> Path:
+def write_eval_roles(rows: Sequence[Mapping[str, Any]], round_dir: Path, adapter: CentralizedAdapter,
+                     num_roles: int) -> Path:
     """``rounds/<r>/eval_roles.parquet``: the role texts of every evaluation draw (rows of eval.parquet, item-major,
     the actor's joint text first in ``completions``), keyed (item_id, ``"eval"``, sample s of that item)."""
-    adapter = job_adapter(job)
     seen: dict[str, int] = {}
     keys = []
     for row in rows:
         keys.append((row["item_id"], "eval", seen.get(row["item_id"], 0)))
         seen[row["item_id"]] = seen.get(row["item_id"], 0) + 1
     path = roles_path(round_dir, eval_draws=True)
-    write_roles(path, keys, [parse_joint(adapter, row["completions"][0], job.num_agents) for row in rows])
+    write_roles(path, keys, [parse_joint(adapter, row["completions"][0], num_roles) for row in rows])
     return path

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pbrl.config import num_actors
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, hash_path, read_json, read_manifest, write_json
 from pbrl.errors import ArtifactError
@@ -28,11 +27,11 @@ from pbrl.models.loading import (
     save_optimizer,
 )
 from pbrl.models.lora import LoraSettings
-from pbrl.models.placement import AUTO, main_device, normalize_max_memory, placement_spec
+from pbrl.models.placement import AUTO, main_device
 from pbrl.models.precision import Precision, load_precision_state, make_precision, save_precision_state
 
 if TYPE_CHECKING:
-    from pbrl.config import JobConfig
+    pass
 
 TRAINER_STATE = "trainer_state.json"  # written last in checkpoints/round_<r>/: its presence marks completeness
 UPDATE_STAGE = "update-policies"  # the stage whose manifest names the policy after its round
@@ -83,26 +82,14 @@ class PolicySource:
     def num_agents(self) -> int:
         return len(self.models)
 
-    @classmethod
-    def from_job(cls, job: JobConfig) -> PolicySource:
-        """The job's agent fields (``agents`` or ``agent_model`` × the actors: ``num_agents``, or 1 with
-        ``collaboration_mode: centralized``, :func:`pbrl.config.num_actors`; ``lora_*``,
-        ``torch_dtype``, ``agent_devices``, ``mixed_precision``, ``max_memory``) as a PolicySource. The one place
-        that reads them."""
-        lora = None
-        if job.lora_r is not None:
-            kwargs: dict[str, Any] = {"r": job.lora_r, "alpha": job.lora_alpha, "dropout": job.lora_dropout}
-            if job.lora_target_modules:
-                kwargs["target_modules"] = tuple(job.lora_target_modules)
-            lora = LoraSettings(**kwargs)
 
-        # One policy per agent; one actor (agent_0) for every role in centralized collaboration.
-        models = tuple(job.agents) if job.agents else (str(job.agent_model),) * num_actors(job)
-        # parallel_training 'none' puts every agent on the first device, 'mp' agent i on device i (reference).
-        spec = placement_spec(job.agent_devices, job.parallel_training)
-        devices = spec if spec is None or isinstance(spec, str) else tuple(spec)
-        return cls(models=models, lora=lora, dtype=job.torch_dtype, devices=devices,
-                   mixed_precision=job.mixed_precision, max_memory=normalize_max_memory(job.max_memory))
+@dataclass(frozen=True)
+class AgentTraining:
+    """How an agent trains: its policy source, AdamW's learning rate and activation checkpointing (plain values)."""
+
+    source: PolicySource
+    learning_rate: float
+    gradient_checkpointing: bool = False
 
 
 def write_initial_checkpoints(paths: RunPaths, source: PolicySource, *, seed: int) -> None:
@@ -228,15 +215,14 @@ def save_training_state(policy: TrainablePolicy, agent_dir: Path) -> None:
     save_precision_state(policy.precision, Path(agent_dir))
 
 
-def trainable_agent(job: JobConfig, start: Path, agent: int) -> tuple[TrainablePolicy, Any]:
+def trainable_agent(training: AgentTraining, start: Path, agent: int) -> tuple[TrainablePolicy, Any]:
     """Agent ``agent``'s policy at ``start``, trainable, with its AdamW (weight_decay=0), mixed precision and the
     optimizer/grad-scaler state stored beside the weights, activation checkpointing on with
     ``gradient_checkpointing``; and its tokenizer. Also what a Ray actor loads (:mod:`pbrl.distributed.ray_agents`)."""
-    source = PolicySource.from_job(job)
-    policy = load_agent(source, agent, start, trainable=True)
-    trainable = trainable_policy(source, policy, learning_rate=job.agent_learning_rate,
+    policy = load_agent(training.source, agent, start, trainable=True)
+    trainable = trainable_policy(training.source, policy, learning_rate=training.learning_rate,
                                  state_dir=start / f"agent_{agent}")
-    if job.gradient_checkpointing:  # recompute activations in backward (transformers' option)
+    if training.gradient_checkpointing:  # recompute activations in backward (transformers' option)
         trainable.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return trainable, policy.tokenizer
 

@@ -13,9 +13,10 @@ from pbrl.data.items import load_run_items, write_items
 from pbrl.data.replay_store import adopt_legacy_index, check_owned, replay_dir, run_identity
 from pbrl.data.storage import RunPaths, atomic_dir, read_json, remove_stale_temporaries, write_json
 from pbrl.errors import ArtifactError, ConfigError, Problem
-from pbrl.models.policies import PolicySource, write_initial_checkpoints
+from pbrl.models.policies import write_initial_checkpoints
 from pbrl.run.export import export_policy_checkpoint
 from pbrl.run.preflight import preflight
+from pbrl.run.settings import policy_source
 from pbrl.run.task import attach_task, attached_task
 from pbrl.tasks.base import Task
 
@@ -152,7 +153,7 @@ def prepare_run(
             write_items(paths, *load_run_items(job, task, train_items, eval_items))
         write_run_json(paths, job)
         check_owned(job_replay_dir(paths, job), run_identity(paths))
-        write_initial_checkpoints(paths, PolicySource.from_job(job), seed=job.seed)
+        write_initial_checkpoints(paths, policy_source(job), seed=job.seed)
         return run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError([Problem("run_name", job.run_name, f"{run_dir} exists and is not a run folder (no "
@@ -164,9 +165,9 @@ def prepare_run(
         write_items(new, train, evals)
         write_run_json(new, job)
         check_owned(job_replay_dir(new, job), run_identity(new))
-        write_initial_checkpoints(new, PolicySource.from_job(job), seed=job.seed)
+        write_initial_checkpoints(new, policy_source(job), seed=job.seed)
     if given is not None:
         attach_task(run_dir, given)
     if getattr(job, "policy_checkpoint_dir", None):
-        export_policy_checkpoint(paths.initial, job.policy_checkpoint_dir, 0, PolicySource.from_job(job).num_agents)
+        export_policy_checkpoint(paths.initial, job.policy_checkpoint_dir, 0, policy_source(job).num_agents)
     return run_dir

@@ -11,14 +11,13 @@ import torch
 from pbrl.config import JobConfig, is_iterative
 from pbrl.data.items import load_run_items
 from pbrl.errors import ArtifactError, ConfigError, Problem
-from pbrl.generation.collaboration import job_adapter
 from pbrl.generation.comparator_factory import preflight_problems as comparator_preflight_problems
 from pbrl.models.loading import check_lora_target_modules, load_tokenizer, resolve_model_source
 from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
 from pbrl.models.placement import auto_device_map
-from pbrl.models.policies import PolicySource
 from pbrl.models.precision import autocast_problem
 from pbrl.reporting.reward_hist import check_reward_range
+from pbrl.run.settings import centralized_adapter, policy_source
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task
 
@@ -51,7 +50,7 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
     if getattr(job, "collaboration_mode", "decentralized") == "centralized":  # the actor's adapter imports
 
         try:
-            job_adapter(job)
+            centralized_adapter(job)
         except ConfigError as exc:
             problems += exc.problems
     try:
@@ -77,7 +76,7 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
         except ConfigError as exc:
             problems += exc.problems
     field = "agents" if job.agents else "agent_model"
-    for source in dict.fromkeys(PolicySource.from_job(job).models):
+    for source in dict.fromkeys(policy_source(job).models):
         try:
             if not prepare_models and source in PACKAGED_MODELS:
                 locate_packaged_file(source)  # the packaged file is there; conversion waits for training
@@ -99,7 +98,7 @@ def _precision_and_placement_problems(job: JobConfig) -> list[Problem]:
     LoRA fits ``max_memory`` without offloading trainable weights (accelerate's device map, no weights read)."""
 
 
-    source = PolicySource.from_job(job)
+    source = policy_source(job)
     devices = source.devices if isinstance(source.devices, tuple) else (source.devices,)
     default = "cuda" if torch.cuda.is_available() else "cpu"
     types = {default if d in (None, "auto") else str(d).split(":")[0] for d in devices}
@@ -125,7 +124,7 @@ def _actor_critic_problems(job: JobConfig) -> list[Problem]:
     if job.critic_model_name and not head_only:
         try:
             critic = load_tokenizer(resolve_model_source(job.critic_model_name, field="critic_model_name"))
-            agents = PolicySource.from_job(job).models
+            agents = policy_source(job).models
             if any(load_tokenizer(resolve_model_source(m)).get_vocab() != critic.get_vocab() for m in set(agents)):
                 problems.append(Problem("critic_model_name", job.critic_model_name, "has another vocabulary than "
                                         "the agents' models; a critic reads the agents' token ids, so give a "

@@ -1,0 +1,60 @@
+"""The job unpacked into the settings records that pbrl's components take (config stays at the edge: these
+functions and the stages are the only readers of the whole job).
+
+Each record holds plain values: :class:`~pbrl.models.policies.PolicySource` (how the agents load),
+:class:`~pbrl.models.policies.AgentTraining` (how an agent trains), :class:`~pbrl.distributed.shards.RaySettings`
+(where Ray work runs) and the centralized adapter of ``collaboration_mode: centralized``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pbrl.config import JobConfig, is_centralized, num_actors
+from pbrl.distributed.shards import RaySettings
+from pbrl.generation.centralized import ADAPTER_FIELD, CentralizedAdapter, load_adapter
+from pbrl.models.lora import LoraSettings
+from pbrl.models.placement import normalize_max_memory, placement_spec
+from pbrl.models.policies import AgentTraining, PolicySource
+
+
+def policy_source(job: JobConfig) -> PolicySource:
+    """The job's agent fields (``agents`` or ``agent_model`` × the actors: ``num_agents``, or 1 with
+    ``collaboration_mode: centralized``; ``lora_*``, ``torch_dtype``, ``agent_devices`` placed by
+    ``parallel_training``, ``mixed_precision``, ``max_memory``) as a :class:`PolicySource`."""
+    lora = None
+    if job.lora_r is not None:
+        kwargs: dict[str, Any] = {"r": job.lora_r, "alpha": job.lora_alpha, "dropout": job.lora_dropout}
+        if job.lora_target_modules:
+            kwargs["target_modules"] = tuple(job.lora_target_modules)
+        lora = LoraSettings(**kwargs)
+    # One policy per agent; one actor (agent_0) for every role in centralized collaboration.
+    models = tuple(job.agents) if job.agents else (str(job.agent_model),) * num_actors(job)
+    # parallel_training 'none' puts every agent on the first device, 'mp' agent i on device i (reference).
+    spec = placement_spec(job.agent_devices, job.parallel_training)
+    devices = spec if spec is None or isinstance(spec, str) else tuple(spec)
+    return PolicySource(models=models, lora=lora, dtype=job.torch_dtype, devices=devices,
+                        mixed_precision=job.mixed_precision, max_memory=normalize_max_memory(job.max_memory))
+
+
+def agent_training(job: JobConfig) -> AgentTraining:
+    """How each agent trains: its policy source, ``agent_learning_rate`` and ``gradient_checkpointing``."""
+    return AgentTraining(policy_source(job), learning_rate=job.agent_learning_rate,
+                         gradient_checkpointing=job.gradient_checkpointing)
+
+
+def ray_settings(job: JobConfig) -> RaySettings:
+    """``ray_address`` and ``shard_size`` of the job."""
+    return RaySettings(address=job.ray_address, shard_size=job.shard_size)
+
+
+def centralized_adapter(job: JobConfig) -> CentralizedAdapter | None:
+    """The adapter that splits a centralized actor's joint response into roles (``comparator_centralized_adapter``;
+    None in the option = ``<agent_i>`` sections); None when every agent writes its own response.
+
+    Raises:
+        ConfigError: the adapter's import path does not import or lacks its methods.
+    """
+    if not is_centralized(job):
+        return None
+    return load_adapter(getattr(job, ADAPTER_FIELD, None))  # base trainers have no comparator options
