@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pbrl.config import JobConfig, actor_job, is_centralized
 from pbrl.data.items import read_items
-from pbrl.data.schema import EVAL, read_rows, write_table
+from pbrl.data.schema import EVAL, EvalRow, Item, read_rows, write_table
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.distributed.shards import ShardSet, gather_shards
@@ -65,7 +65,7 @@ def sample_keys(item_ids: Sequence[str]) -> list[SampleKey]:
     return keys
 
 
-def items_seen_in_training(eval_items: Sequence[dict], train_items: Sequence[dict]) -> list[str]:
+def items_seen_in_training(eval_items: Sequence[Item], train_items: Sequence[Item]) -> list[str]:
     """Ids of the evaluation items whose content (every field but ``item_id``) equals a training item's."""
     def content(item: dict) -> str:
         return json.dumps({k: v for k, v in item.items() if k != "item_id"}, sort_keys=True, default=str)
@@ -74,18 +74,19 @@ def items_seen_in_training(eval_items: Sequence[dict], train_items: Sequence[dic
     return [item["item_id"] for item in eval_items if content(item) in train]
 
 
-def rewards_by_draw(rows: Sequence[dict]) -> dict[SampleKey, float]:
+def rewards_by_draw(rows: Sequence[EvalRow]) -> dict[SampleKey, float]:
     """``{(item_id, s): reward}`` of an eval table's rows whose reward did not fail."""
     keys = sample_keys([row["item_id"] for row in rows])
     return {key: row["reward"] for key, row in zip(keys, rows, strict=True) if row["failure"] is None}
 
 
-def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[dict]:
+def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[Item]:
     """The items this stage splits into shards (runner 'ray'): the first ``eval_num_samples`` evaluation items."""
     return read_items(paths, "eval")[: job.eval_num_samples]
 
 
-def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]) -> tuple[list[dict], dict[str, int]]:
+def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
+            ) -> tuple[list[EvalRow], dict[str, int]]:
     """The eval rows of ``items`` (all evaluated items, or one shard's), item-major; no counts.
 
     Each draw samples with its own seed and is scored on its own, so the rows of a subset are the same rows

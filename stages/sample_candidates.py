@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from pbrl.config import JobConfig, actor_job, is_centralized, is_iterative, num_actors
 from pbrl.data.items import read_items
-from pbrl.data.schema import CANDIDATES, write_table
+from pbrl.data.schema import CANDIDATES, CandidateRow, Item, write_table
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.distributed.shards import ShardSet, gather_shards
@@ -25,7 +26,6 @@ from pbrl.generation.centralized import ADAPTER_FIELD, load_adapter
 from pbrl.generation.collaboration import actor_prompts
 from pbrl.generation.comparator_factory import build_comparator
 from pbrl.generation.comparators import (
-    CandidateRow,
     Comparator,
     ComparatorRequest,
     ComparatorSettings,
@@ -114,12 +114,13 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
     return [paths.items, *sorted(checkpoints)]
 
 
-def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[dict]:
+def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[Item]:
     """The items this stage splits into shards (runner 'ray'): the train items."""
     return read_items(paths, "train")
 
 
-def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]) -> tuple[list[dict], dict[str, int]]:
+def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
+            ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Every candidate row of ``items`` (all train items, or one shard's), unsorted, and the comparator's counts.
 
     Each row's tokens depend only on its own seed, so the rows of a subset are the same rows as in a run over

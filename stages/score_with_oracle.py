@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pbrl.config import JobConfig, actor_job, is_centralized, num_actors
 from pbrl.data.items import read_items
-from pbrl.data.schema import SCORES, read_joint_responses, write_table
+from pbrl.data.schema import SCORES, Item, ScoreRow, read_joint_responses, write_table
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.errors import ArtifactError, OracleError
@@ -49,12 +49,13 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
     return [paths.items, paths.candidates(round_index), *([model[1]] if model else [])]
 
 
-def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[dict]:
+def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[Item]:
     """The items this stage splits into shards (runner 'ray'): the train items."""
     return read_items(paths, "train")
 
 
-def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[dict]) -> tuple[list[dict], dict[str, int]]:
+def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
+            ) -> tuple[list[ScoreRow], dict[str, int]]:
     """The score row of every joint response of ``items`` (all train items, or one shard's), in the order of
     candidates.parquet; no counts (the gather derives them from the rows)."""
     task = resolve_task(job, paths.root)

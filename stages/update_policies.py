@@ -38,7 +38,15 @@ import torch
 
 from pbrl.config import JobConfig, actor_job
 from pbrl.data.replay_store import run_identity, stored_rounds
-from pbrl.data.schema import ROLLOUTS, SELECTED_PAIRS, read_joint_responses, read_rows, read_selected_pairs, write_table
+from pbrl.data.schema import (
+    ROLLOUTS,
+    SELECTED_PAIRS,
+    PairRow,
+    read_joint_responses,
+    read_rows,
+    read_selected_pairs,
+    write_table,
+)
 from pbrl.data.seeds import derive_seed, numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest, atomic_dir, read_manifest, write_json
 from pbrl.distributed.ray_agents import gather, remote_agents, write_agents
@@ -83,12 +91,12 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
     return files
 
 
-def selected_pairs(paths: RunPaths, round_index: int) -> list[dict]:
+def selected_pairs(paths: RunPaths, round_index: int) -> list[PairRow]:
     """The selected pairs in draw order, with their stored token ids (never re-tokenized)."""
     return read_selected_pairs(paths.selected_pairs(round_index), paths.pairs)
 
 
-def item_grouped_order(pairs: list[dict], permutation) -> list[int]:
+def item_grouped_order(pairs: list[PairRow], permutation) -> list[int]:
     """The seeded shuffle ``permutation`` of the pair indices, regrouped so the pairs of one item are adjacent
     (items in the order their first pair appears in the shuffle; within an item, shuffle order). Batches then
     hold several pairs of one item, whose shared prompt is scored once (:func:`pbrl.learning.madpo.agent_margins`)."""
@@ -98,7 +106,7 @@ def item_grouped_order(pairs: list[dict], permutation) -> list[int]:
     return sorted((int(j) for j in permutation), key=lambda j: rank[pairs[j]["item_id"]])  # stable
 
 
-def _batch(pairs: list[dict], num_agents: int) -> PairBatch:
+def _batch(pairs: list[PairRow], num_agents: int) -> PairBatch:
     return PairBatch(
         prompt_ids=[[p["prompt_ids"][i] for p in pairs] for i in range(num_agents)],
         winner_ids=[[p["winner_ids"][i] for p in pairs] for i in range(num_agents)],
@@ -150,7 +158,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
                       write=lambda folder: _write_agents(policies, folder))
 
 
-def _run_madpo(record: StageRecord, job: JobConfig, pairs: list[dict], start: Path, agents: list[StepAgent], *,
+def _run_madpo(record: StageRecord, job: JobConfig, pairs: list[PairRow], start: Path, agents: list[StepAgent], *,
                gather: Callable[[list[Any]], list[Any]], write: Callable[[Path], None], concurrent: bool = False
                ) -> StageManifest:
     """MADPO (SPEC §5.5): ``num_train_epochs`` passes over ``pairs`` in batches, each a
@@ -262,7 +270,7 @@ def _reward_model_fitted(paths: RunPaths, round_index: int) -> bool:
     return bool(manifest.details.get("fitted"))
 
 
-def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[dict], start: Path,
+def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[PairRow], start: Path,
                 policies: list[TrainablePolicy], tokenizers: list) -> StageManifest:
     """MARLHF policy learning (SPEC §5.7, :func:`pbrl.learning.rl.run_rl`) against this round's fitted reward model,
     on every train item, with the prompt ids stored in this round's candidates. The rollouts are generated in

@@ -6,7 +6,7 @@ Wrong versions (mutmut ids of ``pbrl/*``) made to fail here, by family:
 - replay: ``nearest_k`` with k = 1 (``k <= 1``/``k < 2``/``and``), ``lambda_decay`` ages shifted (only λ = 0
   tells), the default sample size (``> 1``, ``>= 0``, ``sizes[+1]``), unnormalised weights (``w * w.sum()``),
   each validation clause of ``allocate_draws`` and ``sample_within``, int64 results (``astype(None)``,
-  ``dtype=None``), ``minlength`` dropped, and every field/value/message of ``replay_config_problems``.
+  ``dtype=None``), ``minlength`` dropped, and every field/value/message of ``replay_problems``.
 - pairs: the loser named in a non-finite error, equal scores accepted (``>=``), booleans taken as scores, and
   the error texts that name the side and the fix.
 - losses: accuracy summed over the wrong axis (``dim=-2``), the shape error text.
@@ -34,6 +34,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from pbrl.config.trainer_rules import replay_problems
 from pbrl.learning.logprobs import sequence_logprobs
 from pbrl.learning.losses import madpo_agent_loss, preference_accuracy
 from pbrl.learning.madpo import PairBatch
@@ -46,7 +47,6 @@ from pbrl.preference.replay import (
     default_sample_size,
     eligible_datasets,
     lambda_weights,
-    replay_config_problems,
     sample_within,
 )
 from tests.helpers import lora_dropout_policy, madpo_step
@@ -135,24 +135,27 @@ def test_sample_within_bounds_and_dtype():
 
 
 def _problems(**kwargs) -> list[tuple[str, object, str]]:
-    return [(p.field, p.value, p.message) for p in replay_config_problems(**kwargs)]
+    return [(p.field, p.value, p.message) for p in replay_problems(**kwargs)]
 
 
-def test_replay_config_problems_name_every_field_value_and_rule():
+def test_replay_problems_name_every_field_value_and_rule():
+    """One validator per rule: the config rules and select_replay both ask replay_problems."""
     assert _problems(mode="td-lambda", k=None, lam=None, sample_size=None) == [
         ("preference_replay_mode", "td-lambda", f"allowed: {MODES}")]
     assert _problems(mode="nearest_k", k=0, lam=0.5, sample_size=0) == [
-        ("preference_replay_k", 0, "nearest_k needs an integer >= 1"),
-        ("preference_replay_lambda", 0.5, "must be None with mode 'nearest_k'"),
+        ("preference_replay_k", 0, "required (>= 1) with preference_replay_mode='nearest_k'"),
+        ("preference_replay_lambda", 0.5, "allowed only with preference_replay_mode='lambda_decay'; set it to None"),
         ("preference_replay_sample_size", 0, "must be an integer >= 1 or None")]
     assert _problems(mode="current", k=2, lam=None, sample_size=3) == [
-        ("preference_replay_k", 2, "must be None or 1 with mode 'current'"),
-        ("preference_replay_sample_size", 3, "must be None with mode 'current' (no sampling)")]
+        ("preference_replay_k", 2, "must be None or 1 with preference_replay_mode='current'"),
+        ("preference_replay_sample_size", 3, "must be None with preference_replay_mode='current' (the round's "
+         "pairs are used as they are)")]
     assert _problems(mode="all_history", k=3, lam=None, sample_size=None) == [
-        ("preference_replay_k", 3, "must be None with mode 'all_history'")]
+        ("preference_replay_k", 3, "must be None with preference_replay_mode='all_history'")]
     for lam in (None, 1.5, -0.1, True):
         assert _problems(mode="lambda_decay", k=None, lam=lam, sample_size=None) == [
-            ("preference_replay_lambda", lam, "lambda_decay needs a value in [0, 1]")]
+            ("preference_replay_lambda", lam, "required, in [0, 1], with preference_replay_mode='lambda_decay'")]
+    assert _problems(mode="current", k=True, lam=None, sample_size=None)[0][0] == "preference_replay_k"
     # The boundaries are accepted.
     assert _problems(mode="nearest_k", k=1, lam=None, sample_size=1) == []
     assert _problems(mode="current", k=1, lam=None, sample_size=None) == []

@@ -155,3 +155,15 @@ def test_remove_stale_temporaries_removes_exactly_the_leftovers_of_killed_writes
         ".prefect/results/k", "checkpoints/round_0001/agent_0/model.safetensors", "rounds/0001/scores.parquet",
         "rounds/0001/tmp-not-a-leftover.txt"]
     assert remove_stale_temporaries(paths) == []
+
+
+def test_every_table_has_a_typed_record_with_exactly_its_columns_in_order():
+    import dataclasses
+    import typing
+
+    from pbrl.data.schema import ROW_TYPES
+
+    for name, (schema, record) in ROW_TYPES.items():
+        fields = ([f.name for f in dataclasses.fields(record)] if dataclasses.is_dataclass(record)
+                  else list(typing.get_type_hints(record)))
+        assert fields == schema.names, name

@@ -24,13 +24,13 @@ from pbrl.data.item_sources import (
     load_spec_items,
     with_provenance,
 )
-from pbrl.data.schema import ITEMS, items_schema, read_rows, write_table
+from pbrl.data.schema import ITEMS, Item, items_schema, read_rows, write_table
 from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError, Problem
 from pbrl.tasks.base import Task
 
 
-def format_prompts(formatter, items: list[dict], agent: int) -> list[str]:
+def format_prompts(formatter, items: list[Item], agent: int) -> list[str]:
     """Agent ``agent``'s prompt for every item. Raises ConfigError naming the item on a bad formatter."""
     prompts = []
     for item in items:
@@ -45,7 +45,7 @@ def format_prompts(formatter, items: list[dict], agent: int) -> list[str]:
 
 
 
-def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, field: str) -> list[dict]:
+def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, field: str) -> list[Item]:
     """Items from a list of dicts (or anything iterating dicts), a JSONL / Parquet path, a dataset spec
     (:class:`~pbrl.config.dataset_spec.DatasetSpec` or a mapping of its fields: a ``save_to_disk`` folder, data
     files through ``load_dataset``, or a hub id in the local cache), or a ``datasets.Dataset`` /
@@ -99,7 +99,7 @@ def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, 
 
 
 def load_run_items(job: JobConfig, task: Task, train_items: Any = None, eval_items: Any = None
-                   ) -> tuple[list[dict], list[dict]]:
+                   ) -> tuple[list[Item], list[Item]]:
     """The run's train and eval items: ``train_items``/``eval_items`` (Python API), else the config's
     ``train_dataset``/``eval_dataset``, else the task's own; eval falls back to the train items.
 
@@ -154,7 +154,7 @@ def check_formatters(task: Task, items: list[tuple[str, dict]], field: str, *, m
         raise ConfigError(problems)
 
 
-def _with_ids(items: list[dict], prefix: str, field: str) -> list[tuple[str, dict]]:
+def _with_ids(items: list[Item], prefix: str, field: str) -> list[tuple[str, dict]]:
     """``(item_id, item)`` for every item, by one rule for every source (list of dicts, JSONL / Parquet,
     dataset spec, ``datasets`` object), so a dataset and the equivalent list of dicts get the same ids:
 
@@ -180,7 +180,7 @@ def _with_ids(items: list[dict], prefix: str, field: str) -> list[tuple[str, dic
     return out
 
 
-def write_items(paths: RunPaths, train: list[dict], eval_: list[dict]) -> None:
+def write_items(paths: RunPaths, train: list[Item], eval_: list[Item]) -> None:
     """Store the run's items with stable ``item_id`` values (see :func:`_with_ids`), and where each split came
     from as items.parquet metadata (read back with :func:`pbrl.data.schema.read_items_sources`): the source
     description (a dataset spec as given, a file path, ``python``, a task) and a fingerprint, ``datasets:<fp>``
@@ -217,7 +217,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 
-def read_items(paths: RunPaths, split: str) -> list[dict]:
+def read_items(paths: RunPaths, split: str) -> list[Item]:
     """The stored items of a split, in order, each with its ``item_id``."""
     rows = [r for r in read_rows(paths.items, ITEMS) if r["split"] == split]
     rows.sort(key=lambda r: r["position"])

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pbrl.data.schema import PairRow
 from pbrl.data.storage import RunPaths, hash_path, read_json, read_run_id, sha256_file, write_json
 from pbrl.errors import ArtifactError, ConfigError, Problem
 
@@ -79,7 +80,7 @@ def check_owned(directory: Path, identity: str) -> dict[str, Any]:
     return index
 
 
-def pair_record(row: dict[str, Any]) -> dict[str, Any]:
+def pair_record(row: PairRow) -> dict[str, Any]:
     """A pairs.parquet row as a reference-format record (SPEC §3 keys first, then pbrl's extras)."""
     record = {
         "prompts": row["prompts"],
@@ -96,7 +97,7 @@ def pair_record(row: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def store_round(directory: Path, identity: str, round_index: int, rows: list[dict], pairs_file: Path,
+def store_round(directory: Path, identity: str, round_index: int, rows: list[PairRow], pairs_file: Path,
                 run_paths: RunPaths) -> tuple[Path, list[str]]:
     """Write round ``round_index``'s pair file, then the updated index (both atomic, index last).
 

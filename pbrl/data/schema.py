@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -175,6 +176,146 @@ METRICS = pa.schema(
 )
 
 
+# ---------------------------------------------------------------------------------------------- typed rows
+# The records that cross modules, one per table, with exactly its columns in order (tested against the schemas).
+# Rows are read and written as these dicts (``pyarrow``'s ``to_pylist`` / ``from_pylist``), so a TypedDict types
+# them at no cost. A task item is free-form user data: :data:`Item`.
+Item = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    """One row of candidates.parquet (:data:`CANDIDATES`)."""
+
+    item_id: str
+    side: str  # "target" | "comparator"
+    candidate_index: int
+    agent_index: int
+    prompt: str
+    prompt_ids: list[int]
+    completion: str
+    completion_ids: list[int]
+    finish_reason: str  # "eos" | "length" | "api"
+    stop_token_id: int | None
+    seed: int | None  # None for API answers (no seed is sent)
+    ids_source: Literal["generated", "encoded_from_text"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ScoreRow(TypedDict):
+    """One row of scores.parquet (:data:`SCORES`): a joint response's score, or why it has none."""
+
+    item_id: str
+    side: str
+    candidate_index: int
+    raw_reward: float | None
+    reward: float | None
+    failure: str | None
+
+
+class PairRow(TypedDict):
+    """One row of pairs.parquet (:data:`PAIRS`): a preference pair with every agent's exact token ids."""
+
+    pair_id: str
+    round_index: int
+    pair_index: int
+    item_id: str
+    winner_side: str
+    winner_index: int
+    loser_side: str
+    loser_index: int
+    winner_reward: float
+    loser_reward: float
+    winner_raw_reward: float
+    loser_raw_reward: float
+    candidate_reward_mean: float
+    target_raw_reward: float | None
+    comparator_raw_reward: float | None
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    winner_completions: list[str]
+    winner_ids: list[list[int]]
+    loser_completions: list[str]
+    loser_ids: list[list[int]]
+
+
+class SelectedPairRow(TypedDict):
+    """One row of selected_pairs.parquet (:data:`SELECTED_PAIRS`): a replay draw."""
+
+    draw_order: int
+    pair_id: str
+    source_round: int
+    pair_index: int
+
+
+class PairJointIdsRow(TypedDict):
+    """One row of pair_joint_ids.parquet (:data:`PAIR_JOINT_IDS`): a pair's reward-model inputs."""
+
+    pair_id: str
+    winner_joint_ids: list[int] | None
+    loser_joint_ids: list[int] | None
+    prompt_tokens_cut: int
+    dropped: str | None
+
+
+class RolloutRow(TypedDict):
+    """One row of rollouts.parquet (:data:`ROLLOUTS`): one agent's sample of one RL joint response."""
+
+    epoch: int
+    step: int
+    item_id: str
+    generation_index: int
+    agent_index: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion: str
+    finish_reason: str
+    seed: int
+    joint_ids: list[int] | None
+    reward: float | None
+    kl: float
+    advantage: float | None
+    value: float | None
+
+
+class EvalRow(TypedDict):
+    """One row of eval.parquet (:data:`EVAL`): one evaluation draw of every agent and its task reward."""
+
+    item_id: str
+    prompts: list[str]
+    completions: list[str]
+    completion_ids: list[list[int]]
+    finish_reasons: list[str]
+    stop_token_ids: list[int | None]
+    raw_reward: float | None
+    reward: float | None
+    failure: str | None
+
+
+class MetricRow(TypedDict):
+    """One row of metrics.parquet (:data:`METRICS`)."""
+
+    round_index: int
+    stage: str
+    metric: str
+    value: float
+
+
+# Each table's typed record (its keys are the table's columns, in order).
+ROW_TYPES: dict[str, tuple[pa.Schema, type]] = {
+    "candidates": (CANDIDATES, CandidateRow),
+    "scores": (SCORES, ScoreRow),
+    "pairs": (PAIRS, PairRow),
+    "selected_pairs": (SELECTED_PAIRS, SelectedPairRow),
+    "pair_joint_ids": (PAIR_JOINT_IDS, PairJointIdsRow),
+    "rollouts": (ROLLOUTS, RolloutRow),
+    "eval": (EVAL, EvalRow),
+    "metrics": (METRICS, MetricRow),
+}
+
+
 def write_table(path: Path, rows: Iterable[Mapping[str, Any]] | pa.Table, schema: pa.Schema) -> None:
     """Write rows (dicts or a Table) as Parquet with exactly ``schema``, atomically (temp file + rename).
 
@@ -236,7 +377,7 @@ def read_joint_responses(path: Path, num_agents: int) -> dict[tuple[str, str, in
     return dict(joint)
 
 
-def read_selected_pairs(selected: Path, pairs_file: Callable[[int], Path]) -> list[dict[str, Any]]:
+def read_selected_pairs(selected: Path, pairs_file: Callable[[int], Path]) -> list[PairRow]:
     """The pairs of a replay selection (``selected_pairs.parquet``) in draw order, read from their stored
     round files (``pairs_file(source_round)``), token ids as stored (never re-tokenized).
 

@@ -28,15 +28,15 @@ through :func:`actor_job` (``num_agents`` = the actors), so caching and resume a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from pbrl.data.items import format_prompts
-from pbrl.data.schema import read_joint_responses, write_table
+from pbrl.data.schema import EvalRow, Item, read_joint_responses, write_table
 from pbrl.errors import ConfigError, Problem
 from pbrl.generation.centralized import ADAPTER_FIELD, CentralizedAdapter, parse_roles
 from pbrl.preference.oracle import OracleScore, score_batch
@@ -60,7 +60,7 @@ ROLES = pa.schema(
 )
 
 
-def actor_prompts(task: Task, items: Sequence[dict[str, Any]], adapter: CentralizedAdapter | None
+def actor_prompts(task: Task, items: Sequence[Item], adapter: CentralizedAdapter | None
                   ) -> list[list[str]]:
     """Each actor's prompt for every item, ``[actor][item]``.
 
@@ -109,7 +109,7 @@ def parse_joint(adapter: CentralizedAdapter, text: str, num_roles: int) -> Parse
     return ParsedJoint(roles, None)
 
 
-def score_joint(adapter: CentralizedAdapter, task: Task, texts: Sequence[str], items: Sequence[dict[str, Any]]
+def score_joint(adapter: CentralizedAdapter, task: Task, texts: Sequence[str], items: Sequence[Item]
                 ) -> tuple[list[OracleScore], list[ParsedJoint]]:
     """Score n joint responses with the task reward on their role texts (SPEC §5.1, one batched call).
 
@@ -173,7 +173,7 @@ def write_candidate_roles(candidates: Path, round_dir: Path, adapter: Centralize
     return path
 
 
-def write_eval_roles(rows: Sequence[Mapping[str, Any]], round_dir: Path, adapter: CentralizedAdapter,
+def write_eval_roles(rows: Sequence[EvalRow], round_dir: Path, adapter: CentralizedAdapter,
                      num_roles: int) -> Path:
     """``rounds/<r>/eval_roles.parquet``: the role texts of every evaluation draw (rows of eval.parquet, item-major,
     the actor's joint text first in ``completions``), keyed (item_id, ``"eval"``, sample s of that item)."""

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from pbrl.data.schema import CandidateRow
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, read_json, write_json
 from pbrl.generation.api_client import ApiAnswer, ApiRequest, ApiSettings, fetch_answers
@@ -54,27 +55,6 @@ class SamplingSide:
     checkpoint: Path
     num_candidates: int
     devices: Devices
-
-
-@dataclass(frozen=True)
-class CandidateRow:
-    """One row of candidates.parquet (``pbrl.data.schema.CANDIDATES``)."""
-
-    item_id: str
-    side: str
-    candidate_index: int
-    agent_index: int
-    prompt: str
-    prompt_ids: list[int]
-    completion: str
-    completion_ids: list[int]
-    finish_reason: str  # "eos" | "length" | "api"
-    stop_token_id: int | None
-    seed: int | None  # None for API answers (no seed is sent)
-    ids_source: IdsSource
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

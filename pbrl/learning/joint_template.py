@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pbrl.data.schema import PairJointIdsRow, PairRow
 from pbrl.models.loading import load_tokenizer, resolve_model_source
 
 TEMPLATE_VERSION = "joint-v1"
@@ -135,8 +136,8 @@ def joint_template_for(source: str, agent_sources: Sequence[str]) -> tuple[Joint
     return JointTemplate.build(tokenizer, len(agent_sources)), tokenizer
 
 
-def pair_joint_rows(pairs: Sequence[dict[str, Any]], template: JointTemplate, max_length: int | None
-                    ) -> list[dict[str, Any]]:
+def pair_joint_rows(pairs: Sequence[PairRow], template: JointTemplate, max_length: int | None
+                    ) -> list[PairJointIdsRow]:
     """PAIR_JOINT_IDS rows of pairs rows (``prompt_ids``, ``winner_ids``, ``loser_ids`` per agent): a pair
     is dropped (both ids null, reason given) when either side's responses do not fit ``max_length``."""
     rows = []

@@ -25,10 +25,10 @@ from typing import Literal
 
 import numpy as np
 
-from pbrl.errors import ConfigError, Problem
+from pbrl.config.trainer_rules import REPLAY_MODES, replay_problems
+from pbrl.errors import ConfigError
 
 ReplayMode = Literal["current", "nearest_k", "all_history", "lambda_decay"]
-REPLAY_MODES: tuple[str, ...] = ("current", "nearest_k", "all_history", "lambda_decay")
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ def select_replay(
         ConfigError: (a ValueError) every invalid combination of mode, k, lam and sample_size at once.
         ValueError: inconsistent ``datasets`` (see :func:`eligible_datasets`).
     """
-    problems = replay_config_problems(mode=mode, k=k, lam=lam, sample_size=sample_size)
+    problems = replay_problems(mode, k, lam, sample_size)
     if problems:
         raise ConfigError(problems)
     eligible = eligible_datasets(datasets, mode=mode, current_round=current_round, k=k)
@@ -286,41 +286,6 @@ def select_replay(
     ]
     draws = [draws[i] for i in rng.permutation(len(draws))]
     return ReplaySelection(draws, [d.round_index for d in eligible], weights.tolist(), n)
-
-
-def replay_config_problems(
-    *, mode: str, k: int | None, lam: float | None, sample_size: int | None
-) -> list[Problem]:
-    """Every problem with the replay fields (reference table, notes/reference-library.md §2.6)."""
-    if mode not in REPLAY_MODES:
-        return [Problem("preference_replay_mode", mode, f"allowed: {', '.join(REPLAY_MODES)}")]
-    problems = []
-    if mode == "nearest_k":
-        if not _is_int_at_least(k, 1):
-            problems.append(Problem("preference_replay_k", k, "nearest_k needs an integer >= 1"))
-    elif mode == "current":
-        if k is not None and k != 1:
-            problems.append(Problem("preference_replay_k", k, "must be None or 1 with mode 'current'"))
-    elif k is not None:
-        problems.append(Problem("preference_replay_k", k, f"must be None with mode {mode!r}"))
-    if mode == "lambda_decay":
-        if not (isinstance(lam, int | float) and not isinstance(lam, bool) and 0.0 <= lam <= 1.0):
-            problems.append(Problem("preference_replay_lambda", lam, "lambda_decay needs a value in [0, 1]"))
-    elif lam is not None:
-        problems.append(Problem("preference_replay_lambda", lam, f"must be None with mode {mode!r}"))
-    if mode == "current":
-        if sample_size is not None:
-            problems.append(Problem("preference_replay_sample_size", sample_size,
-                                    "must be None with mode 'current' (no sampling)"))
-    elif sample_size is not None and not _is_int_at_least(sample_size, 1):
-        problems.append(
-            Problem("preference_replay_sample_size", sample_size, "must be an integer >= 1 or None")
-        )
-    return problems
-
-
-def _is_int_at_least(value: object, minimum: int) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= minimum
 
 
 def _check_history(datasets: Sequence[ReplayDataset], current_round: int) -> list[ReplayDataset]:
