@@ -270,6 +270,8 @@ def _reward_model_fitted(paths: RunPaths, round_index: int) -> bool:
     return bool(manifest.details.get("fitted"))
 
 
+# Over 60 lines: the stage's MARLHF branch reads as one recipe (load the reward model, references and critics,
+# run RL on this process or Ray workers, write rollouts, checkpoint and manifest) over shared local state.
 def _run_marlhf(record: StageRecord, job: JobConfig, pairs: list[PairRow], start: Path,
                 policies: list[TrainablePolicy], tokenizers: list) -> StageManifest:
     """MARLHF policy learning (SPEC §5.7, :func:`pbrl.learning.rl.run_rl`) against this round's fitted reward model,

@@ -153,6 +153,8 @@ def completion_token_logprobs(
     return token_logprobs, valid
 
 
+# Over 60 lines: the docstring states the method and its equivalence to padded scoring; the code is one
+# batched pass (prefill each distinct prompt, expand its KV cache, score the completions) that shares its tensors.
 def shared_prompt_logprobs(
     model: nn.Module,
     prompt_ids: Sequence[Sequence[int]],

@@ -202,6 +202,7 @@ class LocalAgent:
                              max_grad_norm=max_grad_norm)
 
 
+# Over 60 lines because of its docstring (the two phases, memory and the in-process order); the code is ~40 lines.
 def madpo_agents_step(agents: Sequence[StepAgent], batch: PairBatch, *, beta: float, max_grad_norm: float | None,
                       seeds: Sequence[int] | None = None, micro_batch_size: int | None = None,
                       gather: Callable[[list[Any]], list[Any]] = list, concurrent: bool = False) -> StepStats:

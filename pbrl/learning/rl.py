@@ -203,6 +203,8 @@ Sampler = Callable[[int, list[list[int]], list[str], int], list[Any]]  # (agent,
 Scorer = Callable[[list[list[list[int]]], list[list[list[int]]]], list[tuple[float | None, list[int] | None]]]
 
 
+# Over 60 lines: one RL step reads top to bottom as the algorithm (rollouts, rewards, KL, advantages, each
+# agent's update, the critics); split up, the step's shared per-row tensors would have to travel between helpers.
 def run_rl(policies: Sequence[TrainablePolicy], prompt_ids: Sequence[Sequence[list[int]]], item_ids: list[str],
            settings: RLSettings, *, sample: Sampler, score: Scorer,
            references: Sequence[ReferencePolicy] | None, order_seed: int,

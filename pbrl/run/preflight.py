@@ -22,6 +22,7 @@ from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task
 
 
+# Over 60 lines: a flat list of independent checks whose problems are all collected and reported at once.
 def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool = True,
               train_items: Any = None, eval_items: Any = None, check_items: bool = True) -> Task:
     """Check what a config cannot check on its own, before any run folder is touched or Prefect started:
