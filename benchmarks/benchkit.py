@@ -51,8 +51,9 @@ class Sizes:
 SIZES: dict[str, Sizes] = {
     "tiny-random": Sizes(8, 4, 32, 7, 16, 15, 3, 3, shared_repeats=7),
     # 2 prompts x 4 = 8 sequences x 32 new tokens: one generate call is a few seconds on 2 cores.
-    "smollm2-135m-instruct": Sizes(2, 4, 32, 3, 16, 3, 1, 2, shared_prompts=4, shared_repeats=3, peer_pairs=8,
-                                   peer_epochs=1),
+    "smollm2-135m-instruct": Sizes(
+        2, 4, 32, 3, 16, 3, 1, 2, shared_prompts=4, shared_repeats=3, peer_pairs=8, peer_epochs=1
+    ),
 }
 
 
@@ -79,8 +80,9 @@ def trained_lora(model: Any, seed: int) -> Any:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    policy = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    policy = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    )
     with torch.no_grad():
         for name, param in policy.named_parameters():
             if "lora_B" in name:
@@ -183,12 +185,11 @@ def check(name: str, value: Any, target: float | None, higher_is_better: bool = 
     met = None
     if target is not None and value is not None:
         met = value >= target if higher_is_better else value <= target
-    return {"name": name, "value": value, "target": target,
-            "direction": ">=" if higher_is_better else "<=", "met": met}
+    return {"name": name, "value": value, "target": target, "direction": ">=" if higher_is_better else "<=", "met": met}
 
 
 def verdict_of(c: dict[str, Any]) -> str:
-    """"met", "MISSED"; "info" without a target; "met/missed (info only)" where the target does not apply
+    """ "met", "MISSED"; "info" without a target; "met/missed (info only)" where the target does not apply
     to this model."""
     if c["target"] is None:
         return "info"

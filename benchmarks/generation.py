@@ -98,34 +98,52 @@ def kept_tokens(new_tokens: torch.Tensor, eos_id: int) -> int:
     return total
 
 
-def raw_config(max_new_tokens: int, pad_id: int, eos_id: int, *, sequences: int = 1,
-               forced: bool = False) -> GenerationConfig:
+def raw_config(
+    max_new_tokens: int, pad_id: int, eos_id: int, *, sequences: int = 1, forced: bool = False
+) -> GenerationConfig:
     """Sampling with the benchmark's settings; every other processor-adding field neutral, as ours sets
     them (so the raw call does no extra work that ours skips)."""
     return GenerationConfig(
-        do_sample=True, temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K, num_beams=1,
-        num_return_sequences=sequences, max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens if forced else 0, repetition_penalty=1.0,
-        encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
-        remove_invalid_values=False, renormalize_logits=False, guidance_scale=1.0, use_cache=True,
-        output_scores=False, return_dict_in_generate=False, pad_token_id=pad_id, eos_token_id=eos_id,
+        do_sample=True,
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        top_k=TOP_K,
+        num_beams=1,
+        num_return_sequences=sequences,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens if forced else 0,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        remove_invalid_values=False,
+        renormalize_logits=False,
+        guidance_scale=1.0,
+        use_cache=True,
+        output_scores=False,
+        return_dict_in_generate=False,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
     )
 
 
-def make_cases(model: Any, tokenizer: Any, prompt_ids: list[list[int]], k: int, new_tokens: int
-               ) -> tuple[dict[str, Callable[[], Work]], dict[str, Work]]:
+def make_cases(
+    model: Any, tokenizer: Any, prompt_ids: list[list[int]], k: int, new_tokens: int
+) -> tuple[dict[str, Callable[[], Work]], dict[str, Work]]:
     """The four callables (each returns its Work) and a dict they record their last Work into."""
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     rows = [p for p in prompt_ids for _ in range(k)]  # (P*K) rows, each prompt K times
-    seeds = [derive_seed(0, round_index=1, stage="bench", item=i, index=c)
-             for i in range(len(prompt_ids)) for c in range(k)]
+    seeds = [
+        derive_seed(0, round_index=1, stage="bench", item=i, index=c) for i in range(len(prompt_ids)) for c in range(k)
+    ]
     ids, mask = left_pad(rows, pad_id)  # (b, t)
     last: dict[str, Work] = {}
 
     def ours() -> Work:
-        settings = SamplingSettings(max_new_tokens=new_tokens, temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K,
-                                    batch_size=len(rows))
+        settings = SamplingSettings(
+            max_new_tokens=new_tokens, temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K, batch_size=len(rows)
+        )
         gens = generate(model, tokenizer, rows, seeds, settings)
         steps = max(len(g.completion_ids) for g in gens)
         last["ours"] = Work(len(rows), sum(len(g.completion_ids) for g in gens), steps, len(rows) * steps)
@@ -151,8 +169,9 @@ def make_cases(model: Any, tokenizer: Any, prompt_ids: list[list[int]], k: int, 
         with torch.inference_mode():
             for prompt in prompt_ids:
                 one = torch.tensor([prompt], dtype=torch.long)  # (1, t), nothing to pad
-                out = model.generate(input_ids=one, attention_mask=torch.ones_like(one),
-                                     generation_config=config)  # (K, t+n)
+                out = model.generate(
+                    input_ids=one, attention_mask=torch.ones_like(one), generation_config=config
+                )  # (K, t+n)
                 new = out[:, one.shape[1] :]
                 tokens += kept_tokens(new, eos_id)
                 steps += new.shape[1]
@@ -160,43 +179,64 @@ def make_cases(model: Any, tokenizer: Any, prompt_ids: list[list[int]], k: int, 
         last["raw_per_item"] = Work(len(rows), tokens, steps, row_steps)
         return last["raw_per_item"]
 
-    cases = {"ours": ours, "raw_batched": raw("raw_batched", False),
-             "raw_batched_forced": raw("raw_batched_forced", True), "raw_per_item": per_item}
+    cases = {
+        "ours": ours,
+        "raw_batched": raw("raw_batched", False),
+        "raw_batched_forced": raw("raw_batched_forced", True),
+        "raw_per_item": per_item,
+    }
     return cases, last
 
 
 def rates(work: Work, seconds: float) -> dict[str, Any]:
     """The Work with tokens per second, row-steps per second and milliseconds per row-step."""
-    return {**work.__dict__, "tokens_per_s": round(work.tokens / seconds, 2),
-            "row_steps_per_s": round(work.row_steps / seconds, 2),
-            "ms_per_row_step": round(1e3 * seconds / work.row_steps, 4)}
+    return {
+        **work.__dict__,
+        "tokens_per_s": round(work.tokens / seconds, 2),
+        "row_steps_per_s": round(work.row_steps / seconds, 2),
+        "ms_per_row_step": round(1e3 * seconds / work.row_steps, 4),
+    }
 
 
-def shared_prompt_case(model: Any, tokenizer: Any, prompts: int, rows_per_prompt: int, new_tokens: int,
-                       repeats: int) -> dict[str, Any]:
+def shared_prompt_case(
+    model: Any, tokenizer: Any, prompts: int, rows_per_prompt: int, new_tokens: int, repeats: int
+) -> dict[str, Any]:
     """Time ``generate`` with and without shared prefills on HumanEval prompts x ``rows_per_prompt``."""
     prompt_ids = humaneval_prompt_ids(tokenizer, prompts)
     rows = [p for p in prompt_ids for _ in range(rows_per_prompt)]
-    seeds = [derive_seed(0, round_index=1, stage="bench-shared", item=i, index=c)
-             for i in range(len(prompt_ids)) for c in range(rows_per_prompt)]
-    settings = SamplingSettings(max_new_tokens=new_tokens, temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K,
-                                batch_size=len(rows))
+    seeds = [
+        derive_seed(0, round_index=1, stage="bench-shared", item=i, index=c)
+        for i in range(len(prompt_ids))
+        for c in range(rows_per_prompt)
+    ]
+    settings = SamplingSettings(
+        max_new_tokens=new_tokens, temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K, batch_size=len(rows)
+    )
     got: dict[str, list[list[int]]] = {}
 
     def case(name: str, share: bool) -> Callable[[], None]:
         def call() -> None:
-            got[name] = [g.completion_ids for g in generate(model, tokenizer, rows, seeds, settings,
-                                                             share_prompts=share)]
+            got[name] = [
+                g.completion_ids for g in generate(model, tokenizer, rows, seeds, settings, share_prompts=share)
+            ]
+
         return call
 
     times = interleaved({"shared": case("shared", True), "unshared": case("unshared", False)}, repeats)
     out = {name: summary(t) for name, t in times.items()}
     same = sum(a == b for a, b in zip(got["shared"], got["unshared"], strict=True))
     return {
-        "workload": {"prompts": len(prompt_ids), "rows_per_prompt": rows_per_prompt, "rows": len(rows),
-                     "prompt_tokens": [len(p) for p in prompt_ids], "max_new_tokens": new_tokens},
-        "cases": out, "speedup": ratio(out["unshared"]["median_s"], out["shared"]["median_s"]),
-        "rows_with_same_tokens": same, "rows_total": len(rows),
+        "workload": {
+            "prompts": len(prompt_ids),
+            "rows_per_prompt": rows_per_prompt,
+            "rows": len(rows),
+            "prompt_tokens": [len(p) for p in prompt_ids],
+            "max_new_tokens": new_tokens,
+        },
+        "cases": out,
+        "speedup": ratio(out["unshared"]["median_s"], out["shared"]["median_s"]),
+        "rows_with_same_tokens": same,
+        "rows_total": len(rows),
         "tokens": {"shared": sum(map(len, got["shared"])), "unshared": sum(map(len, got["unshared"]))},
     }
 
@@ -224,42 +264,68 @@ def main() -> None:
         "ours_vs_per_item_tokens_per_s": ratio(ours["tokens_per_s"], item["tokens_per_s"]),
     }
     checks = [
-        check("generation: ours / raw generate (per row-step)", ratios["ours_vs_raw_per_row_step"],
-              TARGET_VS_RAW),
+        check("generation: ours / raw generate (per row-step)", ratios["ours_vs_raw_per_row_step"], TARGET_VS_RAW),
         check("generation: ours / raw generate (tokens/s)", ratios["ours_vs_raw_tokens_per_s"], None),
-        check("generation: ours / raw forced to max length (equal work)",
-              ratios["ours_vs_raw_forced_equal_work"], None),
-        check("generation: ours / per-item generate (per row-step)", ratios["ours_vs_per_item_per_row_step"],
-              None),
-    ]
-    shared = shared_prompt_case(model, tokenizer, size.shared_prompts, size.shared_rows, size.gen_new_tokens,
-                                size.shared_repeats)
-    checks += [check(f"generation: shared-prompt prefill / unshared ({size.shared_rows} rows per prompt)",
-                     shared["speedup"], TARGET_SHARED),
-               check("generation: shared-prompt rows with the same tokens as unshared (share)",
-                     round(shared["rows_with_same_tokens"] / shared["rows_total"], 4), None)]
-    path = write_result("generation", args.model, {
-        "workload": {"prompts": len(prompt_ids), "candidates_per_prompt": size.gen_candidates,
-                     "rows": len(prompt_ids) * size.gen_candidates, "max_new_tokens": size.gen_new_tokens,
-                     "prompt_tokens": [len(p) for p in prompt_ids], "temperature": TEMPERATURE,
-                     "top_p": TOP_P, "top_k": TOP_K, "dtype": "float32"},
-        "repeats": size.gen_repeats, "warmup_calls": 1, "timer": "time.perf_counter, median of repeats",
-        "cases": out, "ratios": ratios, "shared_prompt": shared, "checks": checks,
-        "method": (
-            "All cases stop a row at EOS (ours: pbrl.generation.sampling.generate cuts each row after its first "
-            "EOS; raw generate marks it finished and pads) and keep decoding until every row of the call "
-            "is done. The headline ratio is throughput in row-steps per second (rows x decode steps the "
-            "call ran; for raw_per_item summed over its calls), i.e. time per decode step per row: fair "
-            "when ours and raw stop at different lengths, because the sampled tokens come from different "
-            "random streams. tokens_per_s counts kept tokens through EOS. ours_vs_raw_forced_equal_work "
-            "compares wall time with raw forced to run all max_new_tokens steps "
-            "(min_new_tokens=max_new_tokens); it is given only when ours also ran all steps (equal work), "
-            "and the forced raw call carries one extra logits processor (EOS suppression)."
+        check(
+            "generation: ours / raw forced to max length (equal work)", ratios["ours_vs_raw_forced_equal_work"], None
         ),
-    })
+        check("generation: ours / per-item generate (per row-step)", ratios["ours_vs_per_item_per_row_step"], None),
+    ]
+    shared = shared_prompt_case(
+        model, tokenizer, size.shared_prompts, size.shared_rows, size.gen_new_tokens, size.shared_repeats
+    )
+    checks += [
+        check(
+            f"generation: shared-prompt prefill / unshared ({size.shared_rows} rows per prompt)",
+            shared["speedup"],
+            TARGET_SHARED,
+        ),
+        check(
+            "generation: shared-prompt rows with the same tokens as unshared (share)",
+            round(shared["rows_with_same_tokens"] / shared["rows_total"], 4),
+            None,
+        ),
+    ]
+    path = write_result(
+        "generation",
+        args.model,
+        {
+            "workload": {
+                "prompts": len(prompt_ids),
+                "candidates_per_prompt": size.gen_candidates,
+                "rows": len(prompt_ids) * size.gen_candidates,
+                "max_new_tokens": size.gen_new_tokens,
+                "prompt_tokens": [len(p) for p in prompt_ids],
+                "temperature": TEMPERATURE,
+                "top_p": TOP_P,
+                "top_k": TOP_K,
+                "dtype": "float32",
+            },
+            "repeats": size.gen_repeats,
+            "warmup_calls": 1,
+            "timer": "time.perf_counter, median of repeats",
+            "cases": out,
+            "ratios": ratios,
+            "shared_prompt": shared,
+            "checks": checks,
+            "method": (
+                "All cases stop a row at EOS (ours: pbrl.generation.sampling.generate cuts each row after its first "
+                "EOS; raw generate marks it finished and pads) and keep decoding until every row of the call "
+                "is done. The headline ratio is throughput in row-steps per second (rows x decode steps the "
+                "call ran; for raw_per_item summed over its calls), i.e. time per decode step per row: fair "
+                "when ours and raw stop at different lengths, because the sampled tokens come from different "
+                "random streams. tokens_per_s counts kept tokens through EOS. ours_vs_raw_forced_equal_work "
+                "compares wall time with raw forced to run all max_new_tokens steps "
+                "(min_new_tokens=max_new_tokens); it is given only when ours also ran all steps (equal work), "
+                "and the forced raw call carries one extra logits processor (EOS suppression)."
+            ),
+        },
+    )
     for name, row in out.items():
-        print(f"[generation] {name:20s} {row['median_s']:.4f} s/call  {row['tokens_per_s']:9.1f} tok/s  "
-              f"{row['ms_per_row_step']:.4f} ms/row-step  steps={row['steps']}")
+        print(
+            f"[generation] {name:20s} {row['median_s']:.4f} s/call  {row['tokens_per_s']:9.1f} tok/s  "
+            f"{row['ms_per_row_step']:.4f} ms/row-step  steps={row['steps']}"
+        )
     print(f"[generation] ratios: {ratios}")
     print_checks("generation", checks, path)
 

@@ -48,8 +48,15 @@ from pbrl.run.folder import prepare_run
 from pbrl.run.settings import policy_source
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
-ROUND_STAGES = ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-                "update-policies", "evaluate")
+ROUND_STAGES = (
+    "sample-candidates",
+    "score-with-oracle",
+    "build-pairs",
+    "store-round",
+    "replay-select",
+    "update-policies",
+    "evaluate",
+)
 
 
 @dataclass(frozen=True)
@@ -67,10 +74,14 @@ class Scale:
 
     def overrides(self, task: str) -> list[str]:
         return [
-            f"task={task}", f"task_options={{num_train_items: {self.train_items}, num_eval_items: {self.eval_items}}}",
-            f"num_iterations={self.rounds}", f"eval_num_samples={self.eval_items}",
-            f"eval_samples_per_item={self.eval_samples_per_item}", f"preference_num_candidates={self.candidates}",
-            f"preference_pairs_per_sample={self.pairs_per_item}", f"max_new_tokens={self.max_new_tokens}",
+            f"task={task}",
+            f"task_options={{num_train_items: {self.train_items}, num_eval_items: {self.eval_items}}}",
+            f"num_iterations={self.rounds}",
+            f"eval_num_samples={self.eval_items}",
+            f"eval_samples_per_item={self.eval_samples_per_item}",
+            f"preference_num_candidates={self.candidates}",
+            f"preference_pairs_per_sample={self.pairs_per_item}",
+            f"max_new_tokens={self.max_new_tokens}",
             # Evaluation rows per generate call: batched like the candidates (the tokens do not depend on it);
             # one row per call made the round-0 evaluation alone take over 10 minutes on the shared 2 cores.
             f"eval_batch_size={self.eval_items * self.eval_samples_per_item}",
@@ -80,17 +91,49 @@ class Scale:
 SCALES = {
     # The default (`make learn`): the demo's sizes (flows/configs/demo.yaml) over 3 seeds, 2 rounds each; about
     # 30 minutes on an idle 2-core machine.
-    "standard": Scale(seeds=(0, 1, 2), rounds=2, train_items=16, eval_items=16, eval_samples_per_item=2,
-                      candidates=3, pairs_per_item=2, max_new_tokens=48),
+    "standard": Scale(
+        seeds=(0, 1, 2),
+        rounds=2,
+        train_items=16,
+        eval_items=16,
+        eval_samples_per_item=2,
+        candidates=3,
+        pairs_per_item=2,
+        max_new_tokens=48,
+    ),
     # The issue's measurement, with 4 draws per held-out item instead of 1 and 3 seeds.
-    "full": Scale(seeds=(0, 1, 2), rounds=3, train_items=16, eval_items=16, eval_samples_per_item=4, candidates=4,
-                  pairs_per_item=2, max_new_tokens=64),
+    "full": Scale(
+        seeds=(0, 1, 2),
+        rounds=3,
+        train_items=16,
+        eval_items=16,
+        eval_samples_per_item=4,
+        candidates=4,
+        pairs_per_item=2,
+        max_new_tokens=64,
+    ),
     # One seed of `standard`: what a shared, busy 2-core machine runs in about half an hour.
-    "quick": Scale(seeds=(0,), rounds=2, train_items=16, eval_items=16, eval_samples_per_item=2, candidates=3,
-                   pairs_per_item=2, max_new_tokens=48),
+    "quick": Scale(
+        seeds=(0,),
+        rounds=2,
+        train_items=16,
+        eval_items=16,
+        eval_samples_per_item=2,
+        candidates=3,
+        pairs_per_item=2,
+        max_new_tokens=48,
+    ),
     # humaneval_coop "at a smaller scale" (sandboxed tests are slow; code needs more tokens).
-    "coop": Scale(seeds=(0,), rounds=2, train_items=16, eval_items=8, eval_samples_per_item=2, candidates=4,
-                  pairs_per_item=2, max_new_tokens=96),
+    "coop": Scale(
+        seeds=(0,),
+        rounds=2,
+        train_items=16,
+        eval_items=8,
+        eval_samples_per_item=2,
+        candidates=4,
+        pairs_per_item=2,
+        max_new_tokens=96,
+    ),
 }
 
 
@@ -139,11 +182,14 @@ def pair_margins(paths: RunPaths, job: JobConfig, round_index: int, pairs: list[
             policy = load_agent(source, agent, checkpoint, trainable=False)
             prompts = [encode_prompt(policy.tokenizer, r["prompts"][agent]) for r in rows]
             with torch.inference_mode():
-                logps.append(sequence_logprobs(policy.model, prompts, [r["completion_ids"][agent] for r in rows],
-                                               pad_token_id=0).cpu())  # (2p,)
+                logps.append(
+                    sequence_logprobs(
+                        policy.model, prompts, [r["completion_ids"][agent] for r in rows], pad_token_id=0
+                    ).cpu()
+                )  # (2p,)
             del policy
         ratio = logps[0] - logps[1]  # log pi_r - log pi_0: (2p,)
-        margins += ratio[: len(pairs)] - ratio[len(pairs):]
+        margins += ratio[: len(pairs)] - ratio[len(pairs) :]
     return margins.tolist()
 
 
@@ -158,15 +204,27 @@ def pass_rate(rows: list[dict], items: dict[str, dict]) -> float:
     return statistics.fmean(shares)
 
 
-def round_record(paths: RunPaths, job: JobConfig, r: int, pairs: list[tuple[dict, dict]],
-                 items: dict[str, dict]) -> dict[str, Any]:
+def round_record(
+    paths: RunPaths, job: JobConfig, r: int, pairs: list[tuple[dict, dict]], items: dict[str, dict]
+) -> dict[str, Any]:
     from pbrl.data.schema import EVAL, read_rows
 
     ev = read_manifest(paths, r, "evaluate")
     rows = read_rows(paths.eval(r), EVAL)
-    rec: dict[str, Any] = {"round": r, **{k: ev.metrics.get(k) for k in (
-        "eval/reward_mean", "eval/reward_ci_low", "eval/reward_ci_high", "eval/paired_diff_mean",
-        "eval/paired_diff_ci_low", "eval/paired_diff_ci_high")}}
+    rec: dict[str, Any] = {
+        "round": r,
+        **{
+            k: ev.metrics.get(k)
+            for k in (
+                "eval/reward_mean",
+                "eval/reward_ci_low",
+                "eval/reward_ci_high",
+                "eval/paired_diff_mean",
+                "eval/paired_diff_ci_low",
+                "eval/paired_diff_ci_high",
+            )
+        },
+    }
     for a in range(job.num_agents):
         rec[f"agent_{a}/completion_tokens"] = statistics.fmean(len(row["completion_ids"][a]) for row in rows)
         rec[f"agent_{a}/cut_share"] = statistics.fmean(row["finish_reasons"][a] == "length" for row in rows)
@@ -191,8 +249,10 @@ def docs_term_means(rows: list[dict], items: dict[str, dict]) -> dict[str, float
     from pbrl.tasks.humaneval_docs import docs_terms
 
     parts = [docs_terms(row["completions"][0], row["completions"][1], items[row["item_id"]]) for row in rows]
-    return {f"terms/{name}": statistics.fmean((p or {}).get(name, 0.0) for p in parts)
-            for name in ("lengths", "ratio", "coverage")}
+    return {
+        f"terms/{name}": statistics.fmean((p or {}).get(name, 0.0) for p in parts)
+        for name in ("lengths", "ratio", "coverage")
+    }
 
 
 def seed_result(run_dir: Path, job: JobConfig) -> dict[str, Any]:
@@ -201,8 +261,9 @@ def seed_result(run_dir: Path, job: JobConfig) -> dict[str, Any]:
     paths = RunPaths(run_dir)
     seen = read_manifest(paths, 0, "evaluate").counts["items_seen_in_training"]
     if seen:
-        raise SystemExit(f"{run_dir}: {seen} evaluation items are training items; this benchmark needs held-out "
-                         "evaluation")
+        raise SystemExit(
+            f"{run_dir}: {seen} evaluation items are training items; this benchmark needs held-out evaluation"
+        )
     pairs = held_out_pairs(read_rows(paths.eval(0), EVAL), job.tie_tolerance)
     done = [r for r in range(job.num_iterations + 1) if read_manifest(paths, r, "evaluate") is not None]
     items = {x["item_id"]: x for x in read_items(paths, "eval")}  # read once, used by every round
@@ -216,21 +277,33 @@ def fmt(v: Any, spec: str = ".2f") -> str:
 
 
 def print_table(res: dict[str, Any], num_agents: int) -> None:
-    print(f"seed {res['seed']}: round | eval reward [95 % CI] | paired gain vs round 0 [95 % CI] | held-out pair "
-          "acc | tokens per agent (cut share) | s")
+    print(
+        f"seed {res['seed']}: round | eval reward [95 % CI] | paired gain vs round 0 [95 % CI] | held-out pair "
+        "acc | tokens per agent (cut share) | s"
+    )
     for x in res["rounds"]:
-        tokens = " / ".join(f"{x[f'agent_{a}/completion_tokens']:.0f} ({x[f'agent_{a}/cut_share']:.0%})"
-                            for a in range(num_agents))
-        gain = "-" if x["round"] == 0 else (f"{fmt(x['eval/paired_diff_mean'], '+.2f')} "
-                                            f"[{fmt(x['eval/paired_diff_ci_low'], '+.2f')}, "
-                                            f"{fmt(x['eval/paired_diff_ci_high'], '+.2f')}]")
+        tokens = " / ".join(
+            f"{x[f'agent_{a}/completion_tokens']:.0f} ({x[f'agent_{a}/cut_share']:.0%})" for a in range(num_agents)
+        )
+        gain = (
+            "-"
+            if x["round"] == 0
+            else (
+                f"{fmt(x['eval/paired_diff_mean'], '+.2f')} "
+                f"[{fmt(x['eval/paired_diff_ci_low'], '+.2f')}, "
+                f"{fmt(x['eval/paired_diff_ci_high'], '+.2f')}]"
+            )
+        )
         extra = f" | pass {x['pass_rate']:.2f}" if "pass_rate" in x else ""
         if "terms/ratio" in x:
-            extra += " | lengths/ratio/coverage " + "/".join(f"{x[f'terms/{t}']:.2f}" for t in
-                                                              ("lengths", "ratio", "coverage"))
-        print(f"  {x['round']} | {fmt(x['eval/reward_mean'])} [{fmt(x['eval/reward_ci_low'])}, "
-              f"{fmt(x['eval/reward_ci_high'])}] | {gain} | {fmt(x.get('heldout_pair_accuracy'))} | {tokens} | "
-              f"{fmt(x.get('round_seconds'), '.0f')}{extra}")
+            extra += " | lengths/ratio/coverage " + "/".join(
+                f"{x[f'terms/{t}']:.2f}" for t in ("lengths", "ratio", "coverage")
+            )
+        print(
+            f"  {x['round']} | {fmt(x['eval/reward_mean'])} [{fmt(x['eval/reward_ci_low'])}, "
+            f"{fmt(x['eval/reward_ci_high'])}] | {gain} | {fmt(x.get('heldout_pair_accuracy'))} | {tokens} | "
+            f"{fmt(x.get('round_seconds'), '.0f')}{extra}"
+        )
 
 
 def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -243,17 +316,32 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
     for res in results:
         xs = [x["round"] for x in res["rounds"]]
         mean = [x["eval/reward_mean"] for x in res["rounds"]]
-        err = [[m - x["eval/reward_ci_low"] for m, x in zip(mean, res["rounds"], strict=True)],
-               [x["eval/reward_ci_high"] - m for m, x in zip(mean, res["rounds"], strict=True)]]
+        err = [
+            [m - x["eval/reward_ci_low"] for m, x in zip(mean, res["rounds"], strict=True)],
+            [x["eval/reward_ci_high"] - m for m, x in zip(mean, res["rounds"], strict=True)],
+        ]
         axes[0].errorbar(xs, mean, yerr=err, marker="o", capsize=3, label=f"seed {res['seed']}")
         later = res["rounds"][1:]
         d = [x["eval/paired_diff_mean"] for x in later]
-        axes[1].errorbar([x["round"] for x in later], d, capsize=3, marker="s", label=f"seed {res['seed']}",
-                         yerr=[[m - x["eval/paired_diff_ci_low"] for m, x in zip(d, later, strict=True)],
-                               [x["eval/paired_diff_ci_high"] - m for m, x in zip(d, later, strict=True)]])
+        axes[1].errorbar(
+            [x["round"] for x in later],
+            d,
+            capsize=3,
+            marker="s",
+            label=f"seed {res['seed']}",
+            yerr=[
+                [m - x["eval/paired_diff_ci_low"] for m, x in zip(d, later, strict=True)],
+                [x["eval/paired_diff_ci_high"] - m for m, x in zip(d, later, strict=True)],
+            ],
+        )
         for a, style in ((0, "-"), (1, "--")):
-            axes[2].plot(xs, [x[f"agent_{a}/completion_tokens"] for x in res["rounds"]], style, marker=".",
-                         label=f"seed {res['seed']} agent {a}")
+            axes[2].plot(
+                xs,
+                [x[f"agent_{a}/completion_tokens"] for x in res["rounds"]],
+                style,
+                marker=".",
+                label=f"seed {res['seed']} agent {a}",
+            )
     axes[0].set(title="held-out eval reward (95 % CI)", xlabel="round", ylabel="reward")
     axes[1].axhline(0, color="grey", linestyle="--")
     axes[1].set(title="paired gain vs round 0 (95 % CI)", xlabel="round", ylabel="reward difference")
@@ -277,22 +365,45 @@ def report(run_dirs: list[Path], args: argparse.Namespace) -> int:
         res = seed_result(run_dir, job)
         print_table(res, job.num_agents)
         results.append(res)
-    finish(results, job.task or "task", f"{Path(args.model).name}-{args.scale}-report", [str(d) for d in run_dirs],
-           args.scale, [r["seed"] for r in results], 0.0)
+    finish(
+        results,
+        job.task or "task",
+        f"{Path(args.model).name}-{args.scale}-report",
+        [str(d) for d in run_dirs],
+        args.scale,
+        [r["seed"] for r in results],
+        0.0,
+    )
     return 0
 
 
-def finish(results: list[dict[str, Any]], task: str, model_tag: str, overrides: list[str], scale: str,
-           seeds: list[int], seconds: float) -> None:
-    by_round2 = [r["first_round_gain_excludes_0"] is not None and r["first_round_gain_excludes_0"] <= 2
-                 for r in results]
+def finish(
+    results: list[dict[str, Any]],
+    task: str,
+    model_tag: str,
+    overrides: list[str],
+    scale: str,
+    seeds: list[int],
+    seconds: float,
+) -> None:
+    by_round2 = [
+        r["first_round_gain_excludes_0"] is not None and r["first_round_gain_excludes_0"] <= 2 for r in results
+    ]
     tag = f"{task}-{model_tag}"
-    path = write_result("learning", tag, {
-        "config": str(CONFIG.relative_to(REPO_ROOT)), "overrides": overrides, "scale": scale,
-        "seeds": seeds, "total_s": round(seconds, 1), "results": results,
-        "paired_ci_excludes_0_by_round_2": by_round2,
-        "method": __doc__.split("\n\n", 1)[1].split("\n\nRun:")[0],
-    })
+    path = write_result(
+        "learning",
+        tag,
+        {
+            "config": str(CONFIG.relative_to(REPO_ROOT)),
+            "overrides": overrides,
+            "scale": scale,
+            "seeds": seeds,
+            "total_s": round(seconds, 1),
+            "results": results,
+            "paired_ci_excludes_0_by_round_2": by_round2,
+            "method": __doc__.split("\n\n", 1)[1].split("\n\nRun:")[0],
+        },
+    )
     plot(results, RESULTS_DIR / f"learning-{tag}.png", f"learning: {tag} (seeds {', '.join(map(str, seeds))})")
     print(f"paired gain interval excludes 0 by round 2: {sum(by_round2)} of {len(by_round2)} seeds")
     print(f"result: {path}")
@@ -307,8 +418,13 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", help="override the scale's seeds")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides")
     parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
-    parser.add_argument("--report", nargs="+", type=Path, metavar="RUN_DIR",
-                        help="summarise these run folders (e.g. kept with --keep, or interrupted) instead of running")
+    parser.add_argument(
+        "--report",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="summarise these run folders (e.g. kept with --keep, or interrupted) instead of running",
+    )
     args = parser.parse_args()
     if args.report:
         return report(args.report, args)
@@ -320,8 +436,7 @@ def main() -> int:
     started = time.perf_counter()
     try:
         for seed in seeds:
-            job = load_job(CONFIG, [*overrides, f"seed={seed}", f"run_name=learning-seed{seed}",
-                                    f"output_dir={out}"])
+            job = load_job(CONFIG, [*overrides, f"seed={seed}", f"run_name=learning-seed{seed}", f"output_dir={out}"])
             print(f"=== seed {seed} ({args.task}, {args.scale})", flush=True)
             res = seed_result(run_seed(job), job)
             print_table(res, job.num_agents)

@@ -52,8 +52,7 @@ MODEL_JOBS: dict[str, tuple[Path, list[str]]] = {
 OTHER_MODEL_JOB = (CONFIGS / "tiny-madpo-iter.yaml", ["lora_r=8", "max_train_items=2", "max_new_tokens=16"])
 # The warm-up round only has to start things up (server, imports, first flow/task runs, first model
 # loads): the same job on one item with few tokens.
-WARMUP_OVERRIDES = ["max_train_items=1", "preference_num_candidates=2", "max_new_tokens=4",
-                    "eval_num_samples=1"]
+WARMUP_OVERRIDES = ["max_train_items=1", "preference_num_candidates=2", "max_new_tokens=4", "eval_num_samples=1"]
 
 
 def isolate_prefect() -> Path:
@@ -64,12 +63,14 @@ def isolate_prefect() -> Path:
     home = Path(tempfile.mkdtemp(prefix="pbrl-bench-prefect-"))
     for key in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE"):
         os.environ.pop(key, None)
-    os.environ.update({
-        "PREFECT_HOME": str(home),
-        "DO_NOT_TRACK": "1",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-    })
+    os.environ.update(
+        {
+            "PREFECT_HOME": str(home),
+            "DO_NOT_TRACK": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+        }
+    )
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "pbrl")  # as the CLI does (pbrl.orchestration)
     return home
 
@@ -78,8 +79,7 @@ def round_stages(job: JobConfig) -> list[str]:
     """The stages round_flow runs for round ROUND, in its order."""
     from flows.round import evaluation_due
 
-    names = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-             "update-policies"]
+    names = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select", "update-policies"]
     return names + (["evaluate"] if evaluation_due(job, ROUND) else [])
 
 
@@ -97,8 +97,14 @@ def flow_round(job: JobConfig, out: Path, name: str) -> dict[str, Any]:
     done = round_flow(run_dir, name, ROUND, job)
     wall = time.perf_counter() - start
     stage_s = {d["stage"]: d["manifest"]["seconds"] for d in done}
-    return {"run_dir": run_dir, "job": job, "wall_s": wall, "stage_s": stage_s,
-            "gap_s": wall - sum(stage_s.values()), "states": {d["stage"]: d["state"] for d in done}}
+    return {
+        "run_dir": run_dir,
+        "job": job,
+        "wall_s": wall,
+        "stage_s": stage_s,
+        "gap_s": wall - sum(stage_s.values()),
+        "states": {d["stage"]: d["state"] for d in done},
+    }
 
 
 def direct_round(job: JobConfig, out: Path, name: str) -> dict[str, Any]:
@@ -126,8 +132,7 @@ def cached_round(run_dir: str, job: JobConfig) -> dict[str, Any]:
 
 
 def _rounded(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: round(v, 3) if isinstance(v, float) else v
-            for k, v in d.items() if k not in ("job", "run_dir")}
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items() if k not in ("job", "run_dir")}
 
 
 def start_server() -> float:
@@ -140,8 +145,7 @@ def start_server() -> float:
     return time.perf_counter() - start
 
 
-def measure(job: JobConfig, warmup_job: JobConfig, out: Path, repeats: int, cached_repeats: int
-            ) -> dict[str, Any]:
+def measure(job: JobConfig, warmup_job: JobConfig, out: Path, repeats: int, cached_repeats: int) -> dict[str, Any]:
     server_s = start_server()
     warm = flow_round(warmup_job, out, "warmup")
     flows, directs = [], []
@@ -171,8 +175,7 @@ def measure(job: JobConfig, warmup_job: JobConfig, out: Path, repeats: int, cach
             "prefect_overhead_share": ratio(overhead, flow_wall),
             "wall_difference_share": ratio(flow_wall - direct_wall, flow_wall),
             "cached_rerun": summary([c["wall_s"] for c in cached]),
-            "cached_rerun_vs_fresh_flow_round": ratio(statistics.median(c["wall_s"] for c in cached),
-                                                      flow_wall),
+            "cached_rerun_vs_fresh_flow_round": ratio(statistics.median(c["wall_s"] for c in cached), flow_wall),
         },
         "all_stages_cached_on_rerun": all_cached,
     }
@@ -207,37 +210,65 @@ def main() -> None:
     n_cached = sum(s == "Cached" for c in cached for s in c["states"].values())
     n_states = sum(len(c["states"]) for c in cached)
     checks = [
-        {**check("orchestration: Prefect overhead share of a round", share, TARGET_OVERHEAD_SHARE,
-                 higher_is_better=False), "applies": args.model == "smollm2-135m-instruct",
-         "note": "SPEC target is for the SmolLM2 demo; on the tiny model stage work is ~1-3 s, so the fixed "
-                 "per-round cost dominates (informational there)"},
-        {"name": "orchestration: cached rerun states Cached", "value": f"{n_cached}/{n_states}",
-         "target": "all", "direction": "=", "met": result["all_stages_cached_on_rerun"], "applies": True},
+        {
+            **check(
+                "orchestration: Prefect overhead share of a round", share, TARGET_OVERHEAD_SHARE, higher_is_better=False
+            ),
+            "applies": args.model == "smollm2-135m-instruct",
+            "note": "SPEC target is for the SmolLM2 demo; on the tiny model stage work is ~1-3 s, so the fixed "
+            "per-round cost dominates (informational there)",
+        },
+        {
+            "name": "orchestration: cached rerun states Cached",
+            "value": f"{n_cached}/{n_states}",
+            "target": "all",
+            "direction": "=",
+            "met": result["all_stages_cached_on_rerun"],
+            "applies": True,
+        },
         check("orchestration: cached rerun seconds", per_round["cached_rerun"]["median_s"], None),
-        check("orchestration: Prefect overhead seconds per round", per_round["prefect_overhead"]["median_s"],
-              None),
+        check("orchestration: Prefect overhead seconds per round", per_round["prefect_overhead"]["median_s"], None),
         check("orchestration: ephemeral server start-up seconds", result["server_startup_s"], None),
     ]
-    path = write_result("orchestration", args.model, {
-        "job": {"config": str(config.relative_to(REPO_ROOT) if config.is_relative_to(REPO_ROOT) else config),
-                "overrides": overrides, "warmup_overrides": WARMUP_OVERRIDES, "round": ROUND,
-                "stages": round_stages(job)},
-        "repeats": size.round_repeats, "cached_repeats": size.cached_repeats, "warmup_rounds": 1,
-        "timer": "time.perf_counter, median of repeats", "total_s": round(total, 3),
-        "prefect": {"home": "temporary folder, removed afterwards", "DO_NOT_TRACK": "1",
-                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "heartbeat": "default (on)"},
-        **result, "checks": checks,
-        "method": __doc__.split("\n\n", 1)[1].split("\n\nRun:")[0],
-    })
-    print(f"[orchestration] ephemeral server start-up {result['server_startup_s']:.2f} s; warm-up round "
-          f"{result['warmup_round']['wall_s']:.2f} s, of which first-flow extra overhead "
-          f"{result['warmup_round']['first_flow_extra_overhead_s']:.2f} s "
-          "(both left out of the per-round numbers)")
-    print(f"[orchestration] round: flow {per_round['flow_wall']['median_s']:.2f} s, direct "
-          f"{per_round['direct_wall']['median_s']:.2f} s, Prefect overhead "
-          f"{per_round['prefect_overhead']['median_s']:.2f} s = {share:.1%} of the flow round")
-    print(f"[orchestration] cached rerun: {per_round['cached_rerun']['median_s']:.2f} s, states "
-          f"{cached[0]['states']}")
+    path = write_result(
+        "orchestration",
+        args.model,
+        {
+            "job": {
+                "config": str(config.relative_to(REPO_ROOT) if config.is_relative_to(REPO_ROOT) else config),
+                "overrides": overrides,
+                "warmup_overrides": WARMUP_OVERRIDES,
+                "round": ROUND,
+                "stages": round_stages(job),
+            },
+            "repeats": size.round_repeats,
+            "cached_repeats": size.cached_repeats,
+            "warmup_rounds": 1,
+            "timer": "time.perf_counter, median of repeats",
+            "total_s": round(total, 3),
+            "prefect": {
+                "home": "temporary folder, removed afterwards",
+                "DO_NOT_TRACK": "1",
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "heartbeat": "default (on)",
+            },
+            **result,
+            "checks": checks,
+            "method": __doc__.split("\n\n", 1)[1].split("\n\nRun:")[0],
+        },
+    )
+    print(
+        f"[orchestration] ephemeral server start-up {result['server_startup_s']:.2f} s; warm-up round "
+        f"{result['warmup_round']['wall_s']:.2f} s, of which first-flow extra overhead "
+        f"{result['warmup_round']['first_flow_extra_overhead_s']:.2f} s "
+        "(both left out of the per-round numbers)"
+    )
+    print(
+        f"[orchestration] round: flow {per_round['flow_wall']['median_s']:.2f} s, direct "
+        f"{per_round['direct_wall']['median_s']:.2f} s, Prefect overhead "
+        f"{per_round['prefect_overhead']['median_s']:.2f} s = {share:.1%} of the flow round"
+    )
+    print(f"[orchestration] cached rerun: {per_round['cached_rerun']['median_s']:.2f} s, states {cached[0]['states']}")
     print_checks("orchestration", checks, path)
 
 

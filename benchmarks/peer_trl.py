@@ -51,8 +51,13 @@ def make_pairs(tokenizer: Any, count: int) -> list[dict[str, list[int]]]:
     pairs = []
     for n in range(count):
         a, b = 10 + (17 * n) % 54, 10 + (29 * n + 11) % 54  # lengths in 10..63
-        pairs.append({"prompt_ids": prompts[n // 2], "chosen_ids": text[n % 5: n % 5 + a] + [tokenizer.eos_token_id],
-                      "rejected_ids": text[(n + 3) % 7: (n + 3) % 7 + b] + [tokenizer.eos_token_id]})
+        pairs.append(
+            {
+                "prompt_ids": prompts[n // 2],
+                "chosen_ids": text[n % 5 : n % 5 + a] + [tokenizer.eos_token_id],
+                "rejected_ids": text[(n + 3) % 7 : (n + 3) % 7 + b] + [tokenizer.eos_token_id],
+            }
+        )
     return pairs
 
 
@@ -64,15 +69,19 @@ def run_madpo(policy: Any, pad: int, pairs: list[dict[str, list[int]]], epochs: 
     start = time.perf_counter()
     for _ in range(epochs):
         for begin in range(0, len(pairs), BATCH_SIZE):
-            chunk = pairs[begin:begin + BATCH_SIZE]
-            batch = PairBatch([[p["prompt_ids"] for p in chunk]], [[p["chosen_ids"] for p in chunk]],
-                              [[p["rejected_ids"] for p in chunk]])
+            chunk = pairs[begin : begin + BATCH_SIZE]
+            batch = PairBatch(
+                [[p["prompt_ids"] for p in chunk]],
+                [[p["chosen_ids"] for p in chunk]],
+                [[p["rejected_ids"] for p in chunk]],
+            )
             losses.append(madpo_agents_step([LocalAgent(agent)], batch, beta=BETA, max_grad_norm=1.0).loss)
     return losses, time.perf_counter() - start
 
 
-def run_trl(policy: Any, tokenizer: Any, pairs: list[dict[str, list[int]]], epochs: int
-            ) -> tuple[list[float], float, float]:
+def run_trl(
+    policy: Any, tokenizer: Any, pairs: list[dict[str, list[int]]], epochs: int
+) -> tuple[list[float], float, float]:
     """Per-step losses, wall seconds of ``DPOTrainer.train()`` with zero reference log-probs, and TRL's own
     ``train_runtime`` (its training loop without the set-up inside ``train``)."""
     from datasets import Dataset
@@ -101,14 +110,32 @@ def run_trl(policy: Any, tokenizer: Any, pairs: list[dict[str, list[int]]], epoc
 
     with tempfile.TemporaryDirectory() as out:
         args = DPOConfig(
-            output_dir=out, per_device_train_batch_size=BATCH_SIZE, num_train_epochs=epochs,
-            learning_rate=LEARNING_RATE, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-            max_grad_norm=1.0, beta=BETA, loss_type=["sigmoid"], precompute_ref_log_probs=True, max_length=None,
-            use_cpu=True, bf16=False, gradient_checkpointing=False, report_to=[], save_strategy="no",
-            logging_steps=1, seed=0, dataloader_num_workers=0, optim="adamw_torch", disable_tqdm=True,
+            output_dir=out,
+            per_device_train_batch_size=BATCH_SIZE,
+            num_train_epochs=epochs,
+            learning_rate=LEARNING_RATE,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            beta=BETA,
+            loss_type=["sigmoid"],
+            precompute_ref_log_probs=True,
+            max_length=None,
+            use_cpu=True,
+            bf16=False,
+            gradient_checkpointing=False,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=1,
+            seed=0,
+            dataloader_num_workers=0,
+            optim="adamw_torch",
+            disable_tqdm=True,
         )
-        trainer = ReferenceFreeDPOTrainer(model=policy, args=args, processing_class=tokenizer,
-                                          train_dataset=Dataset.from_list(pairs))
+        trainer = ReferenceFreeDPOTrainer(
+            model=policy, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(pairs)
+        )
         trainer.losses = []
         start = time.perf_counter()
         output = trainer.train()
@@ -139,27 +166,42 @@ def main() -> None:
     diffs = [abs(a - b) for a, b in zip(madpo_losses[:steps], trl_losses[:steps], strict=True)]
     trained = len(pairs) * size.peer_epochs
     speed = ratio(trained / madpo_s, trained / trl_s)
-    checks = [check("peer: max |MADPO loss - TRL DPO loss| per step (nats)", max(diffs), LOSS_TOLERANCE,
-                    higher_is_better=False),
-              check("peer: MADPO / TRL DPOTrainer pairs per second", speed, TARGET_SPEED)]
-    path = write_result("peer_trl", args.model, {
-        "workload": {"pairs": len(pairs), "epochs": size.peer_epochs, "batch_size": BATCH_SIZE, "beta": BETA,
-                     "learning_rate": LEARNING_RATE, "adapter": "LoRA r=8 alpha 16 q/k/v/o, dropout 0",
-                     "prompt_tokens": [len(p["prompt_ids"]) for p in pairs],
-                     "completion_tokens": [[len(p["chosen_ids"]), len(p["rejected_ids"])] for p in pairs]},
-        "steps": {"madpo": len(madpo_losses), "trl": len(trl_losses)},
-        "losses": {"madpo": madpo_losses, "trl": trl_losses, "abs_diff": diffs},
-        "seconds": {"madpo": round(madpo_s, 3), "trl": round(trl_s, 3), "trl_train_runtime": round(trl_runtime, 3)},
-        "speed_ratio_vs_trl_train_runtime": ratio(trl_runtime, madpo_s),
-        "pairs_per_s": {"madpo": round(trained / madpo_s, 3), "trl": round(trained / trl_s, 3)},
-        "speed_ratio": speed,
-        "method": "One warm-up MADPO step (discarded), then one run of each, MADPO first (not interleaved: each "
-                  "trains its own copy from the same start); "
-                  "TRL's time includes its Trainer loop overhead, MADPO's the madpo_agents_step loop.",
-        "checks": checks,
-    })
-    print(f"[peer_trl] MADPO {madpo_s:.2f} s, TRL {trl_s:.2f} s for {trained} pairs: {speed}x; "
-          f"steps {len(madpo_losses)}/{len(trl_losses)}, max |loss diff| {max(diffs):.3g}")
+    checks = [
+        check(
+            "peer: max |MADPO loss - TRL DPO loss| per step (nats)", max(diffs), LOSS_TOLERANCE, higher_is_better=False
+        ),
+        check("peer: MADPO / TRL DPOTrainer pairs per second", speed, TARGET_SPEED),
+    ]
+    path = write_result(
+        "peer_trl",
+        args.model,
+        {
+            "workload": {
+                "pairs": len(pairs),
+                "epochs": size.peer_epochs,
+                "batch_size": BATCH_SIZE,
+                "beta": BETA,
+                "learning_rate": LEARNING_RATE,
+                "adapter": "LoRA r=8 alpha 16 q/k/v/o, dropout 0",
+                "prompt_tokens": [len(p["prompt_ids"]) for p in pairs],
+                "completion_tokens": [[len(p["chosen_ids"]), len(p["rejected_ids"])] for p in pairs],
+            },
+            "steps": {"madpo": len(madpo_losses), "trl": len(trl_losses)},
+            "losses": {"madpo": madpo_losses, "trl": trl_losses, "abs_diff": diffs},
+            "seconds": {"madpo": round(madpo_s, 3), "trl": round(trl_s, 3), "trl_train_runtime": round(trl_runtime, 3)},
+            "speed_ratio_vs_trl_train_runtime": ratio(trl_runtime, madpo_s),
+            "pairs_per_s": {"madpo": round(trained / madpo_s, 3), "trl": round(trained / trl_s, 3)},
+            "speed_ratio": speed,
+            "method": "One warm-up MADPO step (discarded), then one run of each, MADPO first (not interleaved: each "
+            "trains its own copy from the same start); "
+            "TRL's time includes its Trainer loop overhead, MADPO's the madpo_agents_step loop.",
+            "checks": checks,
+        },
+    )
+    print(
+        f"[peer_trl] MADPO {madpo_s:.2f} s, TRL {trl_s:.2f} s for {trained} pairs: {speed}x; "
+        f"steps {len(madpo_losses)}/{len(trl_losses)}, max |loss diff| {max(diffs):.3g}"
+    )
     print_checks("peer_trl", checks, path)
 
 

@@ -27,8 +27,15 @@ from pbrl.run.folder import prepare_run
 from stages import STAGE_MODULES
 
 DEMO = REPO_ROOT / "flows" / "configs" / "demo.yaml"
-ROUND_STAGES = ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-                "update-policies", "evaluate")
+ROUND_STAGES = (
+    "sample-candidates",
+    "score-with-oracle",
+    "build-pairs",
+    "store-round",
+    "replay-select",
+    "update-policies",
+    "evaluate",
+)
 TARGET_ROUND_S = 180.0
 TARGET_PEAK_GB = 2.5
 
@@ -36,43 +43,89 @@ TARGET_PEAK_GB = 2.5
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="packaged alias or model folder")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a demo option (repeatable), e.g. --set num_train_epochs=2")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a demo option (repeatable), e.g. --set num_train_epochs=2",
+    )
     args = parser.parse_args()
     # The targets are the demo's, on SmolLM2: a run with other options is information only.
     applies = args.model == "smollm2-135m-instruct" and not args.overrides
     stages: list[dict] = []
     with tempfile.TemporaryDirectory() as out:
         # The user's options first: the folder, the single round and --model are the benchmark's own.
-        job = load_job(DEMO, [*args.overrides, f"output_dir={out}", "run_name=bench-round", "num_iterations=1",
-                              f"agent_model={args.model}"])
+        job = load_job(
+            DEMO,
+            [
+                *args.overrides,
+                f"output_dir={out}",
+                "run_name=bench-round",
+                "num_iterations=1",
+                f"agent_model={args.model}",
+            ],
+        )
         start = time.perf_counter()
         run_dir = prepare_run(job, resume=False)
-        stages.append({"round": 0, "stage": "prepare-run", "seconds": round(time.perf_counter() - start, 3),
-                       "peak_rss_mb": peak_rss_mb()})
+        stages.append(
+            {
+                "round": 0,
+                "stage": "prepare-run",
+                "seconds": round(time.perf_counter() - start, 3),
+                "peak_rss_mb": peak_rss_mb(),
+            }
+        )
         for round_index, names in ((0, ("evaluate",)), (1, ROUND_STAGES)):
             for name in names:
                 start = time.perf_counter()
                 manifest = STAGE_MODULES[name].run(run_dir, round_index, job)
-                stages.append({"round": round_index, "stage": name, "seconds": round(time.perf_counter() - start, 3),
-                               "peak_rss_mb": peak_rss_mb(), "counts": manifest.counts})
-                print(f"[round] round {round_index} {name:18s} {stages[-1]['seconds']:8.2f} s  "
-                      f"peak RSS {stages[-1]['peak_rss_mb']:8.1f} MiB", flush=True)
+                stages.append(
+                    {
+                        "round": round_index,
+                        "stage": name,
+                        "seconds": round(time.perf_counter() - start, 3),
+                        "peak_rss_mb": peak_rss_mb(),
+                        "counts": manifest.counts,
+                    }
+                )
+                print(
+                    f"[round] round {round_index} {name:18s} {stages[-1]['seconds']:8.2f} s  "
+                    f"peak RSS {stages[-1]['peak_rss_mb']:8.1f} MiB",
+                    flush=True,
+                )
     round_s = sum(s["seconds"] for s in stages if s["round"] == 1)
     peak_gb = max(s["peak_rss_mb"] for s in stages) / 1024
-    checks = [{**check("round: demo round 1 wall seconds", round(round_s, 1), TARGET_ROUND_S, higher_is_better=False),
-               "applies": applies},
-              {**check("round: peak RSS of the process (GiB)", round(peak_gb, 3), TARGET_PEAK_GB,
-                       higher_is_better=False), "applies": applies}]
+    checks = [
+        {
+            **check("round: demo round 1 wall seconds", round(round_s, 1), TARGET_ROUND_S, higher_is_better=False),
+            "applies": applies,
+        },
+        {
+            **check("round: peak RSS of the process (GiB)", round(peak_gb, 3), TARGET_PEAK_GB, higher_is_better=False),
+            "applies": applies,
+        },
+    ]
     # A run with overrides is written beside the demo's result, never over it.
-    path = write_result("round-overrides" if args.overrides else "round", args.model, {
-        "workload": {"config": str(DEMO.relative_to(REPO_ROOT)), "overrides": ["num_iterations=1", *args.overrides],
-                     "agent_model": args.model, "threads": os.environ.get("OMP_NUM_THREADS", "default")},
-        "stages": stages, "round_1_seconds": round(round_s, 3), "peak_rss_gb": round(peak_gb, 3),
-        "method": "One run; stages called directly in one process (no Prefect, no cache); peak RSS is the "
-                  "process's ru_maxrss after each stage (a lifetime high-water mark).",
-        "checks": checks,
-    })
+    path = write_result(
+        "round-overrides" if args.overrides else "round",
+        args.model,
+        {
+            "workload": {
+                "config": str(DEMO.relative_to(REPO_ROOT)),
+                "overrides": ["num_iterations=1", *args.overrides],
+                "agent_model": args.model,
+                "threads": os.environ.get("OMP_NUM_THREADS", "default"),
+            },
+            "stages": stages,
+            "round_1_seconds": round(round_s, 3),
+            "peak_rss_gb": round(peak_gb, 3),
+            "method": "One run; stages called directly in one process (no Prefect, no cache); peak RSS is the "
+            "process's ru_maxrss after each stage (a lifetime high-water mark).",
+            "checks": checks,
+        },
+    )
     print_checks("round", checks, Path(path))
 
 

@@ -33,8 +33,9 @@ def run_one(name: str, model: str) -> tuple[int, float, Path]:
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with open(log, "w") as err:
-        code = subprocess.run([sys.executable, str(HERE / f"{name}.py"), "--model", model],
-                              cwd=REPO_ROOT, stderr=err, check=False).returncode
+        code = subprocess.run(
+            [sys.executable, str(HERE / f"{name}.py"), "--model", model], cwd=REPO_ROOT, stderr=err, check=False
+        ).returncode
     return code, time.perf_counter() - start, log
 
 
@@ -47,9 +48,15 @@ def _fmt(value: Any) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table: check, value, target, verdict."""
     header = ("check", "value", "target", "verdict")
-    lines = [(r["name"], _fmt(r["value"]),
-              "-" if r["target"] is None else f"{r['direction']} {_fmt(r['target'])}", verdict_of(r))
-             for r in rows]
+    lines = [
+        (
+            r["name"],
+            _fmt(r["value"]),
+            "-" if r["target"] is None else f"{r['direction']} {_fmt(r['target'])}",
+            verdict_of(r),
+        )
+        for r in rows
+    ]
     widths = [max(len(x[i]) for x in [header, *lines]) for i in range(4)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)), "  ".join("-" * w for w in widths)]
     out += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)) for line in lines]
@@ -58,8 +65,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-random", help="packaged alias (tiny-random, "
-                        "smollm2-135m-instruct) or a model folder")
+    parser.add_argument(
+        "--model", default="tiny-random", help="packaged alias (tiny-random, smollm2-135m-instruct) or a model folder"
+    )
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these benchmarks")
     args = parser.parse_args()
     names = [n for n in BENCHMARKS if not args.only or n in args.only]
@@ -81,8 +89,9 @@ def main() -> int:
         checks += [{**c, "benchmark": name} for c in result["checks"]]
         runs[name]["result"] = str(path.relative_to(REPO_ROOT))
     summary_path = RESULTS_DIR / f"summary-{Path(args.model).name}.json"
-    summary_path.write_text(json.dumps({"model": args.model, "runs": runs, "checks": checks,
-                                        "failed": failed}, indent=2) + "\n")
+    summary_path.write_text(
+        json.dumps({"model": args.model, "runs": runs, "checks": checks, "failed": failed}, indent=2) + "\n"
+    )
     total = sum(r["seconds"] for r in runs.values())
     print(f"\n=== summary ({args.model}; {total:.0f} s; shared machine, numbers are noisy)")
     print(table(checks))

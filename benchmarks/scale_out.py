@@ -33,8 +33,10 @@ CONFIGS = REPO_ROOT / "flows" / "configs"
 # runs the demo config on 4 of its train items with 32 new tokens (2 shards of 2), 4 eval items x 2 draws (2 shards).
 MODEL_JOBS: dict[str, tuple[Path, list[str]]] = {
     "tiny-random": (CONFIGS / "tiny-madpo-iter.yaml", ["shard_size=4", "eval_num_samples=4"]),
-    "smollm2-135m-instruct": (CONFIGS / "demo.yaml", ["max_new_tokens=32", "max_train_items=4", "shard_size=2",
-                                                      "eval_num_samples=4"]),
+    "smollm2-135m-instruct": (
+        CONFIGS / "demo.yaml",
+        ["max_new_tokens=32", "max_train_items=4", "shard_size=2", "eval_num_samples=4"],
+    ),
 }
 STAGES = (("sample-candidates", 1), ("score-with-oracle", 1), ("evaluate", 0))
 WORKERS = (1, 2)
@@ -48,8 +50,9 @@ def _artifact(run_dir: Path, stage: str, round_index: int) -> Path:
     from pbrl.data.storage import RunPaths
 
     paths = RunPaths(run_dir)
-    return {"sample-candidates": paths.candidates, "score-with-oracle": paths.scores,
-            "evaluate": paths.eval}[stage](round_index)
+    return {"sample-candidates": paths.candidates, "score-with-oracle": paths.scores, "evaluate": paths.eval}[stage](
+        round_index
+    )
 
 
 def ray_workers_rss_mb() -> float:
@@ -79,8 +82,9 @@ def measure(model: str, repeats: int, overrides: list[str]) -> dict[str, Any]:
 
     config, model_overrides = MODEL_JOBS.get(model, (CONFIGS / "tiny-madpo-iter.yaml", ["shard_size=4"]))
     out = Path(tempfile.mkdtemp(prefix="pbrl-bench-scale-"))
-    local = load_job(config, [*model_overrides, *overrides, f"agent_model={model}", f"output_dir={out}",
-                              "run_name=scale"])
+    local = load_job(
+        config, [*model_overrides, *overrides, f"agent_model={model}", f"output_dir={out}", "run_name=scale"]
+    )
     on_ray = local.model_copy(update={"runner": "ray"})
     run_dir = prepare_run(local, resume=False)
     paths = RunPaths(run_dir)
@@ -96,6 +100,7 @@ def measure(model: str, repeats: int, overrides: list[str]) -> dict[str, Any]:
         def call() -> None:
             shutil.rmtree(shard_dir(paths, round_index, stage), ignore_errors=True)  # every shard computed
             one_stage(stage, round_index, on_ray)
+
         return call
 
     for stage, r in STAGES:  # the inputs of every stage (candidates for scoring), once
@@ -112,17 +117,24 @@ def measure(model: str, repeats: int, overrides: list[str]) -> dict[str, Any]:
                 expected = _digest(_artifact(run_dir, stage, r))
                 ray_case(stage, r)()
                 identical &= _digest(_artifact(run_dir, stage, r)) == expected
-                block[stage] = {"local": summary(times["local"]), "ray": summary(times["ray"]),
-                                "ray_over_local": ratio(summary(times["ray"])["median_s"],
-                                                        summary(times["local"])["median_s"])}
+                block[stage] = {
+                    "local": summary(times["local"]),
+                    "ray": summary(times["ray"]),
+                    "ray_over_local": ratio(summary(times["ray"])["median_s"], summary(times["local"])["median_s"]),
+                }
             block["ray_workers_rss_mb"] = ray_workers_rss_mb()
             blocks[f"ray_{workers}_worker"] = block
         finally:
             ray.shutdown()
     items = {"train": len(read_items(paths, "train")), "eval": local.eval_num_samples, "shard_size": local.shard_size}
     shutil.rmtree(out, ignore_errors=True)
-    return {"blocks": blocks, "artifacts_identical": identical, "driver_peak_rss_mb": peak_rss_mb(),
-            "items": items, "repeats": repeats}
+    return {
+        "blocks": blocks,
+        "artifacts_identical": identical,
+        "driver_peak_rss_mb": peak_rss_mb(),
+        "items": items,
+        "repeats": repeats,
+    }
 
 
 def main() -> None:
@@ -133,8 +145,11 @@ def main() -> None:
     args = parser.parse_args()
     isolate_prefect()
     result = measure(args.model, args.repeats, args.set)
-    checks = [check(f"{stage} ray {n} worker(s) / local", result["blocks"][f"ray_{n}_worker"][stage]["ray_over_local"],
-                    None) for n in WORKERS for stage, _ in STAGES]
+    checks = [
+        check(f"{stage} ray {n} worker(s) / local", result["blocks"][f"ray_{n}_worker"][stage]["ray_over_local"], None)
+        for n in WORKERS
+        for stage, _ in STAGES
+    ]
     checks.append(check("ray artifacts byte-identical to local", float(result["artifacts_identical"]), 1.0))
     path = write_result("scale_out", args.model, {**result, "checks": checks})
     print_checks("scale_out", checks, path)

@@ -35,23 +35,39 @@ def publish_round(run_dir: str, round_index: int, stages: list[dict[str, Any]]) 
     paths = RunPaths(run_dir)
     rows = round_rows(paths, round_index)
     name = paths.root.name
-    create_table_artifact(key=artifact_key("round-metrics", name), table=rows,
-                          description=f"{name}: metrics of round {round_index}")
+    create_table_artifact(
+        key=artifact_key("round-metrics", name), table=rows, description=f"{name}: metrics of round {round_index}"
+    )
     write_run_metrics(run_dir)  # the rounds so far, for the plot
     report = write_report_png(run_dir)
     metric = {r["metric"]: r["value"] for r in rows}
     lines = [f"# {name}: round {round_index}", "", "| stage | state | seconds |", "|---|---|---|"]
     lines += [f"| {s['stage']} | {s['state']} | {s['manifest'].get('seconds', 0):.1f} |" for s in stages]
     lines += ["", "| metric | value |", "|---|---|"]
-    for key in ("pairs/count", "iter/train_preference_pairs", "madpo/loss", "madpo/accuracy",
-                "madpo/skipped_steps", "eval/turn_1/reward_mean"):
+    for key in (
+        "pairs/count",
+        "iter/train_preference_pairs",
+        "madpo/loss",
+        "madpo/accuracy",
+        "madpo/skipped_steps",
+        "eval/turn_1/reward_mean",
+    ):
         if key in metric:
             lines.append(f"| {key} | {metric[key]:.4g} |")
     root = Path(paths.root).resolve()
-    lines += ["", f"Run folder: [{root}]({root.as_uri()}) · report: [{report.name}]({report.resolve().as_uri()}) "
-              f"(also the artifact `{artifact_key('round-report', name)}`)"]
-    create_markdown_artifact(key=artifact_key("round-summary", name), markdown="\n".join(lines),
-                             description=f"{name}: summary of round {round_index}")
+    lines += [
+        "",
+        f"Run folder: [{root}]({root.as_uri()}) · report: [{report.name}]({report.resolve().as_uri()}) "
+        f"(also the artifact `{artifact_key('round-report', name)}`)",
+    ]
+    create_markdown_artifact(
+        key=artifact_key("round-summary", name),
+        markdown="\n".join(lines),
+        description=f"{name}: summary of round {round_index}",
+    )
     png = base64.b64encode(report.read_bytes()).decode("ascii")
-    create_image_artifact(image_url=f"data:image/png;base64,{png}", key=artifact_key("round-report", name),
-                          description=f"{name}: report.png after round {round_index}")
+    create_image_artifact(
+        image_url=f"data:image/png;base64,{png}",
+        key=artifact_key("round-report", name),
+        description=f"{name}: report.png after round {round_index}",
+    )

@@ -69,7 +69,12 @@ LOCK_WAIT_SECONDS = 30.0  # how long a stage that must run waits for another pro
 
 # Front-end modules that never change what a stage writes: editing them must not invalidate stage caches.
 _FRONT_END = {
-    "cli.py", "trainers.py", "orchestration.py", "run/progress.py", "reporting/report.py", "reporting/metrics.py",
+    "cli.py",
+    "trainers.py",
+    "orchestration.py",
+    "run/progress.py",
+    "reporting/report.py",
+    "reporting/metrics.py",
 }
 
 
@@ -98,7 +103,11 @@ def stage_key(stage: str, run_dir: str | Path, round_index: int, job: JobConfig)
     paths = RunPaths(run_dir)
     files = STAGE_MODULES[stage].input_files(paths, round_index, job)
     return hash_objects(
-        stage, round_index, stage_config_hash(job), code_version(), read_run_id(paths),
+        stage,
+        round_index,
+        stage_config_hash(job),
+        code_version(),
+        read_run_id(paths),
         task_fingerprint(resolve_task(job, paths.root)),
         {paths.rel(f): hash_path(f) for f in files},
         raise_on_failure=True,
@@ -120,8 +129,14 @@ def valid_record(stage: str, run_dir: str | Path, round_index: int, key: str | N
     return manifest
 
 
-def run_recorded(stage: str, run_dir: str | Path, round_index: int, job: JobConfig,
-                 cache_key: str | None = None, shards: ShardSet | None = None) -> StageManifest:
+def run_recorded(
+    stage: str,
+    run_dir: str | Path,
+    round_index: int,
+    job: JobConfig,
+    cache_key: str | None = None,
+    shards: ShardSet | None = None,
+) -> StageManifest:
     """Run the stage's plain function and record its run in its manifest: the code version and the cache
     key (computed from the inputs before the stage runs, when not given). The Prefect task and a run
     without Prefect both go through here, so either leaves a record a resume accepts. With ``shards``
@@ -129,10 +144,14 @@ def run_recorded(stage: str, run_dir: str | Path, round_index: int, job: JobConf
     if cache_key is None:
         cache_key = _key_or_none(stage, run_dir, round_index, job)
     module = STAGE_MODULES[stage]
-    manifest = module.run(run_dir, round_index, job) if shards is None else \
-        module.run(run_dir, round_index, job, shards=shards)
-    return write_manifest(RunPaths(run_dir), manifest.model_copy(
-        update={"code_version": code_version(), "cache_key": cache_key or ""}))
+    manifest = (
+        module.run(run_dir, round_index, job)
+        if shards is None
+        else module.run(run_dir, round_index, job, shards=shards)
+    )
+    return write_manifest(
+        RunPaths(run_dir), manifest.model_copy(update={"code_version": code_version(), "cache_key": cache_key or ""})
+    )
 
 
 def _key_or_none(stage: str, run_dir: str | Path, round_index: int, job: JobConfig) -> str | None:
@@ -151,8 +170,9 @@ class GivenKey(CachePolicy):
     """Cache policy whose key is the task's ``cache_key`` argument (:func:`stage_key`, computed once by the
     flow); None runs the task uncached."""
 
-    def compute_key(self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any],
-                    **kwargs: Any) -> str | None:
+    def compute_key(
+        self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
+    ) -> str | None:
         return inputs.get("cache_key")
 
 
@@ -166,17 +186,27 @@ class ExpiringFileLocks(FileSystemLockManager):
         super().__init__(lock_files_directory)
         self.hold_timeout, self.acquire_timeout = hold_timeout, acquire_timeout
 
-    def acquire_lock(self, key: str, holder: str, acquire_timeout: float | None = None,
-                     hold_timeout: float | None = None) -> bool:
+    def acquire_lock(
+        self, key: str, holder: str, acquire_timeout: float | None = None, hold_timeout: float | None = None
+    ) -> bool:
         write_owner(self.lock_files_directory, holder)
-        return super().acquire_lock(key, holder, acquire_timeout if acquire_timeout is not None
-                                    else self.acquire_timeout, hold_timeout or self.hold_timeout)
+        return super().acquire_lock(
+            key,
+            holder,
+            acquire_timeout if acquire_timeout is not None else self.acquire_timeout,
+            hold_timeout or self.hold_timeout,
+        )
 
-    async def aacquire_lock(self, key: str, holder: str, acquire_timeout: float | None = None,
-                            hold_timeout: float | None = None) -> bool:
+    async def aacquire_lock(
+        self, key: str, holder: str, acquire_timeout: float | None = None, hold_timeout: float | None = None
+    ) -> bool:
         write_owner(self.lock_files_directory, holder)
-        return await super().aacquire_lock(key, holder, acquire_timeout if acquire_timeout is not None
-                                           else self.acquire_timeout, hold_timeout or self.hold_timeout)
+        return await super().aacquire_lock(
+            key,
+            holder,
+            acquire_timeout if acquire_timeout is not None else self.acquire_timeout,
+            hold_timeout or self.hold_timeout,
+        )
 
     def release_lock(self, key: str, holder: str) -> None:
         """Release ``holder``'s lock. A lock that expired while its stage still ran is already free (or
@@ -244,7 +274,8 @@ def settle_lock(run_dir: str | Path, key: str, stage: str, round_index: int) -> 
             raise ArtifactError(
                 f"{stage} round {round_index} is being run by process {holder['pid']} on {holder['host']} "
                 f"(lock {lock_dir / (key + '.lock')}, held until {holder['expiration']}); wait for it to "
-                "finish or stop it, then resume")
+                "finish or stop it, then resume"
+            )
         time.sleep(0.2)
         waited += 0.2
 
@@ -274,8 +305,9 @@ def follow_record(run_dir: str | Path, key: str, manifest: StageManifest) -> boo
 
 
 def _run(stage: str):
-    def run_stage(run_dir: str, round_index: int, job: JobConfig, cache_key: str | None,
-                  shards: ShardSet | None = None) -> dict[str, Any]:
+    def run_stage(
+        run_dir: str, round_index: int, job: JobConfig, cache_key: str | None, shards: ShardSet | None = None
+    ) -> dict[str, Any]:
         return run_recorded(stage, run_dir, round_index, job, cache_key, shards).model_dump(mode="json")
 
     run_stage.__name__ = stage.replace("-", "_")
@@ -302,8 +334,9 @@ def stage_task(stage: str, run_dir: str | Path, *, valid: bool) -> Task:
     cache = prefect_dir(run_dir)
     locks = ExpiringFileLocks(cache / "locks", hold_timeout=LOCK_HOLD_SECONDS, acquire_timeout=LOCK_WAIT_SECONDS)
     policy = GivenKey() if valid else GivenKey().configure(isolation_level="SERIALIZABLE", lock_manager=locks)
-    return STAGE_TASKS[stage].with_options(cache_policy=policy, result_storage=cache / "results",
-                                           refresh_cache=not valid)
+    return STAGE_TASKS[stage].with_options(
+        cache_policy=policy, result_storage=cache / "results", refresh_cache=not valid
+    )
 
 
 def run_stage_task(stage: str, run_dir: str, round_index: int, job: JobConfig, *, force: bool = False) -> State:

@@ -77,10 +77,12 @@ def _schema(stage: str):
     return {"sample-candidates": CANDIDATES, "score-with-oracle": SCORES, "evaluate": EVAL}[stage]
 
 
-@task(name="shard", task_run_name="{stage}-r{round_index}-shard-{shard.index}", cache_policy=NO_CACHE,
-      **TRANSIENT_RETRIES)
-def shard_task(stage: str, run_dir: str, round_index: int, job: JobConfig, key: str, shard: Shard,
-               refresh: bool = False) -> str:
+@task(
+    name="shard", task_run_name="{stage}-r{round_index}-shard-{shard.index}", cache_policy=NO_CACHE, **TRANSIENT_RETRIES
+)
+def shard_task(
+    stage: str, run_dir: str, round_index: int, job: JobConfig, key: str, shard: Shard, refresh: bool = False
+) -> str:
     """Run ``stage``'s per-item code over the shard's items and write its shard file; a shard already done
     under ``key`` is kept (unless ``refresh``). Returns ``"kept"`` or ``"written"``. Transient errors (remote
     judges) are retried by Prefect in retrying stages only; other errors fail the shard."""
@@ -88,15 +90,16 @@ def shard_task(stage: str, run_dir: str, round_index: int, job: JobConfig, key: 
     if not refresh and shard_done(paths, round_index, stage, shard, key):
         return "kept"
     module = STAGE_MODULES[stage]
-    items = module.items_to_shard(paths, round_index, job)[shard.start:shard.stop]
+    items = module.items_to_shard(paths, round_index, job)[shard.start : shard.stop]
     rows, counts = module.collect(paths, round_index, job, items)
     write_shard(paths, round_index, stage, shard, key, rows, _schema(stage), counts)
     return "written"
 
 
 @flow(name="pbrl-shards", flow_run_name="{stage}-r{round_index}-shards")
-def shards_flow(stage: str, run_dir: str, round_index: int, job: JobConfig, key: str,
-                refresh: bool = False) -> dict[str, Any]:
+def shards_flow(
+    stage: str, run_dir: str, round_index: int, job: JobConfig, key: str, refresh: bool = False
+) -> dict[str, Any]:
     """Map :func:`shard_task` over the stage's shards on this flow's task runner (Ray) and wait for all
     (``refresh``: recompute the shards already done too).
 
@@ -108,13 +111,19 @@ def shards_flow(stage: str, run_dir: str, round_index: int, job: JobConfig, key:
     """
     from prefect_ray.context import remote_options  # deferred: prefect-ray is an optional extra
 
-
     paths = RunPaths(run_dir)
     plan = plan_shards(len(STAGE_MODULES[stage].items_to_shard(paths, round_index, job)), job.shard_size)
     call = shard_task if stage in RETRYING_STAGES else shard_task.with_options(retries=0)
     with remote_options(**shard_resources(job), max_retries=WORKER_RETRIES):
-        futures = call.map(unmapped(stage), unmapped(run_dir), unmapped(round_index), unmapped(job), unmapped(key),
-                           plan, unmapped(refresh))
+        futures = call.map(
+            unmapped(stage),
+            unmapped(run_dir),
+            unmapped(round_index),
+            unmapped(job),
+            unmapped(key),
+            plan,
+            unmapped(refresh),
+        )
     futures.wait()
     states = [f.result() for f in futures]  # raises the first failure
     return {"shards": [vars(s) for s in plan], "states": states}
@@ -127,8 +136,9 @@ def ray_task_runner(job: JobConfig):
     return RayTaskRunner(init_kwargs=ray_init_kwargs(job.ray_address))
 
 
-def run_shards(stage: str, run_dir: str, round_index: int, job: JobConfig, key: str, *,
-               refresh: bool = False) -> ShardSet:
+def run_shards(
+    stage: str, run_dir: str, round_index: int, job: JobConfig, key: str, *, refresh: bool = False
+) -> ShardSet:
     """Run the stage's shards on Ray (the ``pbrl-shards`` subflow) and return the set to gather (``refresh``:
     every shard recomputed, as a forced stage run).
 
@@ -137,11 +147,18 @@ def run_shards(stage: str, run_dir: str, round_index: int, job: JobConfig, key: 
     """
     require_ray_extra(job.runner)
     with _api_visible_to_workers():
-        result = shards_flow.with_options(task_runner=ray_task_runner(job))(stage, run_dir, round_index, job, key,
-                                                                            refresh)
+        result = shards_flow.with_options(task_runner=ray_task_runner(job))(
+            stage, run_dir, round_index, job, key, refresh
+        )
     written = sum(s == "written" for s in result["states"])
-    log.info("%s round %d: %d shard(s), %d written, %d kept", stage, round_index, len(result["states"]), written,
-             len(result["states"]) - written)
+    log.info(
+        "%s round %d: %d shard(s), %d written, %d kept",
+        stage,
+        round_index,
+        len(result["states"]),
+        written,
+        len(result["states"]) - written,
+    )
     return ShardSet(key, tuple(Shard(**s) for s in result["shards"]))
 
 

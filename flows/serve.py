@@ -26,31 +26,60 @@ from flows.ui import DEPLOYMENT_NAMES, GROUPS, TRAINER_FLOWS, config_file
 DEFAULT_CRON = "0 2 * * *"  # 02:00 UTC every night (UTC avoids daylight-saving gaps)
 
 
-def build_deployments(*, nightly_run: str | None = None, output_dir: str = "storage/runs",
-                      cron: str = DEFAULT_CRON, pool: str | None = None) -> list[Any]:
+def build_deployments(
+    *,
+    nightly_run: str | None = None,
+    output_dir: str = "storage/runs",
+    cron: str = DEFAULT_CRON,
+    pool: str | None = None,
+) -> list[Any]:
     """The deployments of the table above; ``pbrl-add-iteration/nightly`` only when a run is named. With
     ``pool`` they are bound to that Prefect work pool and load their flows by module path (``flows.training
     .train_flow``), so a worker finds them wherever pbrl is installed, whatever its working directory."""
-    kw: dict[str, Any] = {} if pool is None else {"work_pool_name": pool,
-                                                  "entrypoint_type": EntrypointType.MODULE_PATH}
+    kw: dict[str, Any] = {} if pool is None else {"work_pool_name": pool, "entrypoint_type": EntrypointType.MODULE_PATH}
     deployments = [
         TRAINER_FLOWS[trainer].to_deployment(
-            name=name, description=f"Train a {trainer!r} run from a form of its options, each with its default and "
-            "description, grouped: " + ", ".join(group for group, _ in GROUPS) + ".", tags=["pbrl", "form"],
-            concurrency_limit=1, **kw)
-        for trainer, name in DEPLOYMENT_NAMES.items()]
-    deployments.append(config_file.to_deployment(
-        name="config-file", description="Train from a YAML config file plus key=value overrides, as `pbrl train "
-        "CONFIG --set ...` (same validation, same run folder).", tags=["pbrl"], concurrency_limit=1, **kw))
-    deployments.append(train_flow.to_deployment(
-        name="train", description="Train a run from a whole pbrl job given as one JSON object (for scripts and "
-        "the API; the forms are pbrl-train/madpo ... and pbrl-train/config-file).", tags=["pbrl"],
-        concurrency_limit=1, **kw))
+            name=name,
+            description=f"Train a {trainer!r} run from a form of its options, each with its default and "
+            "description, grouped: " + ", ".join(group for group, _ in GROUPS) + ".",
+            tags=["pbrl", "form"],
+            concurrency_limit=1,
+            **kw,
+        )
+        for trainer, name in DEPLOYMENT_NAMES.items()
+    ]
+    deployments.append(
+        config_file.to_deployment(
+            name="config-file",
+            description="Train from a YAML config file plus key=value overrides, as `pbrl train "
+            "CONFIG --set ...` (same validation, same run folder).",
+            tags=["pbrl"],
+            concurrency_limit=1,
+            **kw,
+        )
+    )
+    deployments.append(
+        train_flow.to_deployment(
+            name="train",
+            description="Train a run from a whole pbrl job given as one JSON object (for scripts and "
+            "the API; the forms are pbrl-train/madpo ... and pbrl-train/config-file).",
+            tags=["pbrl"],
+            concurrency_limit=1,
+            **kw,
+        )
+    )
     if nightly_run:
-        deployments.append(add_iteration_flow.to_deployment(
-            name="nightly", description=f"Add one iteration to run {nightly_run!r} every night.",
-            schedule=Cron(cron, timezone="UTC"), parameters={"run_name": nightly_run, "output_dir": output_dir},
-            concurrency_limit=1, tags=["pbrl", "nightly"], **kw))
+        deployments.append(
+            add_iteration_flow.to_deployment(
+                name="nightly",
+                description=f"Add one iteration to run {nightly_run!r} every night.",
+                schedule=Cron(cron, timezone="UTC"),
+                parameters={"run_name": nightly_run, "output_dir": output_dir},
+                concurrency_limit=1,
+                tags=["pbrl", "nightly"],
+                **kw,
+            )
+        )
     return deployments
 
 

@@ -53,8 +53,11 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
     messages = [f"round {s['round']} {s['stage']}: {m}" for s in stages for m in s["manifest"].get("messages", [])]
     for m in messages:
         print(m)
-    return {"run_dir": run_dir, "messages": messages,
-            "stages": [{k: s[k] for k in ("stage", "round", "state")} for s in stages]}
+    return {
+        "run_dir": run_dir,
+        "messages": messages,
+        "stages": [{k: s[k] for k in ("stage", "round", "state")} for s in stages],
+    }
 
 
 @flow(name="pbrl-add-iteration", flow_run_name="{run_name}-add-iteration", log_prints=True)

@@ -33,28 +33,102 @@ from pbrl.run.folder import generated_run_name
 # The form's sections, in display order. An option belongs to the first group naming it exactly, else to
 # the first group with a matching pattern; an option no group claims still appears, under "other".
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run", ("seed", "run_name", "output_dir", "task", "task_options", "train_dataset", "eval_dataset",
-             "formatters", "max_train_items", "reward_func", "reward_processor", "policy_checkpoint_dir", "runner",
-             "ray_address", "shard_size")),
-    ("agents", ("num_agents", "agent_model", "agents", "agent_devices", "max_memory", "lora_*", "torch_dtype",
-                "mixed_precision", "parallel_training", "collaboration_mode", "joint_mode", "num_turns")),
-    ("collection", ("preference_num_candidates", "pair_selection", "preference_pairs_per_sample",
-                    "preference_scoring_reward", "max_new_tokens", "temperature", "top_p", "top_k",
-                    "generation_batch_size", "tie_tolerance", "oracle_max_failure_share")),
+    (
+        "run",
+        (
+            "seed",
+            "run_name",
+            "output_dir",
+            "task",
+            "task_options",
+            "train_dataset",
+            "eval_dataset",
+            "formatters",
+            "max_train_items",
+            "reward_func",
+            "reward_processor",
+            "policy_checkpoint_dir",
+            "runner",
+            "ray_address",
+            "shard_size",
+        ),
+    ),
+    (
+        "agents",
+        (
+            "num_agents",
+            "agent_model",
+            "agents",
+            "agent_devices",
+            "max_memory",
+            "lora_*",
+            "torch_dtype",
+            "mixed_precision",
+            "parallel_training",
+            "collaboration_mode",
+            "joint_mode",
+            "num_turns",
+        ),
+    ),
+    (
+        "collection",
+        (
+            "preference_num_candidates",
+            "pair_selection",
+            "preference_pairs_per_sample",
+            "preference_scoring_reward",
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "generation_batch_size",
+            "tie_tolerance",
+            "oracle_max_failure_share",
+        ),
+    ),
     ("comparator", ("comparator_*",)),
     ("replay", ("preference_replay_*",)),
-    ("training", ("num_iterations", "num_train_epochs", "dpo_beta", "agent_learning_rate", "train_batch_size",
-                  "rollout_buffer_size", "gradient_*", "max_grad_norm", "logging_steps", "use_environment_step",
-                  "environment_steps_per_pair", "log_reward_distribution", "discount",
-                  "early_termination_threshold", "external_prompt_passthrough")),
-    ("reward model and RL", ("reward_*", "rl_algorithm", "num_generations", "critic_*", "value_*",
-                             "use_separate_critic", "advantage_*", "reference_*")),
+    (
+        "training",
+        (
+            "num_iterations",
+            "num_train_epochs",
+            "dpo_beta",
+            "agent_learning_rate",
+            "train_batch_size",
+            "rollout_buffer_size",
+            "gradient_*",
+            "max_grad_norm",
+            "logging_steps",
+            "use_environment_step",
+            "environment_steps_per_pair",
+            "log_reward_distribution",
+            "discount",
+            "early_termination_threshold",
+            "external_prompt_passthrough",
+        ),
+    ),
+    (
+        "reward model and RL",
+        (
+            "reward_*",
+            "rl_algorithm",
+            "num_generations",
+            "critic_*",
+            "value_*",
+            "use_separate_critic",
+            "advantage_*",
+            "reference_*",
+        ),
+    ),
     ("evaluation", ("eval_*",)),
 )
 OTHER = "other"
 # The flow's own parameters (not config options), shown in the run section.
-RESUME_DESCRIPTION = ("Continue the run named run_name from its last complete stage (completed stages come back "
-                      "Cached) instead of starting a new run.")
+RESUME_DESCRIPTION = (
+    "Continue the run named run_name from its last complete stage (completed stages come back "
+    "Cached) instead of starting a new run."
+)
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 DEPLOYMENT_NAMES = {"madpo": "madpo", "madpo_iter": "madpo-iter", "marlhf": "marlhf", "marlhf_iter": "marlhf-iter"}
 
@@ -74,8 +148,11 @@ def _parameter(name: str, info: FieldInfo, group: str) -> inspect.Parameter:
     """One option as a keyword parameter: its type with its constraints, and as default a ``Field`` carrying
     the option's default and description; the title (the field's label in the UI) names its group."""
     annotation = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
-    default = Field(info.get_default(call_default_factory=True), description=info.description,
-                    json_schema_extra={"title": f"{group}: {name}"})
+    default = Field(
+        info.get_default(call_default_factory=True),
+        description=info.description,
+        json_schema_extra={"title": f"{group}: {name}"},
+    )
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
@@ -91,8 +168,12 @@ def form_signature(trainer: str) -> inspect.Signature:
     order = {group: i for i, (group, _) in enumerate(GROUPS)}
     fields.sort(key=lambda item: order.get(group_of(item[0]), len(order)))
     params = [_parameter(name, info, group_of(name)) for name, info in fields]
-    resume = inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=Field(
-        False, description=RESUME_DESCRIPTION, json_schema_extra={"title": "run: resume"}))
+    resume = inspect.Parameter(
+        "resume",
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=bool,
+        default=Field(False, description=RESUME_DESCRIPTION, json_schema_extra={"title": "run: resume"}),
+    )
     after_run = sum(1 for name, _ in fields if group_of(name) == "run")
     params.insert(after_run, resume)
     return inspect.Signature(params, return_annotation=dict[str, Any])
@@ -124,8 +205,9 @@ def trainer_flow(trainer: str) -> Flow[..., dict[str, Any]]:
 
     run.__name__ = run.__qualname__ = trainer  # the deployment's entrypoint is flows/ui.py:<trainer>
     run.__module__ = __name__
-    run.__doc__ = (f"Train with trainer {trainer!r} from a form of its options (grouped: "
-                   + ", ".join(g for g, _ in GROUPS) + ").")
+    run.__doc__ = (
+        f"Train with trainer {trainer!r} from a form of its options (grouped: " + ", ".join(g for g, _ in GROUPS) + ")."
+    )
     run.__signature__ = form_signature(trainer)  # type: ignore[attr-defined]
     return flow(run, name="pbrl-train", flow_run_name=_named(trainer), log_prints=True, validate_parameters=False)
 
@@ -135,7 +217,11 @@ madpo_iter = trainer_flow("madpo_iter")
 marlhf = trainer_flow("marlhf")
 marlhf_iter = trainer_flow("marlhf_iter")
 TRAINER_FLOWS: dict[str, Flow[..., dict[str, Any]]] = {
-    "madpo": madpo, "madpo_iter": madpo_iter, "marlhf": marlhf, "marlhf_iter": marlhf_iter}
+    "madpo": madpo,
+    "madpo_iter": madpo_iter,
+    "marlhf": marlhf,
+    "marlhf_iter": marlhf_iter,
+}
 
 
 def config_path(config: str) -> Path:
@@ -161,12 +247,20 @@ def _shipped_configs() -> str:
 
 @flow(name="pbrl-train", flow_run_name=_file_run_name, log_prints=True)
 def config_file(
-    config: str = Field(description="Path of a YAML config as the worker sees it (relative paths from the folder "
-                        "where `pbrl serve` runs, else from the pbrl checkout); shipped: " + _shipped_configs()),
-    overrides: list[str] = Field([], description="Overrides key=value, applied in order, as "
-                                 "`pbrl train CONFIG --set key=value` (e.g. num_iterations=3)."),
-    run_name: str | None = Field(None, description="Run folder name; None = the config's run_name, else the config "
-                                 "file's name (as `pbrl train --run-name`)."),
+    config: str = Field(
+        description="Path of a YAML config as the worker sees it (relative paths from the folder "
+        "where `pbrl serve` runs, else from the pbrl checkout); shipped: " + _shipped_configs()
+    ),
+    overrides: list[str] = Field(
+        [],
+        description="Overrides key=value, applied in order, as "
+        "`pbrl train CONFIG --set key=value` (e.g. num_iterations=3).",
+    ),
+    run_name: str | None = Field(
+        None,
+        description="Run folder name; None = the config's run_name, else the config "
+        "file's name (as `pbrl train --run-name`).",
+    ),
     resume: bool = Field(False, description=RESUME_DESCRIPTION),
 ) -> dict[str, Any]:
     """Train the run a YAML config file describes, exactly as ``pbrl train CONFIG --set ... --run-name ...``:

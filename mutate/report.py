@@ -26,8 +26,7 @@ UNDETECTED = ("survived", "no tests", "suspicious")  # every other status is a d
 
 
 def mutmut(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "mutmut", *args], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run([sys.executable, "-m", "mutmut", *args], capture_output=True, text=True, check=True).stdout
 
 
 def diff_of(name: str) -> str:
@@ -93,13 +92,17 @@ def main() -> int:
     print(f"{'module':<20}{'mutants':>8}{'killed':>8}{'timeout':>8}{'equiv.':>8}{'gaps':>6}{'unchecked':>10}")
     for mod in sorted({module(n) for n in statuses}):
         names = [n for n in statuses if module(n) == mod]
-        print(f"{mod:<20}{len(names):>8}{sum(statuses[n] == 'killed' for n in names):>8}"
-              f"{sum(statuses[n] == 'timeout' for n in names):>8}"
-              f"{sum(module(e[0]) == mod for e in equivalent):>8}{sum(module(g[0]) == mod for g in gaps):>6}"
-              f"{sum(statuses[n] == 'not checked' for n in names):>10}")
+        print(
+            f"{mod:<20}{len(names):>8}{sum(statuses[n] == 'killed' for n in names):>8}"
+            f"{sum(statuses[n] == 'timeout' for n in names):>8}"
+            f"{sum(module(e[0]) == mod for e in equivalent):>8}{sum(module(g[0]) == mod for g in gaps):>6}"
+            f"{sum(statuses[n] == 'not checked' for n in names):>10}"
+        )
     print(f"not killed: {len(undetected)} = {len(equivalent)} reviewed equivalent + {len(gaps)} gaps")
-    print(f"gaps: {len(gaps)} of {judged} non-equivalent mutants = {100 * share:.1f} % "
-          f"(limit {100 * args.max_gap_share:.0f} %)")
+    print(
+        f"gaps: {len(gaps)} of {judged} non-equivalent mutants = {100 * share:.1f} % "
+        f"(limit {100 * args.max_gap_share:.0f} %)"
+    )
     for name, before, after, _ in gaps:
         print(f"\nGAP {name} ({statuses[name]})\n  - {before}\n  + {after}")
     unchecked = counts.get("not checked", 0)

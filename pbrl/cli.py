@@ -26,8 +26,11 @@ from pbrl.distributed.shards import require_ray_extra
 from pbrl.errors import expected_error
 from pbrl.run import progress
 
-app = typer.Typer(help="pbrl: train cooperating LLM agents from preferences between their joint responses.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="pbrl: train cooperating LLM agents from preferences between their joint responses.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 models_app = typer.Typer(help="Packaged models (converted once under storage/models/).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 console = Console()
@@ -96,8 +99,13 @@ def validate(config: Path, set_: SetOption = None) -> None:
     console.print(f"OK: {config} ({job.trainer}, {agents})")
 
 
-HEADERS = {"train_pairs": "train", "accuracy": "acc", "eval_reward": "eval", "eval_vs_round0": "vs r0",
-           "peak_rss_gb": "peak GB"}
+HEADERS = {
+    "train_pairs": "train",
+    "accuracy": "acc",
+    "eval_reward": "eval",
+    "eval_vs_round0": "vs r0",
+    "peak_rss_gb": "peak GB",
+}
 
 
 def _print_rounds(run_dir: Path) -> None:
@@ -136,8 +144,13 @@ def _train_with_progress(job: JobConfig, resume: bool) -> dict[str, Any]:
 
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} stages"),
-                  TimeElapsedColumn(), console=console) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed} stages"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
         task_id = bar.add_task(f"{job.run_name}: starting", total=None)
 
         def on_event(event: dict) -> None:
@@ -162,8 +175,12 @@ def train(
     ] = None,
     resume: Annotated[bool, typer.Option(help="Continue an existing run from its last complete stage.")] = False,
     run: Annotated[Path | None, typer.Option(help="Resume this run folder (with --resume, instead of CONFIG).")] = None,
-    runner: Annotated[str | None, typer.Option(help="Where item-parallel stages run: local or ray (the config's "
-                                                    "runner option; same artifacts either way).")] = None,
+    runner: Annotated[
+        str | None,
+        typer.Option(
+            help="Where item-parallel stages run: local or ray (the config's runner option; same artifacts either way)."
+        ),
+    ] = None,
 ) -> None:
     """Train a run (MADPO or MARLHF, base or iterative) through the Prefect flows, with a progress display.
 
@@ -181,8 +198,7 @@ def train(
     folder: Path | None = run
     try:
         with _expected_errors(2):
-            job = open_job(run) if run is not None else _load(config, [*(set_ or []), *_runner_set(runner)],
-                                                                 run_name)
+            job = open_job(run) if run is not None else _load(config, [*(set_ or []), *_runner_set(runner)], run_name)
             if run is not None and runner is not None:  # a stored run may resume on another runner
                 job = _with_runner(job, runner)
             folder = run if run is not None else run_dir_for(job)
@@ -303,11 +319,19 @@ def serve(
     try:  # before any server is contacted; the same check as the server's (Prefect's vendored croniter)
         CronSchedule(cron=cron, timezone="UTC")
     except ValueError:  # pydantic's ValidationError
-        raise _fail(ValueError(f"--cron: got {cron!r}; expected a 5-field cron expression in UTC "
-                               "(minute hour day-of-month month day-of-week), e.g. '0 2 * * *'")) from None
+        raise _fail(
+            ValueError(
+                f"--cron: got {cron!r}; expected a 5-field cron expression in UTC "
+                "(minute hour day-of-month month day-of-week), e.g. '0 2 * * *'"
+            )
+        ) from None
     if not os.environ.get("PREFECT_API_URL"):
-        raise _fail(ValueError("PREFECT_API_URL is not set: start `prefect server start` and export "
-                               "PREFECT_API_URL=http://127.0.0.1:4200/api"))
+        raise _fail(
+            ValueError(
+                "PREFECT_API_URL is not set: start `prefect server start` and export "
+                "PREFECT_API_URL=http://127.0.0.1:4200/api"
+            )
+        )
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
     orchestration.serve(nightly_run=nightly_run, output_dir=output_dir, cron=cron)
@@ -315,8 +339,9 @@ def serve(
 
 @app.command()
 def deploy(
-    pool: Annotated[str, typer.Option(help="Prefect work pool to register against (created as a 'process' "
-                                           "pool when missing).")],
+    pool: Annotated[
+        str, typer.Option(help="Prefect work pool to register against (created as a 'process' pool when missing).")
+    ],
     nightly_run: Annotated[str | None, typer.Option(help="Run name that the nightly deployment extends.")] = None,
     output_dir: Annotated[str, typer.Option(help="Where the nightly run lives.")] = "storage/runs",
     cron: Annotated[str, typer.Option(help="Nightly schedule, cron in UTC.")] = "0 2 * * *",
@@ -332,11 +357,19 @@ def deploy(
     try:  # before any server is contacted (as in `pbrl serve`)
         CronSchedule(cron=cron, timezone="UTC")
     except ValueError:
-        raise _fail(ValueError(f"--cron: got {cron!r}; expected a 5-field cron expression in UTC "
-                               "(minute hour day-of-month month day-of-week), e.g. '0 2 * * *'")) from None
+        raise _fail(
+            ValueError(
+                f"--cron: got {cron!r}; expected a 5-field cron expression in UTC "
+                "(minute hour day-of-month month day-of-week), e.g. '0 2 * * *'"
+            )
+        ) from None
     if not os.environ.get("PREFECT_API_URL"):
-        raise _fail(ValueError("PREFECT_API_URL is not set: start `prefect server start` and export "
-                               "PREFECT_API_URL=http://127.0.0.1:4200/api"))
+        raise _fail(
+            ValueError(
+                "PREFECT_API_URL is not set: start `prefect server start` and export "
+                "PREFECT_API_URL=http://127.0.0.1:4200/api"
+            )
+        )
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
     ids = orchestration.deploy(pool, nightly_run=nightly_run, output_dir=output_dir, cron=cron)

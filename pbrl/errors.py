@@ -50,7 +50,12 @@ class SamplingError(RuntimeError):
 # with no traceback, because their message already says what, where and how to fix. A class added to this
 # module belongs here too; anything else is a bug and keeps its traceback.
 EXPECTED_ERRORS: tuple[type[Exception], ...] = (
-    ConfigError, ArtifactError, OracleError, TransientError, RewardContractError, SamplingError,
+    ConfigError,
+    ArtifactError,
+    OracleError,
+    TransientError,
+    RewardContractError,
+    SamplingError,
 )
 
 

@@ -71,8 +71,6 @@ def interrupted(exc: BaseException | None) -> bool:
     return _SIGINT_SEEN.is_set() or in_chain(exc, KeyboardInterrupt) is not None
 
 
-
-
 def _prepare_logging() -> None:
     # Set before Prefect is first imported (it reads settings at import). Stage code logs with the stdlib
     # under "pbrl"; Prefect forwards it to the run's logs (notes/prefect.md §7).
@@ -105,7 +103,8 @@ def _start_ephemeral_api() -> None:
     minutes. In its own session the server sees only the SIGTERM of Prefect's exit hook, after pbrl has
     recorded the run as crashed. On Linux it also dies with pbrl (parent-death signal), so a killed pbrl
     leaves no server holding the database. Prefect reuses this instance (one per port; ``None`` = any)."""
-    from prefect.settings import (  # deferred: Prefect reads its settings at first import, after _prepare_logging sets them
+    # deferred: Prefect reads its settings at first import, after _prepare_logging sets them
+    from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_SERVER_EPHEMERAL_ENABLED,
     )
@@ -122,13 +121,32 @@ def _start_ephemeral_api() -> None:
         def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
             # Prefect 3.9's command and environment (prefect/server/api/server.py), in a new session.
             return subprocess.Popen(
-                args=[sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent),
-                      "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
-                      "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
-                env={**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                     "PREFECT__SERVER_FINAL": "1",
-                     **get_current_settings().to_environment_variables(exclude_unset=True)},
-                start_new_session=True, preexec_fn=die_with_parent,
+                args=[
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "--app-dir",
+                    str(prefect.__module_path__.parent),
+                    "--factory",
+                    "prefect.server.api.server:create_app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "error",
+                    "--lifespan",
+                    "on",
+                ],
+                env={
+                    **os.environ,
+                    "PREFECT_UI_ENABLED": "0",
+                    "PREFECT__SERVER_EPHEMERAL": "1",
+                    "PREFECT__SERVER_FINAL": "1",
+                    **get_current_settings().to_environment_variables(exclude_unset=True),
+                },
+                start_new_session=True,
+                preexec_fn=die_with_parent,
             )
 
     OwnSessionServer().start()  # no-op when this process already runs one
@@ -170,8 +188,12 @@ def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, An
 
     manifest = run_recorded(stage, run_dir, round_index, open_job(run_dir))
     write_run_metrics(run_dir)
-    return {"stage": stage, "round": round_index, "state": "Completed (no Prefect)",
-            "manifest": manifest.model_dump(mode="json")}
+    return {
+        "stage": stage,
+        "round": round_index,
+        "state": "Completed (no Prefect)",
+        "manifest": manifest.model_dump(mode="json"),
+    }
 
 
 def serve(**kwargs: Any) -> None:

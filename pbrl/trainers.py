@@ -35,8 +35,16 @@ from pbrl.run.task import IN_PROCESS_TASK, resolve_task
 from pbrl.tasks.base import Task
 
 __all__ = [
-    "MADPOConfig", "MADPOIterConfig", "MARLHFConfig", "MARLHFIterConfig", "DatasetSpec",
-    "MADPOTrainer", "MADPOIterTrainer", "MARLHFTrainer", "MARLHFIterTrainer", "TrainResult",
+    "MADPOConfig",
+    "MADPOIterConfig",
+    "MARLHFConfig",
+    "MARLHFIterConfig",
+    "DatasetSpec",
+    "MADPOTrainer",
+    "MADPOIterTrainer",
+    "MARLHFTrainer",
+    "MARLHFIterTrainer",
+    "TrainResult",
 ]
 
 
@@ -97,15 +105,19 @@ def _train(
     fn_paths = {k: _as_config_value(v) for k, v in given.items() if v is not None}
     formatter_paths = [_as_config_value(f) for f in formatters] if formatters else None
     run = {
-        "trainer": trainer, "run_name": run_name or generated_run_name(trainer),
-        "agents": list(agents) if agents else None, "agent_model": agent_model, "task": task,
+        "trainer": trainer,
+        "run_name": run_name or generated_run_name(trainer),
+        "agents": list(agents) if agents else None,
+        "agent_model": agent_model,
+        "task": task,
         "train_dataset": _dataset_config_value(train_dataset),
         "eval_dataset": _dataset_config_value(eval_dataset),
         "formatters": formatter_paths if formatter_paths and all(formatter_paths) else None,
         **run_options,
     }
     in_process = any(callable(v) for v in (reward_func, reward_processor, *(formatters or ()))) or (
-        train_dataset is not None and run["train_dataset"] is None)
+        train_dataset is not None and run["train_dataset"] is None
+    )
     if in_process and task is None and not (run["train_dataset"] and run["formatters"] and fn_paths.get("reward_func")):
         run["task"] = IN_PROCESS_TASK  # a label: the task lives in this process (pbrl.run.task.attach_task)
     job = make_job(run, config.model_copy(update={k: v for k, v in fn_paths.items() if v}))
@@ -114,17 +126,23 @@ def _train(
         base = resolve_task(job) if task else None
         attached = Task(
             name=task or "python",
-            formatters=tuple(formatters) if formatters and all(callable(f) for f in formatters)
+            formatters=tuple(formatters)
+            if formatters and all(callable(f) for f in formatters)
             else (base.formatters if base else ()),
             reward_func=reward_func if callable(reward_func) else base.reward_func,  # type: ignore[union-attr]
-            reward_processor=reward_processor if callable(reward_processor)
+            reward_processor=reward_processor
+            if callable(reward_processor)
             else (base.reward_processor if base else None),
             train_items=base.train_items if base else (),
             eval_items=base.eval_items if base else (),
         )
-    prepare_run(job, resume=resume, task=attached,
-                train_items=train_dataset if run["train_dataset"] is None else None,
-                eval_items=eval_dataset if run["eval_dataset"] is None else None)
+    prepare_run(
+        job,
+        resume=resume,
+        task=attached,
+        train_items=train_dataset if run["train_dataset"] is None else None,
+        eval_items=eval_dataset if run["eval_dataset"] is None else None,
+    )
     out = orchestration.train(job, resume=True)
     run_dir = Path(out["run_dir"])
     return TrainResult(run_dir=run_dir, stages=out["stages"], messages=out["messages"], rounds=round_table(run_dir))

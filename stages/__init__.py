@@ -21,6 +21,14 @@ from stages import (
 
 STAGE_MODULES: dict[str, ModuleType] = {
     m.NAME: m
-    for m in (sample_candidates, score_with_oracle, build_pairs, store_round, replay_select, fit_reward_model,
-              update_policies, evaluate)
+    for m in (
+        sample_candidates,
+        score_with_oracle,
+        build_pairs,
+        store_round,
+        replay_select,
+        fit_reward_model,
+        update_policies,
+        evaluate,
+    )
 }

@@ -53,8 +53,9 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         usable = [p for p in candidates if not _has_empty(joint, item_id, p)]
         rejected += len(candidates) - len(usable)
         rng = numpy_rng(job.seed, round_index=round_index, stage=NAME, item=item_id)
-        chosen = select_pairs(usable, pair_selection=job.pair_selection,
-                              pairs_per_sample=job.preference_pairs_per_sample, rng=rng)
+        chosen = select_pairs(
+            usable, pair_selection=job.pair_selection, pairs_per_sample=job.preference_pairs_per_sample, rng=rng
+        )
         if not chosen:
             no_pair_items += 1
         mean = sum(compared) / len(compared) if compared else 0.0
@@ -62,8 +63,12 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
             rows.append(_pair_row(round_index, len(rows), item_id, p, joint, by_side, mean, iterative))
 
     write_table(paths.pairs(round_index), rows, PAIRS)
-    record.counts = {"pairs": len(rows), "rejected_empty": rejected, "items_without_pairs": no_pair_items,
-                     "items": len(item_order)}
+    record.counts = {
+        "pairs": len(rows),
+        "rejected_empty": rejected,
+        "items_without_pairs": no_pair_items,
+        "items": len(item_order),
+    }
     outputs = [paths.pairs(round_index)]
     if is_marlhf(job.trainer):  # the reward model's joint input ids, stored with the pairs (SPEC §5.6)
         outputs.append(_write_joint_ids(paths, round_index, job, rows, record))
@@ -74,8 +79,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     return record.finish(input_files(paths, round_index, job), outputs)
 
 
-def _write_joint_ids(paths: RunPaths, round_index: int, job: JobConfig, rows: list[dict], record: StageRecord
-                     ) -> Path:
+def _write_joint_ids(paths: RunPaths, round_index: int, job: JobConfig, rows: list[dict], record: StageRecord) -> Path:
     source = policy_source(job)
     template, _ = joint_template_for(job.reward_model_name or source.models[0], source.models)
     joint = pair_joint_rows(rows, template, job.reward_max_length)
@@ -106,14 +110,25 @@ def _pair_row(round_index, pair_index, item_id, p: Pair, joint, by_side, mean, i
     # The prompts are the target's (SPEC §3); in every shipped comparator they are the same text.
     prompt_rows = w if p.winner.side == "target" else lo
     return {
-        "pair_id": f"r{round_index:04d}-p{pair_index:05d}", "round_index": round_index, "pair_index": pair_index,
+        "pair_id": f"r{round_index:04d}-p{pair_index:05d}",
+        "round_index": round_index,
+        "pair_index": pair_index,
         "item_id": item_id,
-        "winner_side": p.winner.side, "winner_index": p.winner.index,
-        "loser_side": p.loser.side, "loser_index": p.loser.index,
-        "winner_reward": p.winner_score, "loser_reward": p.loser_score,
-        "winner_raw_reward": raw_w, "loser_raw_reward": raw_l, "candidate_reward_mean": mean,
-        "target_raw_reward": target_raw, "comparator_raw_reward": comparator_raw,
-        "prompts": [r["prompt"] for r in prompt_rows], "prompt_ids": [r["prompt_ids"] for r in prompt_rows],
-        "winner_completions": [r["completion"] for r in w], "winner_ids": [r["completion_ids"] for r in w],
-        "loser_completions": [r["completion"] for r in lo], "loser_ids": [r["completion_ids"] for r in lo],
+        "winner_side": p.winner.side,
+        "winner_index": p.winner.index,
+        "loser_side": p.loser.side,
+        "loser_index": p.loser.index,
+        "winner_reward": p.winner_score,
+        "loser_reward": p.loser_score,
+        "winner_raw_reward": raw_w,
+        "loser_raw_reward": raw_l,
+        "candidate_reward_mean": mean,
+        "target_raw_reward": target_raw,
+        "comparator_raw_reward": comparator_raw,
+        "prompts": [r["prompt"] for r in prompt_rows],
+        "prompt_ids": [r["prompt_ids"] for r in prompt_rows],
+        "winner_completions": [r["completion"] for r in w],
+        "winner_ids": [r["completion_ids"] for r in w],
+        "loser_completions": [r["completion"] for r in lo],
+        "loser_ids": [r["completion_ids"] for r in lo],
     }

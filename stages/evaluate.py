@@ -51,8 +51,9 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
 
 def eval_seed(seed: int, agent: int, item_id: str, sample: int) -> int:
     """The sampling seed of one evaluation draw: the same in every round (round 0's key is used throughout)."""
-    return derive_seed(seed, round_index=BASELINE_ROUND, stage=NAME, side="eval", agent=agent, item=item_id,
-                       index=sample)
+    return derive_seed(
+        seed, round_index=BASELINE_ROUND, stage=NAME, side="eval", agent=agent, item=item_id, index=sample
+    )
 
 
 def sample_keys(item_ids: Sequence[str]) -> list[SampleKey]:
@@ -67,6 +68,7 @@ def sample_keys(item_ids: Sequence[str]) -> list[SampleKey]:
 
 def items_seen_in_training(eval_items: Sequence[Item], train_items: Sequence[Item]) -> list[str]:
     """Ids of the evaluation items whose content (every field but ``item_id``) equals a training item's."""
+
     def content(item: dict) -> str:
         return json.dumps({k: v for k, v in item.items() if k != "item_id"}, sort_keys=True, default=str)
 
@@ -85,8 +87,9 @@ def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[It
     return read_items(paths, "eval")[: job.eval_num_samples]
 
 
-def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
-            ) -> tuple[list[EvalRow], dict[str, int]]:
+def collect(
+    paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
+) -> tuple[list[EvalRow], dict[str, int]]:
     """The eval rows of ``items`` (all evaluated items, or one shard's), item-major; no counts.
 
     Each draw samples with its own seed and is scored on its own, so the rows of a subset are the same rows
@@ -97,32 +100,56 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
     job = actor_job(job)
     draws = [(item, s) for item in items for s in range(job.eval_samples_per_item)]  # item-major rows
     checkpoint = policy_checkpoint(paths, round_index)
-    settings = SamplingSettings(max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
-                                top_k=job.top_k, batch_size=job.eval_batch_size)  # rows per generate call
+    settings = SamplingSettings(
+        max_new_tokens=job.max_new_tokens,
+        temperature=job.temperature,
+        top_p=job.top_p,
+        top_k=job.top_k,
+        batch_size=job.eval_batch_size,
+    )  # rows per generate call
     prompts, completions = [], []
     for agent, agent_prompts in enumerate(actor_prompts(task, [item for item, _ in draws], adapter)):
         policy = load_agent(policy_source(job), agent, checkpoint, trainable=False)
         seeds = [eval_seed(job.seed, agent, item["item_id"], s) for item, s in draws]
         names = [f"agent {agent}, eval item {item['item_id']!r}, sample {s}" for item, s in draws]
-        gens = generate(policy.model, policy.tokenizer, [encode_prompt(policy.tokenizer, p) for p in agent_prompts],
-                        seeds, settings, row_names=names)
+        gens = generate(
+            policy.model,
+            policy.tokenizer,
+            [encode_prompt(policy.tokenizer, p) for p in agent_prompts],
+            seeds,
+            settings,
+            row_names=names,
+        )
         prompts.append(agent_prompts)
         completions.append(gens)
         del policy
-    scores = score_batch(
-        task.reward_func, task.reward_processor, [[g.text for g in gens] for gens in completions],
-        prompts=[[prompts[a][j] for a in range(job.num_agents)] for j in range(len(draws))],
-        batch_items=[item for item, _ in draws],
-    ) if draws and adapter is None else []
-    if adapter is not None:  # centralized collaboration: the task reward on the role texts (pbrl.generation.collaboration)
+    scores = (
+        score_batch(
+            task.reward_func,
+            task.reward_processor,
+            [[g.text for g in gens] for gens in completions],
+            prompts=[[prompts[a][j] for a in range(job.num_agents)] for j in range(len(draws))],
+            batch_items=[item for item, _ in draws],
+        )
+        if draws and adapter is None
+        else []
+    )
+    if (
+        adapter is not None
+    ):  # centralized collaboration: the task reward on the role texts (pbrl.generation.collaboration)
         scores, _ = score_joint(adapter, task, [g.text for g in completions[0]], [item for item, _ in draws])
     return [
-        {"item_id": item["item_id"], "prompts": [prompts[a][j] for a in range(job.num_agents)],
-         "completions": [completions[a][j].text for a in range(job.num_agents)],
-         "completion_ids": [completions[a][j].completion_ids for a in range(job.num_agents)],
-         "finish_reasons": [completions[a][j].finish_reason for a in range(job.num_agents)],
-         "stop_token_ids": [completions[a][j].stop_token_id for a in range(job.num_agents)],
-         "raw_reward": s.raw, "reward": s.reward, "failure": s.failure}
+        {
+            "item_id": item["item_id"],
+            "prompts": [prompts[a][j] for a in range(job.num_agents)],
+            "completions": [completions[a][j].text for a in range(job.num_agents)],
+            "completion_ids": [completions[a][j].completion_ids for a in range(job.num_agents)],
+            "finish_reasons": [completions[a][j].finish_reason for a in range(job.num_agents)],
+            "stop_token_ids": [completions[a][j].stop_token_id for a in range(job.num_agents)],
+            "raw_reward": s.raw,
+            "reward": s.reward,
+            "failure": s.failure,
+        }
         for j, ((item, _), s) in enumerate(zip(draws, scores, strict=True))
     ], {}
 
@@ -144,18 +171,23 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
         outputs.append(write_eval_roles(rows, paths.round_dir(round_index), centralized_adapter(job), job.num_agents))
     seen = items_seen_in_training(items, read_items(paths, "train"))
     rewards = rewards_by_draw(rows)
-    record.counts = {"items": len(items), "samples": len(rows), "failed": len(rows) - len(rewards),
-                     "items_seen_in_training": len(seen)}
+    record.counts = {
+        "items": len(items),
+        "samples": len(rows),
+        "failed": len(rows) - len(rewards),
+        "items_seen_in_training": len(seen),
+    }
     if seen:
-        record.say(f"{len(seen)} of {len(items)} evaluation items are also training items (e.g. {seen[0]!r}): "
-                   "this evaluation is not held out; give eval_dataset or a task with its own eval items")
+        record.say(
+            f"{len(seen)} of {len(items)} evaluation items are also training items (e.g. {seen[0]!r}): "
+            "this evaluation is not held out; give eval_dataset or a task with its own eval items"
+        )
     record.metrics = summary_metrics(paths, round_index, job.seed, rewards)
     record.details = {"checkpoint": paths.rel(checkpoint), "samples_per_item": job.eval_samples_per_item}
     return record.finish(input_files(paths, round_index, job), outputs)
 
 
-def summary_metrics(paths: RunPaths, round_index: int, seed: int, rewards: dict[SampleKey, float]
-                    ) -> dict[str, float]:
+def summary_metrics(paths: RunPaths, round_index: int, seed: int, rewards: dict[SampleKey, float]) -> dict[str, float]:
     """Mean reward with its interval, and the paired difference to round 0 from round 1 on ({} without rewards)."""
     if not rewards:
         return {}
@@ -163,13 +195,22 @@ def summary_metrics(paths: RunPaths, round_index: int, seed: int, rewards: dict[
     now = mean_interval(rewards, seed=boot_seed)
     plain = sum(rewards.values()) / len(rewards)
     # Single turn: the expected return equals the mean reward (the reference logs both; mean over draws).
-    metrics = {"eval/turn_1/reward_mean": plain, "eval/turn_1/expected_return": plain,
-               "eval/reward_mean": now.mean, "eval/reward_ci_low": now.low, "eval/reward_ci_high": now.high}
+    metrics = {
+        "eval/turn_1/reward_mean": plain,
+        "eval/turn_1/expected_return": plain,
+        "eval/reward_mean": now.mean,
+        "eval/reward_ci_low": now.low,
+        "eval/reward_ci_high": now.high,
+    }
     baseline_file = paths.eval(BASELINE_ROUND)
     if round_index > BASELINE_ROUND and baseline_file.is_file():
         baseline = rewards_by_draw(read_rows(baseline_file, EVAL))
         if any(key in baseline for key in rewards):  # else round 0 drew other items (e.g. fewer samples)
             diff = paired_difference(rewards, baseline, seed=boot_seed)
-            metrics |= {"eval/paired_diff_mean": diff.mean, "eval/paired_diff_ci_low": diff.low,
-                        "eval/paired_diff_ci_high": diff.high, "eval/paired_items": float(diff.n)}
+            metrics |= {
+                "eval/paired_diff_mean": diff.mean,
+                "eval/paired_diff_ci_low": diff.low,
+                "eval/paired_diff_ci_high": diff.high,
+                "eval/paired_items": float(diff.n),
+            }
     return metrics

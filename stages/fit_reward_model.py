@@ -45,15 +45,19 @@ def _source_rounds(paths: RunPaths, round_index: int) -> list[int]:
 
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
     rounds = _source_rounds(paths, round_index)
-    return [paths.selected_pairs(round_index), *(paths.pairs(r) for r in rounds),
-            *(pair_joint_ids_path(paths.round_dir(r)) for r in rounds)]
+    return [
+        paths.selected_pairs(round_index),
+        *(paths.pairs(r) for r in rounds),
+        *(pair_joint_ids_path(paths.round_dir(r)) for r in rounds),
+    ]
 
 
 def spec_of(job: JobConfig) -> RewardModelSpec:
     """``reward_model_name`` (default: the first agent's model), the run's LoRA settings, the freeze flag."""
     source = policy_source(job)
-    return RewardModelSpec(source=job.reward_model_name or source.models[0], lora=source.lora,
-                           freeze_backbone=job.reward_freeze_backbone)
+    return RewardModelSpec(
+        source=job.reward_model_name or source.models[0], lora=source.lora, freeze_backbone=job.reward_freeze_backbone
+    )
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
@@ -66,15 +70,21 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         joint.update({row["pair_id"]: row for row in stored})
     missing = [p["pair_id"] for p in pairs if p["pair_id"] not in joint]
     if missing:
-        raise ArtifactError(f"pair_joint_ids.parquet: no joint input ids for selected pair(s) {missing[:5]}; "
-                            "rerun build-pairs of their round")
-    usable = [(joint[p["pair_id"]]["winner_joint_ids"], joint[p["pair_id"]]["loser_joint_ids"])
-              for p in pairs if joint[p["pair_id"]]["dropped"] is None]
+        raise ArtifactError(
+            f"pair_joint_ids.parquet: no joint input ids for selected pair(s) {missing[:5]}; "
+            "rerun build-pairs of their round"
+        )
+    usable = [
+        (joint[p["pair_id"]]["winner_joint_ids"], joint[p["pair_id"]]["loser_joint_ids"])
+        for p in pairs
+        if joint[p["pair_id"]]["dropped"] is None
+    ]
     dropped = len(pairs) - len(usable)
     out = reward_model_dir(paths.round_dir(round_index))
     if dropped:
-        record.say(f"{dropped} selected pair(s) left out: their responses do not fit reward_max_length="
-                   f"{job.reward_max_length}")
+        record.say(
+            f"{dropped} selected pair(s) left out: their responses do not fit reward_max_length={job.reward_max_length}"
+        )
     if not usable:
         record.say("no usable preference pairs: no reward model is fitted and the policies are not updated")
         record.counts = {"pairs": len(pairs), "dropped_too_long": dropped, "train_pairs": 0, "heldout_pairs": 0}
@@ -92,18 +102,33 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     model = new_reward_model(spec, seed=seed("init"), device=device)
     train_idx, held_idx = heldout_split(len(usable), HELDOUT_SHARE, seed("heldout"))
     train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
-    stats = fit_bradley_terry(model, train, epochs=job.reward_num_train_epochs,
-                              batch_size=job.reward_train_batch_size, learning_rate=job.reward_learning_rate,
-                              seed=seed("order"), max_grad_norm=job.max_grad_norm)
+    stats = fit_bradley_terry(
+        model,
+        train,
+        epochs=job.reward_num_train_epochs,
+        batch_size=job.reward_train_batch_size,
+        learning_rate=job.reward_learning_rate,
+        seed=seed("order"),
+        max_grad_norm=job.max_grad_norm,
+    )
     fitted, heldout = pair_metrics(model, train, SCORE_BATCH), pair_metrics(model, held, SCORE_BATCH)
     save_reward_model(model, spec, out, max_length=job.reward_max_length)
-    record.metrics = {"rm/loss": fitted.loss, "rm/accuracy": fitted.accuracy, "rm/margin_mean": fitted.margin_mean,
-                      "rm/heldout_loss": heldout.loss, "rm/heldout_accuracy": heldout.accuracy,
-                      "rm/heldout_margin_mean": heldout.margin_mean}
-    record.counts = {"pairs": len(pairs), "dropped_too_long": dropped, "train_pairs": len(train),
-                     "heldout_pairs": len(held), **stats}
+    record.metrics = {
+        "rm/loss": fitted.loss,
+        "rm/accuracy": fitted.accuracy,
+        "rm/margin_mean": fitted.margin_mean,
+        "rm/heldout_loss": heldout.loss,
+        "rm/heldout_accuracy": heldout.accuracy,
+        "rm/heldout_margin_mean": heldout.margin_mean,
+    }
+    record.counts = {
+        "pairs": len(pairs),
+        "dropped_too_long": dropped,
+        "train_pairs": len(train),
+        "heldout_pairs": len(held),
+        **stats,
+    }
     if stats["skipped_steps"]:
         record.say(f"{stats['skipped_steps']} reward-model step(s) skipped: non-finite loss or gradient")
-    record.details = {"fitted": True, "reward_model": paths.rel(out), "trained": spec.trained,
-                      "source": spec.source}
+    record.details = {"fitted": True, "reward_model": paths.rel(out), "trained": spec.trained, "source": spec.source}
     return record.finish(input_files(paths, round_index, job), [out])

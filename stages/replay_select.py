@@ -50,17 +50,25 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
 def _distribution(paths: RunPaths, round_index: int, job: JobConfig, rows: list[dict]) -> dict:
     """The reward-distribution record of this round (raw rewards; failed responses left out)."""
     task = resolve_task(job, paths.root)
-    low, high = check_reward_range(getattr(task.reward_func, "reward_range", None) or task.reward_range,
-                                   source=task.name)
+    low, high = check_reward_range(
+        getattr(task.reward_func, "reward_range", None) or task.reward_range, source=task.name
+    )
     scores = read_rows(paths.scores(round_index), SCORES)
-    side = {s: [r["raw_reward"] for r in scores if r["side"] == s and r["raw_reward"] is not None]
-            for s in ("target", "comparator")}
+    side = {
+        s: [r["raw_reward"] for r in scores if r["side"] == s and r["raw_reward"] is not None]
+        for s in ("target", "comparator")
+    }
     pairs = {r: read_rows(paths.pairs(r), PAIRS) for r in sorted({row["source_round"] for row in rows})}
     chosen = [pairs[row["source_round"]][row["pair_index"]] for row in rows]
     return distribution_record(
-        round_index, low, high, target=side["target"], comparator=side["comparator"],
+        round_index,
+        low,
+        high,
+        target=side["target"],
+        comparator=side["comparator"],
         selected_target=[p["target_raw_reward"] for p in chosen if p["target_raw_reward"] is not None],
-        selected_comparator=[p["comparator_raw_reward"] for p in chosen if p["comparator_raw_reward"] is not None])
+        selected_comparator=[p["comparator_raw_reward"] for p in chosen if p["comparator_raw_reward"] is not None],
+    )
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
@@ -71,19 +79,27 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         raise ArtifactError(f"replay index has no round {round_index}: run store-round first")
     for e in entries:
         if hash_path(paths.root / e["pairs_file"]) != e["pairs_sha256"]:
-            raise ArtifactError(f"{paths.root / e['pairs_file']}: changed since round {e['round']} was stored; "
-                                f"rerun store-round for round {e['round']}")
+            raise ArtifactError(
+                f"{paths.root / e['pairs_file']}: changed since round {e['round']} was stored; "
+                f"rerun store-round for round {e['round']}"
+            )
     mode = getattr(job, "preference_replay_mode", "current")
     selection = select_replay(
         [ReplayDataset(e["round"], e["num_pairs"]) for e in entries],
-        mode=mode, current_round=round_index, k=getattr(job, "preference_replay_k", None),
+        mode=mode,
+        current_round=round_index,
+        k=getattr(job, "preference_replay_k", None),
         lam=getattr(job, "preference_replay_lambda", None),
         sample_size=getattr(job, "preference_replay_sample_size", None),
         rng=numpy_rng(job.seed, round_index=round_index, stage=NAME),
     )
     rows = [
-        {"draw_order": n, "pair_id": f"r{d.source_round:04d}-p{d.pair_index:05d}", "source_round": d.source_round,
-         "pair_index": d.pair_index}
+        {
+            "draw_order": n,
+            "pair_id": f"r{d.source_round:04d}-p{d.pair_index:05d}",
+            "source_round": d.source_round,
+            "pair_index": d.pair_index,
+        }
         for n, d in enumerate(selection.draws)
     ]
     write_table(paths.selected_pairs(round_index), rows, SELECTED_PAIRS)
@@ -97,8 +113,12 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     shares = Counter(d.source_round for d in selection.draws)
     for r in selection.eligible_rounds:
         record.metrics[f"iter/selection_share/round_{r:04d}"] = shares[r] / len(rows) if rows else 0.0
-    record.details = {"mode": mode, "eligible_rounds": selection.eligible_rounds,
-                      "weights": [float(w) for w in selection.weights], "sample_size": selection.sample_size}
+    record.details = {
+        "mode": mode,
+        "eligible_rounds": selection.eligible_rounds,
+        "weights": [float(w) for w in selection.weights],
+        "sample_size": selection.sample_size,
+    }
     outputs = [paths.selected_pairs(round_index)]
     if _logs_distribution(job):
         distribution = _distribution(paths, round_index, job, rows)

@@ -46,11 +46,17 @@ API_STORE = "comparator_api"  # rounds/<r>/comparator_api/: API answers kept as 
 def api_settings(job: JobConfig) -> ApiSettings:
     """The job's ``comparator_api_*`` fields as plain values (the key variable's NAME only)."""
     return ApiSettings(
-        api_format=job.comparator_api_format, url=str(job.comparator_api_url), model=job.comparator_api_model,
-        key_env=job.comparator_api_key_env, key_header=job.comparator_api_key_header,
-        key_prefix=job.comparator_api_key_prefix, headers=dict(job.comparator_api_headers or {}),
-        extra_body=dict(job.comparator_api_extra_body or {}), max_n_per_request=job.comparator_api_max_n_per_request,
-        response_field=job.comparator_api_response_field, timeout=job.comparator_api_timeout,
+        api_format=job.comparator_api_format,
+        url=str(job.comparator_api_url),
+        model=job.comparator_api_model,
+        key_env=job.comparator_api_key_env,
+        key_header=job.comparator_api_key_header,
+        key_prefix=job.comparator_api_key_prefix,
+        headers=dict(job.comparator_api_headers or {}),
+        extra_body=dict(job.comparator_api_extra_body or {}),
+        max_n_per_request=job.comparator_api_max_n_per_request,
+        response_field=job.comparator_api_response_field,
+        timeout=job.comparator_api_timeout,
         max_concurrency=job.comparator_api_max_concurrency,
     )
 
@@ -82,8 +88,13 @@ def comparator_settings(job: JobConfig, paths: RunPaths | None = None, round_ind
 
 def sampling_settings(job: JobConfig) -> SamplingSettings:
     """The job's sampling fields as plain values."""
-    return SamplingSettings(max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
-                            top_k=job.top_k, batch_size=job.generation_batch_size)
+    return SamplingSettings(
+        max_new_tokens=job.max_new_tokens,
+        temperature=job.temperature,
+        top_p=job.top_p,
+        top_k=job.top_k,
+        batch_size=job.generation_batch_size,
+    )
 
 
 def comparator(paths: RunPaths, round_index: int, job: JobConfig) -> Comparator | None:
@@ -119,15 +130,18 @@ def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[It
     return read_items(paths, "train")
 
 
-def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
-            ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def collect(
+    paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Every candidate row of ``items`` (all train items, or one shard's), unsorted, and the comparator's counts.
 
     Each row's tokens depend only on its own seed, so the rows of a subset are the same rows as in a run over
     all items.
     """
     task = resolve_task(job, paths.root)
-    job = actor_job(job)  # centralized collaboration: one actor, agent_0, on the joint prompt (pbrl.generation.collaboration)
+    job = actor_job(
+        job
+    )  # centralized collaboration: one actor, agent_0, on the joint prompt (pbrl.generation.collaboration)
     comp = comparator(paths, round_index, job)
     plan = sides(paths, round_index, job, comp)
     settings = sampling_settings(job)
@@ -141,30 +155,59 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
     for agent, agent_prompts in enumerate(actor_prompts(task, items, centralized_adapter(job))):
         prompts.append(agent_prompts)
         for (checkpoint, _), group in groups.items():
-            policy = load_agent(policy_source(job), agent, checkpoint, trainable=False,
-                                devices=group[0].devices)
+            policy = load_agent(policy_source(job), agent, checkpoint, trainable=False, devices=group[0].devices)
             ids = [encode_prompt(policy.tokenizer, p) for p in prompts[agent]]
             if any(s.side == "target" for s in group):  # the target's tokenizer and prompt ids are what is stored
                 prompt_ids.append(ids)
                 tokenizers.append(policy.tokenizer)
             requests = [(s.side, i, k) for s in group for i in range(len(items)) for k in range(s.num_candidates)]
             seeds = [
-                derive_seed(job.seed, round_index=round_index, stage=NAME, side=side, agent=agent,
-                            item=items[i]["item_id"], index=k)
+                derive_seed(
+                    job.seed,
+                    round_index=round_index,
+                    stage=NAME,
+                    side=side,
+                    agent=agent,
+                    item=items[i]["item_id"],
+                    index=k,
+                )
                 for side, i, k in requests
             ]
             names = [f"agent {agent}, item {items[i]['item_id']!r}, {side} candidate {k}" for side, i, k in requests]
-            gens = generate(policy.model, policy.tokenizer, [ids[i] for _, i, _ in requests], seeds,
-                            settings, row_names=names)
-            rows += [CandidateRow(items[i]["item_id"], side, k, agent, prompts[agent][i], ids[i], g.text,
-                                  g.completion_ids, g.finish_reason, g.stop_token_id, g.seed, "generated")
-                     for (side, i, k), g in zip(requests, gens, strict=True)]
+            gens = generate(
+                policy.model, policy.tokenizer, [ids[i] for _, i, _ in requests], seeds, settings, row_names=names
+            )
+            rows += [
+                CandidateRow(
+                    items[i]["item_id"],
+                    side,
+                    k,
+                    agent,
+                    prompts[agent][i],
+                    ids[i],
+                    g.text,
+                    g.completion_ids,
+                    g.finish_reason,
+                    g.stop_token_id,
+                    g.seed,
+                    "generated",
+                )
+                for (side, i, k), g in zip(requests, gens, strict=True)
+            ]
             del policy
 
     counts: dict[str, int] = {}
     if comp is not None:
-        request = ComparatorRequest(round_index, job.seed, items, prompts, prompt_ids, tokenizers, settings,
-                                    shared_rows=[r for r in rows if r.side == "comparator"])
+        request = ComparatorRequest(
+            round_index,
+            job.seed,
+            items,
+            prompts,
+            prompt_ids,
+            tokenizers,
+            settings,
+            shared_rows=[r for r in rows if r.side == "comparator"],
+        )
         output = comp.candidates(request)
         rows = [r for r in rows if r.side != "comparator"] + output.rows
         counts = output.counts
@@ -191,8 +234,9 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
     record.counts = {"items": len(items), "rows": len(rows)}
     record.counts["target_candidates"] = len(items) * job.preference_num_candidates
     if comp is not None:
-        record.counts["comparator_candidates"] = len({(r["item_id"], r["candidate_index"]) for r in rows
-                                                      if r["side"] == "comparator"})
+        record.counts["comparator_candidates"] = len(
+            {(r["item_id"], r["candidate_index"]) for r in rows if r["side"] == "comparator"}
+        )
         record.counts.update(counts)
         record.counts["encoded_from_text"] = sum(r["ids_source"] == "encoded_from_text" for r in rows)
     record.counts["length_finishes"] = sum(r["finish_reason"] == "length" for r in rows)
@@ -201,6 +245,8 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
         sources["comparator"] = f"{job.comparator_policy} ({job.comparator_generation_mode})"
     record.details = {"sides": sources}
     if counts.get("centralized_parse_failures"):
-        record.say(f"{counts['centralized_parse_failures']} centralized comparator response(s) could not be parsed "
-                   "into roles and were dropped")
+        record.say(
+            f"{counts['centralized_parse_failures']} centralized comparator response(s) could not be parsed "
+            "into roles and were dropped"
+        )
     return record.finish(input_files(paths, round_index, job), [paths.candidates(round_index)])

@@ -54,8 +54,9 @@ def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[It
     return read_items(paths, "train")
 
 
-def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
-            ) -> tuple[list[ScoreRow], dict[str, int]]:
+def collect(
+    paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
+) -> tuple[list[ScoreRow], dict[str, int]]:
     """The score row of every joint response of ``items`` (all train items, or one shard's), in the order of
     candidates.parquet; no counts (the gather derives them from the rows)."""
     task = resolve_task(job, paths.root)
@@ -68,28 +69,39 @@ def collect(paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
     model = scoring_model(paths, round_index, job)
     scorer = None
     if model is not None:  # the reward model's raw score, without reward_processor (as the reference)
-        scorer = RewardScorer(model[1], job.num_agents,
-                              device=reward_device(job.reward_model_device, job.agent_devices, job.num_agents))
+        scorer = RewardScorer(
+            model[1], job.num_agents, device=reward_device(job.reward_model_device, job.agent_devices, job.num_agents)
+        )
     rows = []
     for start in range(0, len(keys), BATCH):
-        chunk = keys[start:start + BATCH]
+        chunk = keys[start : start + BATCH]
         groups = [joint[k] for k in chunk]
         if scorer is not None:
-            scored = scorer.score([[r["prompt_ids"] for r in g] for g in groups],
-                                  [[r["completion_ids"] for r in g] for g in groups])
+            scored = scorer.score(
+                [[r["prompt_ids"] for r in g] for g in groups], [[r["completion_ids"] for r in g] for g in groups]
+            )
             scores = [OracleScore(x, x) if x is not None else OracleScore(None, None, DROP_TOO_LONG) for x, _ in scored]
         elif adapter is not None:
             scores, _ = score_joint(adapter, task, [g[0]["completion"] for g in groups], [wanted[k[0]] for k in chunk])
         else:
             scores = score_batch(
-                task.reward_func, task.reward_processor,
+                task.reward_func,
+                task.reward_processor,
                 [[g[a]["completion"] for g in groups] for a in range(job.num_agents)],
                 prompts=[[r["prompt"] for r in g] for g in groups],
                 batch_items=[wanted[k[0]] for k in chunk],
             )
-        rows += [{"item_id": item_id, "side": side, "candidate_index": index,
-                  "raw_reward": s.raw, "reward": s.reward, "failure": s.failure}
-                 for (item_id, side, index), s in zip(chunk, scores, strict=True)]
+        rows += [
+            {
+                "item_id": item_id,
+                "side": side,
+                "candidate_index": index,
+                "raw_reward": s.raw,
+                "reward": s.reward,
+                "failure": s.failure,
+            }
+            for (item_id, side, index), s in zip(chunk, scores, strict=True)
+        ]
     return rows, {}
 
 
@@ -131,15 +143,21 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
     record.counts = {"joint_responses": len(keys), "failed": failed}
     outputs = [paths.scores(round_index)]
     if is_centralized(job):  # the role texts of each joint response (pbrl.generation.collaboration)
-        outputs.append(write_candidate_roles(paths.candidates(round_index), paths.round_dir(round_index),
-                                             centralized_adapter(job), job.num_agents))
+        outputs.append(
+            write_candidate_roles(
+                paths.candidates(round_index), paths.round_dir(round_index), centralized_adapter(job), job.num_agents
+            )
+        )
         record.counts["centralized_parse_failures"] = reasons[PARSE_FAILURE]
     for side in sorted({k[1] for k in keys}):
         vals = [r["reward"] for r in rows if r["side"] == side and r["reward"] is not None]
         if vals:
             record.metrics[f"oracle/{side}_reward_mean"] = sum(vals) / len(vals)
-    record.details = {"failure_reasons": dict(reasons), "failed_items": dict(failed_items),
-                      "scored_by": "reward_model" if model else "task"}
+    record.details = {
+        "failure_reasons": dict(reasons),
+        "failed_items": dict(failed_items),
+        "scored_by": "reward_model" if model else "task",
+    }
     if model is not None:
         record.details.update({"reward_model": paths.rel(model[1]), "reward_model_round": model[0]})
         record.say(f"scored by the reward model fitted in round {model[0]} (preference_scoring_reward)")

@@ -14,18 +14,20 @@ from pathlib import Path
 _PREFECT_HOME = tempfile.mkdtemp(prefix="pbrl-test-prefect-")
 for _key in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE"):
     os.environ.pop(_key, None)
-os.environ.update({
-    "PREFECT_HOME": _PREFECT_HOME,
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-    "PREFECT_LOGGING_EXTRA_LOGGERS": "pbrl",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-})
+os.environ.update(
+    {
+        "PREFECT_HOME": _PREFECT_HOME,
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "pbrl",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+)
 
 import pytest  # noqa: E402
 
@@ -45,6 +47,8 @@ def prefect_api():
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}), \
-            prefect_test_harness(server_startup_timeout=90):
+    with (
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+        prefect_test_harness(server_startup_timeout=90),
+    ):
         yield

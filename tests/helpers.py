@@ -13,11 +13,21 @@ from pbrl.run.folder import prepare_run
 def tiny_job(model_dir: Path, output_dir: Path, **overrides: Any) -> JobConfig:
     """A small madpo_iter job on the toy task (4 items, 3 candidates, 8 new tokens)."""
     data: dict[str, Any] = {
-        "trainer": "madpo_iter", "task": "toy", "task_options": {"num_items": 4},
-        "agent_model": str(model_dir), "run_name": "run", "output_dir": str(output_dir),
-        "num_iterations": 2, "preference_num_candidates": 3, "preference_pairs_per_sample": 2,
-        "max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "agent_learning_rate": 1e-3,
-        "eval_num_samples": 2, "train_batch_size": 2,
+        "trainer": "madpo_iter",
+        "task": "toy",
+        "task_options": {"num_items": 4},
+        "agent_model": str(model_dir),
+        "run_name": "run",
+        "output_dir": str(output_dir),
+        "num_iterations": 2,
+        "preference_num_candidates": 3,
+        "preference_pairs_per_sample": 2,
+        "max_new_tokens": 8,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "agent_learning_rate": 1e-3,
+        "eval_num_samples": 2,
+        "train_batch_size": 2,
     }
     data.update(overrides)
     return parse_job(data)
@@ -38,13 +48,20 @@ def long_prompt(item: dict) -> str:
 
 
 # Artifacts two equivalent runs must share, byte for byte (the MADPO ones; MARLHF adds its own patterns).
-RUN_ARTIFACTS = ("rounds/*/candidates.parquet", "rounds/*/scores.parquet", "rounds/*/pairs.parquet",
-                 "rounds/*/selected_pairs.parquet", "rounds/*/eval.parquet", "replay/iteration_*.json",
-                 "checkpoints/round_*/agent_*/*.safetensors")
+RUN_ARTIFACTS = (
+    "rounds/*/candidates.parquet",
+    "rounds/*/scores.parquet",
+    "rounds/*/pairs.parquet",
+    "rounds/*/selected_pairs.parquet",
+    "rounds/*/eval.parquet",
+    "replay/iteration_*.json",
+    "checkpoints/round_*/agent_*/*.safetensors",
+)
 
 
-def run_artifacts(run_dir: Path, patterns: tuple[str, ...] = RUN_ARTIFACTS, *,
-                  trainer_state: bool = False) -> dict[str, object]:
+def run_artifacts(
+    run_dir: Path, patterns: tuple[str, ...] = RUN_ARTIFACTS, *, trainer_state: bool = False
+) -> dict[str, object]:
     """Every artifact of ``run_dir`` matching ``patterns`` (bytes), each AdamW state (tensors, step counts
     included) and, with ``trainer_state``, each round's (round, optimizer_steps)."""
     import torch
@@ -75,7 +92,7 @@ def assert_same_artifacts(a: dict, b: dict) -> None:
             assert a[key].keys() == b[key].keys(), key
             for k in a[key]:
                 va, vb = a[key][k], b[key][k]
-                assert (torch.equal(va, vb) if torch.is_tensor(va) else va == vb), (key, k)
+                assert torch.equal(va, vb) if torch.is_tensor(va) else va == vb, (key, k)
         else:
             assert a[key] == b[key], key
 
@@ -123,10 +140,12 @@ def tiny_policies(model_dir: Path, lora=None, lr: float = 1e-2, adapter_root: Pa
     out = []
     for seed in range(n):
         adapter = init_lora_adapter(model_dir, lora, adapter_root / f"agent_{seed}", seed=seed) if lora else None
-        model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, device="cpu", dtype="float32",
-                            trainable=True)
-        out.append(TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=0.0),
-                                   pad_token_id=0))
+        model = load_policy(model_dir, checkpoint_dir=adapter, lora=lora, device="cpu", dtype="float32", trainable=True)
+        out.append(
+            TrainablePolicy(
+                model, torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=0.0), pad_token_id=0
+            )
+        )
     return out
 
 

@@ -23,12 +23,19 @@ from tests.helpers import assert_same_artifacts, run_artifacts
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {"maac": ROOT / "flows" / "configs" / "tiny-marlhf-maac.yaml",
-           "iac": ROOT / "flows" / "configs" / "tiny-marlhf-iac.yaml"}
+CONFIGS = {
+    "maac": ROOT / "flows" / "configs" / "tiny-marlhf-maac.yaml",
+    "iac": ROOT / "flows" / "configs" / "tiny-marlhf-iac.yaml",
+}
 CRITICS = {"maac": 1, "iac": 2}
-ARTIFACTS = ("rounds/*/rollouts.parquet", "rounds/*/eval.parquet", "rounds/*/reward_model/*.safetensors",
-             "checkpoints/round_*/agent_*/*.safetensors", "checkpoints/round_*/critic_*/weights.safetensors",
-             "checkpoints/round_*/critic_*/critic.json")
+ARTIFACTS = (
+    "rounds/*/rollouts.parquet",
+    "rounds/*/eval.parquet",
+    "rounds/*/reward_model/*.safetensors",
+    "checkpoints/round_*/agent_*/*.safetensors",
+    "checkpoints/round_*/critic_*/weights.safetensors",
+    "checkpoints/round_*/critic_*/critic.json",
+)
 
 
 def _artifacts(run_dir: Path) -> dict[str, object]:
@@ -72,8 +79,9 @@ def test_two_rounds_complete_with_critics_checkpointed_and_metrics_recorded(fini
     for name in ("critic/value_loss", "critic/explained_variance", "critic/value_mean"):
         for suffix in suffixes:
             assert name + suffix in metrics, name + suffix
-    out = orchestration.train(load_job(CONFIGS[backend], [f"output_dir={run_dir.parent}", f"run_name={backend}"]),
-                              resume=True)
+    out = orchestration.train(
+        load_job(CONFIGS[backend], [f"output_dir={run_dir.parent}", f"run_name={backend}"]), resume=True
+    )
     assert {s["state"] for s in out["stages"]} == {"Cached"}
 
 
@@ -102,8 +110,15 @@ def test_sigkill_in_round_two_update_then_resume_matches_the_uninterrupted_run(f
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     script = tmp_path / "kill.py"
     script.write_text(KILL_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(CONFIGS[backend]), str(tmp_path)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(CONFIGS[backend]), str(tmp_path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     killed = tmp_path / "killed"
     paths = RunPaths(killed)

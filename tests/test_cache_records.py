@@ -27,8 +27,15 @@ from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.errors import ArtifactError
 from tests.helpers import new_run
 
-ROUND_STAGES = ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-                "update-policies", "evaluate")
+ROUND_STAGES = (
+    "sample-candidates",
+    "score-with-oracle",
+    "build-pairs",
+    "store-round",
+    "replay-select",
+    "update-policies",
+    "evaluate",
+)
 
 
 def executed(states: list[dict]) -> set[str]:
@@ -38,6 +45,7 @@ def executed(states: list[dict]) -> set[str]:
 @contextlib.contextmanager
 def within(seconds: int) -> Iterator[None]:
     """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""
+
     def expire(signum, frame):
         raise TimeoutError(f"still running after {seconds} s: a lock blocked the resume")
 
@@ -90,12 +98,17 @@ def test_reward_a_then_b_then_a_leaves_scores_manifest_and_state_of_a(tiny_model
 
     def agent0_lengths() -> dict[tuple, float]:
         rows = pq.read_table(paths.candidates(1)).to_pylist()
-        return {(r["item_id"], r["side"], r["candidate_index"]): float(len(r["completion"]))
-                for r in rows if r["agent_index"] == 0}
+        return {
+            (r["item_id"], r["side"], r["candidate_index"]): float(len(r["completion"]))
+            for r in rows
+            if r["agent_index"] == 0
+        }
 
     def raw_scores() -> dict[tuple, float]:
-        return {(r["item_id"], r["side"], r["candidate_index"]): r["raw_reward"]
-                for r in pq.read_table(paths.scores(1)).to_pylist()}
+        return {
+            (r["item_id"], r["side"], r["candidate_index"]): r["raw_reward"]
+            for r in pq.read_table(paths.scores(1)).to_pylist()
+        }
 
     first = train_round(rewards_ab.reward_a)
     lengths = agent0_lengths()  # reward A of a joint response = characters of agent 0's completion
@@ -107,7 +120,8 @@ def test_reward_a_then_b_then_a_leaves_scores_manifest_and_state_of_a(tiny_model
 
     # The task's fingerprint is in every stage's key: each stage's record is A's again.
     assert {s: third[s]["manifest"]["cache_key"] for s in ROUND_STAGES} == {
-        s: first[s]["manifest"]["cache_key"] for s in ROUND_STAGES}
+        s: first[s]["manifest"]["cache_key"] for s in ROUND_STAGES
+    }
     score = third["score-with-oracle"]
     assert score["state"] == "Completed"  # B's scores were on disk: A's are computed again
     assert raw_scores() == lengths
@@ -126,9 +140,11 @@ def test_reward_a_then_b_then_a_leaves_scores_manifest_and_state_of_a(tiny_model
 # ---------------------------------------------------------------------------------------------- Prefect's files
 def _dead_lock(lock: Path) -> None:
     # A process took the lock for an hour (recording itself as its owner first), then was killed.
-    code = ("import sys; from pathlib import Path; from flows.cache import ExpiringFileLocks; "
-            "locks = ExpiringFileLocks(Path(sys.argv[1]), hold_timeout=3600, acquire_timeout=0.1); "
-            "assert locks.acquire_lock(sys.argv[2], 'tx-killed')")
+    code = (
+        "import sys; from pathlib import Path; from flows.cache import ExpiringFileLocks; "
+        "locks = ExpiringFileLocks(Path(sys.argv[1]), hold_timeout=3600, acquire_timeout=0.1); "
+        "assert locks.acquire_lock(sys.argv[2], 'tx-killed')"
+    )
     subprocess.run([sys.executable, "-c", code, str(lock.parent), lock.stem], check=True)
     assert json.loads((lock.parent / "tx-killed.owner").read_text())["pid"] > 0
 
@@ -194,8 +210,10 @@ def test_prefect_cache_that_disagrees_or_is_gone_follows_the_manifests(run_copy)
 
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_api")
-@pytest.mark.parametrize("bad_state", ["lock holding only a holder", "lock truncated", "lock of a dead process",
-                                       "lock without a recorded owner"])
+@pytest.mark.parametrize(
+    "bad_state",
+    ["lock holding only a holder", "lock truncated", "lock of a dead process", "lock without a recorded owner"],
+)
 def test_bad_lock_of_a_stage_that_must_run_neither_hangs_nor_fails(run_copy, bad_state, monkeypatch):
     monkeypatch.setattr("flows.cache.LOCK_WAIT_SECONDS", 1.0)
     run_dir, job = run_copy

@@ -118,8 +118,10 @@ def test_a_response_missing_a_section_is_dropped_and_counted(tiny_model_dir, tmp
     run_dir, server, manifests = collect(tiny_model_dir, tmp_path, writer, centralized=True)
     items = sorted({r.body["task_item"]["item_id"] for r in server.records})
     assert len(server.records) == len(items) == 4  # one request per item, from the centralized comparator only
-    assert all(r.body["agent_index"] == 0 and r.body["prompt"].startswith("You are a centralized coordinator")
-               for r in server.records)
+    assert all(
+        r.body["agent_index"] == 0 and r.body["prompt"].startswith("You are a centralized coordinator")
+        for r in server.records
+    )
     counts = manifests["sample-candidates"].counts
     assert counts["centralized_parse_failures"] == 1 and counts["comparator_candidates"] == 4 * 3 - 1
     rows = read_rows(RunPaths(run_dir).candidates(1), CANDIDATES)
@@ -128,22 +130,38 @@ def test_a_response_missing_a_section_is_dropped_and_counted(tiny_model_dir, tmp
     assert any("could not be parsed" in m for m in manifests["sample-candidates"].messages)
 
 
-def test_well_formed_centralized_answers_give_the_pairs_of_the_equivalent_decentralized_rows(tiny_model_dir,
-                                                                                             tmp_path, key):
+def test_well_formed_centralized_answers_give_the_pairs_of_the_equivalent_decentralized_rows(
+    tiny_model_dir, tmp_path, key
+):
     stages = ("sample-candidates", "score-with-oracle", "build-pairs")
     runs = {
-        "decentralized": collect(tiny_model_dir, tmp_path / "d", decentralized_writer, centralized=False,
-                                 stages=stages)[0],
-        "centralized": collect(tiny_model_dir, tmp_path / "c", centralized_writer(set()), centralized=True,
-                               stages=stages)[0],
+        "decentralized": collect(
+            tiny_model_dir, tmp_path / "d", decentralized_writer, centralized=False, stages=stages
+        )[0],
+        "centralized": collect(
+            tiny_model_dir, tmp_path / "c", centralized_writer(set()), centralized=True, stages=stages
+        )[0],
     }
     comparator_rows, pairs = {}, {}
     for name, run_dir in runs.items():
         paths = RunPaths(run_dir)
         comparator_rows[name] = [
-            {k: r[k] for k in ("item_id", "candidate_index", "agent_index", "prompt", "prompt_ids", "completion",
-                               "completion_ids", "ids_source")}
-            for r in read_rows(paths.candidates(1), CANDIDATES) if r["side"] == "comparator"]
+            {
+                k: r[k]
+                for k in (
+                    "item_id",
+                    "candidate_index",
+                    "agent_index",
+                    "prompt",
+                    "prompt_ids",
+                    "completion",
+                    "completion_ids",
+                    "ids_source",
+                )
+            }
+            for r in read_rows(paths.candidates(1), CANDIDATES)
+            if r["side"] == "comparator"
+        ]
         pairs[name] = [{k: v for k, v in p.items() if k != "pair_id"} for p in read_rows(paths.pairs(1), PAIRS)]
     assert len(comparator_rows["centralized"]) == 4 * 3 * 2
     assert comparator_rows["centralized"][0]["completion"] == role_text(0, "toy-000", 0)
@@ -151,11 +169,17 @@ def test_well_formed_centralized_answers_give_the_pairs_of_the_equivalent_decent
     assert pairs["centralized"] and pairs["centralized"] == pairs["decentralized"]
 
 
-def test_a_checkpoint_comparator_writing_unparsable_text_drops_every_candidate_without_aborting(tiny_model_dir,
-                                                                                                tmp_path):
+def test_a_checkpoint_comparator_writing_unparsable_text_drops_every_candidate_without_aborting(
+    tiny_model_dir, tmp_path
+):
     """The tiny random model never writes tags: every centralized candidate is dropped, the round goes on."""
-    run_dir, job = new_run(tiny_model_dir, tmp_path, comparator_generation_mode="centralized",
-                           comparator_centralized_agent_index=1, preference_num_candidates=2)
+    run_dir, job = new_run(
+        tiny_model_dir,
+        tmp_path,
+        comparator_generation_mode="centralized",
+        comparator_centralized_agent_index=1,
+        preference_num_candidates=2,
+    )
     manifest = STAGE_MODULES["sample-candidates"].run(run_dir, 1, job)
     assert manifest.counts["centralized_parse_failures"] == 4 * 2
     assert manifest.counts["comparator_candidates"] == 0

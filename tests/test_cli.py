@@ -108,8 +108,11 @@ def test_stage_round_must_exist(tiny_model_dir, tmp_path):
 
 
 def test_expected_errors_are_every_error_class_of_pbrl_errors():
-    defined = {obj for _, obj in inspect.getmembers(errors, inspect.isclass)
-               if issubclass(obj, Exception) and obj.__module__ == errors.__name__}
+    defined = {
+        obj
+        for _, obj in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(obj, Exception) and obj.__module__ == errors.__name__
+    }
     names = {c.__name__ for c in defined}
     assert {"ConfigError", "ArtifactError", "OracleError", "RewardContractError", "SamplingError"} <= names
     assert set(errors.EXPECTED_ERRORS) == defined  # a class added to pbrl/errors.py must be listed too
@@ -191,21 +194,38 @@ def one_value_short(*completions, **_):
 def pbrl_env() -> dict[str, str]:
     """This session's isolated Prefect home (conftest) at Prefect's default log level; the quieting must
     come from pbrl itself, so no progress-bar or warning settings are inherited."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "PYTHONWARNINGS", "TQDM_DISABLE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "PYTHONWARNINGS", "TQDM_DISABLE")
+    }
     env.update({"PREFECT_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     return env
 
 
 def run_pbrl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).with_name("pbrl")), *args], cwd=ROOT, env=pbrl_env(),
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("pbrl")), *args],
+        cwd=ROOT,
+        env=pbrl_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.flow
 def test_reward_func_one_value_short_is_one_error_line_exit_1(tmp_path):
-    out = run_pbrl("train", str(TINY), "--set", f"output_dir={tmp_path}", "--run-name", "short",
-               "--set", "reward_func=tests.test_cli:one_value_short")
+    out = run_pbrl(
+        "train",
+        str(TINY),
+        "--set",
+        f"output_dir={tmp_path}",
+        "--run-name",
+        "short",
+        "--set",
+        "reward_func=tests.test_cli:one_value_short",
+    )
     assert out.returncode == 1, out.stderr
     lines = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, out.stderr
@@ -217,8 +237,20 @@ def test_reward_func_one_value_short_is_one_error_line_exit_1(tmp_path):
 @pytest.mark.flow
 def test_train_output_has_no_weight_bars_or_futurewarnings(tmp_path):
     # LoRA agents: peft's model wrapping is what triggered transformers' FutureWarning on every load.
-    out = run_pbrl("train", str(TINY), "--set", f"output_dir={tmp_path}", "--run-name", "quiet",
-               "--set", "num_iterations=1", "--set", "lora_r=8", "--set", "lora_alpha=16")
+    out = run_pbrl(
+        "train",
+        str(TINY),
+        "--set",
+        f"output_dir={tmp_path}",
+        "--run-name",
+        "quiet",
+        "--set",
+        "num_iterations=1",
+        "--set",
+        "lora_r=8",
+        "--set",
+        "lora_alpha=16",
+    )
     assert out.returncode == 0, out.stderr
     assert "Finished in state Completed()" in out.stderr  # the log is there, only the noise is gone
     for noise in NOISE:

@@ -35,12 +35,22 @@ def _servers_on(port: str) -> list[int]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and /proc")
 def test_ctrl_c_stops_within_seconds_and_resume_completes(tmp_path):
     run_dir = tmp_path / "ctrl-c"
-    cmd = [str(Path(sys.executable).with_name("pbrl")), "train", str(TINY), "--set", f"output_dir={tmp_path}",
-           "--run-name", "ctrl-c", "--set", "num_iterations=3"]
+    cmd = [
+        str(Path(sys.executable).with_name("pbrl")),
+        "train",
+        str(TINY),
+        "--set",
+        f"output_dir={tmp_path}",
+        "--run-name",
+        "ctrl-c",
+        "--set",
+        "num_iterations=3",
+    ]
     # Own session: the SIGINT below reaches every process of this group, exactly as a terminal's Ctrl-C does
     # (before the fix, that included Prefect's ephemeral server, and the client then retried it for minutes).
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=pbrl_env(), start_new_session=True, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=pbrl_env(), start_new_session=True, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 300
         while not (run_dir / "rounds").is_dir():  # a stage has begun writing

@@ -42,8 +42,9 @@ def problems_of(**fields) -> list[tuple[str, str]]:
 # ------------------------------------------------------------------------------------------------ config
 def test_the_default_is_decentralized_and_centralized_takes_one_actor_for_every_role():
     assert parse_job(MINIMAL).collaboration_mode == "decentralized"
-    job = parse_job({**MINIMAL, "collaboration_mode": "centralized", "num_agents": 3,
-                     "task_options": {"num_agents": 3}})
+    job = parse_job(
+        {**MINIMAL, "collaboration_mode": "centralized", "num_agents": 3, "task_options": {"num_agents": 3}}
+    )
     assert (job.num_agents, num_actors(job), job.comparator_generation_mode) == (3, 1, "centralized")
     assert actor_job(job).num_agents == 1 and actor_job(job).collaboration_mode == "centralized"
     base = parse_job({**MINIMAL, "trainer": "madpo", "collaboration_mode": "centralized"})
@@ -53,25 +54,30 @@ def test_the_default_is_decentralized_and_centralized_takes_one_actor_for_every_
 def test_a_given_decentralized_comparator_generation_is_replaced_with_a_notice_as_in_the_reference():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        job = parse_job({**MINIMAL, "collaboration_mode": "centralized",
-                         "comparator_generation_mode": "decentralized"})
+        job = parse_job({**MINIMAL, "collaboration_mode": "centralized", "comparator_generation_mode": "decentralized"})
     assert job.comparator_generation_mode == "centralized"
     notes = [str(w.message) for w in caught if issubclass(w.category, ConfigNotice)]
     assert any("comparator_generation_mode='decentralized' is replaced by 'centralized'" in n for n in notes)
 
 
-@pytest.mark.parametrize(("fields", "field", "says"), [
-    ({"collaboration_mode": "Centralized"}, "collaboration_mode", "allowed: decentralized, centralized"),
-    ({"collaboration_mode": "centralised"}, "collaboration_mode", "allowed: decentralized, centralized"),
-    ({"trainer": "marlhf_iter"}, "collaboration_mode", "not available with trainer 'marlhf' or 'marlhf_iter'"),
-    ({"trainer": "marlhf"}, "collaboration_mode", "not available with trainer 'marlhf' or 'marlhf_iter'"),
-    ({"comparator_centralized_agent_index": 1}, "comparator_centralized_agent_index", "must be 0"),
-    ({"agents": ["a", "b"]}, "agents", "exactly one model"),
-    ({"agent_devices": ["cpu", "cpu"]}, "agent_devices", "must list 1 device"),
-    ({"comparator_policy": "model", "comparator_agents": ["a", "b"]}, "comparator_agents", "exactly one model"),
-    ({"comparator_policy": "current_copy", "comparator_devices": ["cpu", "cpu"]}, "comparator_devices",
-     "must list 1 device"),
-])
+@pytest.mark.parametrize(
+    ("fields", "field", "says"),
+    [
+        ({"collaboration_mode": "Centralized"}, "collaboration_mode", "allowed: decentralized, centralized"),
+        ({"collaboration_mode": "centralised"}, "collaboration_mode", "allowed: decentralized, centralized"),
+        ({"trainer": "marlhf_iter"}, "collaboration_mode", "not available with trainer 'marlhf' or 'marlhf_iter'"),
+        ({"trainer": "marlhf"}, "collaboration_mode", "not available with trainer 'marlhf' or 'marlhf_iter'"),
+        ({"comparator_centralized_agent_index": 1}, "comparator_centralized_agent_index", "must be 0"),
+        ({"agents": ["a", "b"]}, "agents", "exactly one model"),
+        ({"agent_devices": ["cpu", "cpu"]}, "agent_devices", "must list 1 device"),
+        ({"comparator_policy": "model", "comparator_agents": ["a", "b"]}, "comparator_agents", "exactly one model"),
+        (
+            {"comparator_policy": "current_copy", "comparator_devices": ["cpu", "cpu"]},
+            "comparator_devices",
+            "must list 1 device",
+        ),
+    ],
+)
 def test_centralized_config_errors_name_the_field_and_the_fix(fields, field, says):
     data = {**MINIMAL, "collaboration_mode": "centralized", **fields}
     if "agents" in fields:
@@ -94,8 +100,12 @@ def test_one_actor_model_is_fine_centralized_and_refused_for_two_decentralized_a
 def test_preflight_names_an_adapter_that_does_not_import_for_a_base_trainer_too(tiny_model_dir, tmp_path):
     from pbrl.run.preflight import preflight
 
-    job = tiny_job(tiny_model_dir, tmp_path, collaboration_mode="centralized",
-                   comparator_centralized_adapter="tests.test_collaboration:Missing")
+    job = tiny_job(
+        tiny_model_dir,
+        tmp_path,
+        collaboration_mode="centralized",
+        comparator_centralized_adapter="tests.test_collaboration:Missing",
+    )
     data = {**job.model_dump(mode="json"), "trainer": "madpo", "pair_selection": "reward_gap"}
     base = parse_job({k: v for k, v in data.items() if k in JOB_CLASSES["madpo"].model_fields})
     for each in (job, base):
@@ -115,7 +125,8 @@ def test_the_actor_prompt_is_the_tagged_prompt_of_every_role_prompt():
         "task. Each agent's original prompt follows.\n\n"
         f"Agent 1 original prompt:\n{role[0]}\n\nAgent 2 original prompt:\n{role[1]}\n\n"
         "Write every agent's output, each inside its own tags, in this form and nothing else:\n"
-        "<agent_1>agent 1's output</agent_1>\n<agent_2>agent 2's output</agent_2>")
+        "<agent_1>agent 1's output</agent_1>\n<agent_2>agent 2's output</agent_2>"
+    )
     decentralized = actor_prompts(task, list(task.train_items), centralized_adapter(parse_job(MINIMAL)))
     assert decentralized == [[TOY_PROMPTS[a].format(t=t) for t in ("apples", "rivers")] for a in range(2)]
 
@@ -130,23 +141,34 @@ def test_the_reward_sees_the_role_texts_and_role_prompts_and_a_missing_section_i
     task = get_task("toy", num_items=2)
     task = type(task)(name="t", formatters=task.formatters, reward_func=reward)
     items = list(get_task("toy", num_items=2).train_items)
-    texts = ["<agent_1>abc</agent_1> <agent_2>abcdef</agent_2>", "<agent_1>only one</agent_1>",
-             "<agent_2>xy</agent_2><agent_1> z </agent_1>"]
+    texts = [
+        "<agent_1>abc</agent_1> <agent_2>abcdef</agent_2>",
+        "<agent_1>only one</agent_1>",
+        "<agent_2>xy</agent_2><agent_1> z </agent_1>",
+    ]
     scores, parsed = score_joint(TaggedAdapter(), task, texts, [items[0], items[1], items[1]])
     assert [s.raw for s in scores] == [3 + 60, None, 1 + 20]
     assert scores[1].failure == "centralized_parse: missing or empty section(s) <agent_2>"
     assert [p.roles for p in parsed] == [["abc", "abcdef"], None, ["z", "xy"]]
     # one batched call over the parsed responses, with each one's role prompts and item
-    assert seen == {"a": ["abc", "z"], "b": ["abcdef", "xy"], "items": ["toy-000", "toy-001"],
-                    "prompts": [[p.format(t=t) for p in TOY_PROMPTS] for t in ("apples", "rivers")]}
+    assert seen == {
+        "a": ["abc", "z"],
+        "b": ["abcdef", "xy"],
+        "items": ["toy-000", "toy-001"],
+        "prompts": [[p.format(t=t) for p in TOY_PROMPTS] for t in ("apples", "rivers")],
+    }
     empty, parsed = score_joint(EmptyRoleAdapter(), task, ["anything"], [items[0]])
     assert empty[0].failure == "centralized_parse: empty role(s) 2" and parsed[0].roles is None
 
 
 # ------------------------------------------------------------------------------- through the stages, by hand
 ROLE_TEXTS = {  # (item, candidate) -> (role 1, role 2); toy reward: 0.8 * closeness(L2, 2 L1) + 0.2 * variety
-    ("toy-000", 0): ("ab", "abcd"), ("toy-000", 1): ("ab", "abcdefgh"), ("toy-000", 2): ("abcd", "ab"),
-    ("toy-001", 0): ("xyz", "xyzxyz"), ("toy-001", 1): ("x", "xyzxyzxyz"), ("toy-001", 2): ("xy", "xy"),
+    ("toy-000", 0): ("ab", "abcd"),
+    ("toy-000", 1): ("ab", "abcdefgh"),
+    ("toy-000", 2): ("abcd", "ab"),
+    ("toy-001", 0): ("xyz", "xyzxyz"),
+    ("toy-001", 1): ("x", "xyzxyzxyz"),
+    ("toy-001", 2): ("xy", "xy"),
 }
 PROMPT_IDS = [[5, 6, 7], [8, 9]]
 
@@ -158,17 +180,40 @@ def _ids(text: str) -> list[int]:
 def write_candidates(run_dir: Path, *, centralized: bool, broken: frozenset = frozenset()) -> None:
     rows = []
     for (item, k), roles in ROLE_TEXTS.items():
-        base = {"item_id": item, "side": "target", "candidate_index": k, "finish_reason": "eos", "stop_token_id": 3,
-                "seed": k, "ids_source": "generated"}
+        base = {
+            "item_id": item,
+            "side": "target",
+            "candidate_index": k,
+            "finish_reason": "eos",
+            "stop_token_id": 3,
+            "seed": k,
+            "ids_source": "generated",
+        }
         if centralized:
             second = "" if (item, k) in broken else f"<agent_2>{roles[1]}</agent_2>"
             joint = f"<agent_1>{roles[0]}</agent_1>\n{second}"
-            rows.append({**base, "agent_index": 0, "prompt": "joint prompt",
-                         "prompt_ids": PROMPT_IDS[0] + PROMPT_IDS[1], "completion": joint,
-                         "completion_ids": _ids(joint)})
+            rows.append(
+                {
+                    **base,
+                    "agent_index": 0,
+                    "prompt": "joint prompt",
+                    "prompt_ids": PROMPT_IDS[0] + PROMPT_IDS[1],
+                    "completion": joint,
+                    "completion_ids": _ids(joint),
+                }
+            )
         else:
-            rows += [{**base, "agent_index": a, "prompt": f"prompt {a}", "prompt_ids": PROMPT_IDS[a],
-                      "completion": roles[a], "completion_ids": _ids(roles[a])} for a in range(2)]
+            rows += [
+                {
+                    **base,
+                    "agent_index": a,
+                    "prompt": f"prompt {a}",
+                    "prompt_ids": PROMPT_IDS[a],
+                    "completion": roles[a],
+                    "completion_ids": _ids(roles[a]),
+                }
+                for a in range(2)
+            ]
     write_table(RunPaths(run_dir).candidates(1), rows, CANDIDATES)
 
 
@@ -176,9 +221,16 @@ def by_hand_run(tiny_model_dir, out: Path, *, centralized: bool, broken: frozens
     from pbrl.run.folder import prepare_run
 
     extra = {"collaboration_mode": "centralized"} if centralized else {}
-    data = {**tiny_job(tiny_model_dir, out).model_dump(mode="json"), "trainer": "madpo",
-            "task_options": {"num_items": 2}, "preference_num_candidates": 3, "preference_pairs_per_sample": None,
-            "pair_selection": "all", **extra, **fields}
+    data = {
+        **tiny_job(tiny_model_dir, out).model_dump(mode="json"),
+        "trainer": "madpo",
+        "task_options": {"num_items": 2},
+        "preference_num_candidates": 3,
+        "preference_pairs_per_sample": None,
+        "pair_selection": "all",
+        **extra,
+        **fields,
+    }
     job = parse_job({k: v for k, v in data.items() if k in JOB_CLASSES["madpo"].model_fields})
     run_dir = prepare_run(job, resume=False)
     write_candidates(run_dir, centralized=centralized, broken=broken)
@@ -189,11 +241,22 @@ def by_hand_run(tiny_model_dir, out: Path, *, centralized: bool, broken: frozens
 def test_well_formed_joint_responses_give_the_pairs_of_the_equivalent_decentralized_rows(tiny_model_dir, tmp_path):
     cen, _, _ = by_hand_run(tiny_model_dir, tmp_path / "c", centralized=True)
     dec, _, _ = by_hand_run(tiny_model_dir, tmp_path / "d", centralized=False)
-    same = ("item_id", "winner_side", "winner_index", "loser_side", "loser_index", "winner_reward", "loser_reward",
-            "winner_raw_reward", "loser_raw_reward", "candidate_reward_mean")
+    same = (
+        "item_id",
+        "winner_side",
+        "winner_index",
+        "loser_side",
+        "loser_index",
+        "winner_reward",
+        "loser_reward",
+        "winner_raw_reward",
+        "loser_raw_reward",
+        "candidate_reward_mean",
+    )
     pairs = {name: read_rows(RunPaths(d).pairs(1), PAIRS) for name, d in (("c", cen), ("d", dec))}
     assert len(pairs["c"]) == 2 * 3 and [{k: p[k] for k in same} for p in pairs["c"]] == [
-        {k: p[k] for k in same} for p in pairs["d"]]
+        {k: p[k] for k in same} for p in pairs["d"]
+    ]
     assert read_rows(RunPaths(cen).scores(1), SCORES) == read_rows(RunPaths(dec).scores(1), SCORES)
     # toy-000 #1: roles "ab", "abcdefgh": 0.8 * closeness(8, 4) + 0.2 * 8/20 = 0.4 + 0.08
     score = {(s["item_id"], s["candidate_index"]): s["raw_reward"] for s in read_rows(RunPaths(cen).scores(1), SCORES)}
@@ -205,12 +268,16 @@ def test_well_formed_joint_responses_give_the_pairs_of_the_equivalent_decentrali
     assert top["winner_completions"] == [joint] and top["winner_ids"] == [_ids(joint)]
     assert top["prompt_ids"] == [[5, 6, 7, 8, 9]]
     roles = read_rows(roles_path(RunPaths(cen).round_dir(1)), ROLES)
-    assert roles[1] == {"item_id": "toy-000", "side": "target", "candidate_index": 1, "roles": ["ab", "abcdefgh"],
-                        "failure": None}
+    assert roles[1] == {
+        "item_id": "toy-000",
+        "side": "target",
+        "candidate_index": 1,
+        "roles": ["ab", "abcdefgh"],
+        "failure": None,
+    }
 
 
-def test_a_joint_response_missing_a_section_is_dropped_and_counted_and_never_stops_the_round(tiny_model_dir,
-                                                                                               tmp_path):
+def test_a_joint_response_missing_a_section_is_dropped_and_counted_and_never_stops_the_round(tiny_model_dir, tmp_path):
     # 4 of 6 broken: more than oracle_max_failure_share=0.5, which would stop the round for reward failures
     broken = frozenset({("toy-000", 0), ("toy-000", 1), ("toy-001", 0), ("toy-001", 2)})
     run_dir, _, manifests = by_hand_run(tiny_model_dir, tmp_path, centralized=True, broken=broken)
@@ -231,14 +298,16 @@ def test_madpo_learns_from_the_joint_completion_as_one_sequence_of_agent_0(tiny_
     every completion token scored (EOS included); checkpoints hold agent_0 only."""
     from transformers import AutoModelForCausalLM
 
-    run_dir, job, _ = by_hand_run(tiny_model_dir, tmp_path, centralized=True, train_batch_size=1,
-                                  num_train_epochs=1, dpo_beta=0.5)
+    run_dir, job, _ = by_hand_run(
+        tiny_model_dir, tmp_path, centralized=True, train_batch_size=1, num_train_epochs=1, dpo_beta=0.5
+    )
     # keep one pair: the replay of a base trainer takes the round's pairs, so write that round with one pair
     paths = RunPaths(run_dir)
     (pair,) = read_rows(paths.pairs(1), PAIRS)[:1]
     write_table(paths.pairs(1), [pair], PAIRS)
-    manifests = {name: STAGE_MODULES[name].run(run_dir, 1, job) for name in ("store-round", "replay-select",
-                                                                            "update-policies")}
+    manifests = {
+        name: STAGE_MODULES[name].run(run_dir, 1, job) for name in ("store-round", "replay-select", "update-policies")
+    }
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
 
     def logprob(prompt: list[int], completion: list[int]) -> float:
@@ -259,8 +328,12 @@ def test_madpo_learns_from_the_joint_completion_as_one_sequence_of_agent_0(tiny_
 
 # --------------------------------------------------------------------------------- sampling and evaluation
 def test_one_actor_samples_joint_responses_and_its_comparator_too(tiny_model_dir, tmp_path):
-    run_dir, job = new_run(tiny_model_dir, tmp_path, collaboration_mode="centralized",
-                           comparator_centralized_adapter="pbrl.generation.centralized:EqualSharesAdapter")
+    run_dir, job = new_run(
+        tiny_model_dir,
+        tmp_path,
+        collaboration_mode="centralized",
+        comparator_centralized_adapter="pbrl.generation.centralized:EqualSharesAdapter",
+    )
     manifests = {name: STAGE_MODULES[name].run(run_dir, 1, job) for name in ("sample-candidates", "score-with-oracle")}
     rows = read_rows(RunPaths(run_dir).candidates(1), CANDIDATES)
     assert {r["agent_index"] for r in rows} == {0} and len(rows) == 4 * 3 * 2  # items x candidates x sides
@@ -286,8 +359,14 @@ def test_a_centralized_run_exports_its_one_actor_at_start_with_policy_checkpoint
 @pytest.mark.parametrize("policy", ["history", "current_copy", "model"])
 def test_every_local_comparator_kind_is_one_actor_on_the_joint_prompt(tiny_model_dir, tmp_path, policy):
     fields = {"comparator_model_name": str(tiny_model_dir)} if policy == "model" else {}
-    run_dir, job = new_run(tiny_model_dir, tmp_path, collaboration_mode="centralized", comparator_policy=policy,
-                           preference_num_candidates=2, **fields)
+    run_dir, job = new_run(
+        tiny_model_dir,
+        tmp_path,
+        collaboration_mode="centralized",
+        comparator_policy=policy,
+        preference_num_candidates=2,
+        **fields,
+    )
     STAGE_MODULES["sample-candidates"].run(run_dir, 1, job)
     rows = read_rows(RunPaths(run_dir).candidates(1), CANDIDATES)
     comparator = [r for r in rows if r["side"] == "comparator"]
@@ -297,8 +376,9 @@ def test_every_local_comparator_kind_is_one_actor_on_the_joint_prompt(tiny_model
     assert all(r["prompt"].startswith("You are a centralized coordinator") for r in comparator)
 
 
-def test_an_api_comparator_answers_the_joint_prompt_once_per_item_and_its_text_is_kept_whole(tiny_model_dir, tmp_path,
-                                                                                           monkeypatch):
+def test_an_api_comparator_answers_the_joint_prompt_once_per_item_and_its_text_is_kept_whole(
+    tiny_model_dir, tmp_path, monkeypatch
+):
     from tests.test_comparators_api import KEY_ENV, LoopbackServer, api_job_fields
 
     monkeypatch.setenv(KEY_ENV, "sk-collaboration-test")
@@ -307,18 +387,24 @@ def test_an_api_comparator_answers_the_joint_prompt_once_per_item_and_its_text_i
         return [f"<agent_1>one {k}</agent_1><agent_2>two {k}</agent_2>" for k in range(n)]
 
     with LoopbackServer("generic", write) as server:
-        run_dir, job = new_run(tiny_model_dir, tmp_path, collaboration_mode="centralized",
-                               **api_job_fields(server.url, fmt="generic"))
+        run_dir, job = new_run(
+            tiny_model_dir, tmp_path, collaboration_mode="centralized", **api_job_fields(server.url, fmt="generic")
+        )
         for name in ("sample-candidates", "score-with-oracle"):
             STAGE_MODULES[name].run(run_dir, 1, job)
     assert len(server.records) == 4 and {r.body["agent_index"] for r in server.records} == {0}
     assert all(r.body["prompt"].startswith("You are a centralized coordinator") for r in server.records)
     comparator = [r for r in read_rows(RunPaths(run_dir).candidates(1), CANDIDATES) if r["side"] == "comparator"]
-    assert [r["completion"] for r in comparator[:2]] == ["<agent_1>one 0</agent_1><agent_2>two 0</agent_2>",
-                                                         "<agent_1>one 1</agent_1><agent_2>two 1</agent_2>"]
+    assert [r["completion"] for r in comparator[:2]] == [
+        "<agent_1>one 0</agent_1><agent_2>two 0</agent_2>",
+        "<agent_1>one 1</agent_1><agent_2>two 1</agent_2>",
+    ]
     assert {r["ids_source"] for r in comparator} == {"encoded_from_text"}
-    roles = {(r["item_id"], r["candidate_index"]): r["roles"]
-             for r in read_rows(roles_path(RunPaths(run_dir).round_dir(1)), ROLES) if r["side"] == "comparator"}
+    roles = {
+        (r["item_id"], r["candidate_index"]): r["roles"]
+        for r in read_rows(roles_path(RunPaths(run_dir).round_dir(1)), ROLES)
+        if r["side"] == "comparator"
+    }
     assert roles[("toy-000", 1)] == ["one 1", "two 1"]
 
 
@@ -333,13 +419,22 @@ def test_evaluation_splits_each_joint_draw_into_roles(tiny_model_dir, tmp_path):
     assert manifest.counts["failed"] == 2
     eval_roles = read_rows(roles_path(RunPaths(run_dir).round_dir(0), eval_draws=True), ROLES)
     assert [(r["item_id"], r["side"], r["candidate_index"], r["roles"]) for r in eval_roles] == [
-        ("toy-000", "eval", 0, None), ("toy-001", "eval", 0, None)]
+        ("toy-000", "eval", 0, None),
+        ("toy-001", "eval", 0, None),
+    ]
 
 
 # --------------------------------------------------------------------------------------------- the config
 TINY = Path(__file__).resolve().parents[1] / "flows" / "configs" / "tiny-centralized.yaml"
-ROUND_STAGES = ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-                "update-policies", "evaluate")
+ROUND_STAGES = (
+    "sample-candidates",
+    "score-with-oracle",
+    "build-pairs",
+    "store-round",
+    "replay-select",
+    "update-policies",
+    "evaluate",
+)
 
 
 @pytest.mark.flow

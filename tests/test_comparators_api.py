@@ -51,16 +51,31 @@ def shape(fmt: str, texts: list[str]) -> dict[str, Any]:
     if fmt == "generic":
         return {"completions": texts}
     if fmt == "openai":
-        return {"choices": [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
-                            for i, t in enumerate(texts)]}
+        return {
+            "choices": [
+                {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "stop"}
+                for i, t in enumerate(texts)
+            ]
+        }
     if fmt == "anthropic":
         (text,) = texts
         half = len(text) // 2  # two text blocks (and a non-text one) that the client must join
-        return {"content": [{"type": "text", "text": text[:half]}, {"type": "thinking", "thinking": "x"},
-                            {"type": "text", "text": text[half:]}], "stop_reason": "end_turn"}
+        return {
+            "content": [
+                {"type": "text", "text": text[:half]},
+                {"type": "thinking", "thinking": "x"},
+                {"type": "text", "text": text[half:]},
+            ],
+            "stop_reason": "end_turn",
+        }
     (text,) = texts
-    return {"status": "completed", "output": [{"type": "reasoning", "content": []},
-                                              {"type": "message", "content": [{"type": "output_text", "text": text}]}]}
+    return {
+        "status": "completed",
+        "output": [
+            {"type": "reasoning", "content": []},
+            {"type": "message", "content": [{"type": "output_text", "text": text}]},
+        ],
+    }
 
 
 class TinyModelWriter:
@@ -81,8 +96,9 @@ class TinyModelWriter:
             self.calls += 1
             prompt = request_prompt(body)
             ids = encode_prompt(self.tokenizer, prompt)
-            seeds = [derive_seed(0, round_index=0, stage="server", item=prompt, index=self.calls * 100 + j)
-                     for j in range(n)]
+            seeds = [
+                derive_seed(0, round_index=0, stage="server", item=prompt, index=self.calls * 100 + j) for j in range(n)
+            ]
             gens = generate(self.model, self.tokenizer, [ids] * n, seeds, SAMPLING)
         return [g.text or "empty" for g in gens]
 
@@ -99,8 +115,14 @@ class LoopbackServer:
     ``max_requests`` requests. ``script`` holds actions for the next requests, in arrival order:
     ``("429", retry_after)``, ``("500",)``, ``("slow", seconds)``, ``("400",)``, ``("short", k)``."""
 
-    def __init__(self, fmt: str, writer: Callable[[str, dict[str, Any], int], list[str]], *, delay: float = 0.0,
-                 max_requests: int = 2000):
+    def __init__(
+        self,
+        fmt: str,
+        writer: Callable[[str, dict[str, Any], int], list[str]],
+        *,
+        delay: float = 0.0,
+        max_requests: int = 2000,
+    ):
         self.fmt, self.writer, self.delay, self.max_requests = fmt, writer, delay, max_requests
         self.records: list[Recorded] = []
         self.sent: dict[str, list[str]] = {}  # prompt -> every answer text served for it, in order
@@ -185,8 +207,15 @@ def key(monkeypatch):
 
 
 def settings(fmt: str, url: str, **kw: Any) -> ApiSettings:
-    base: dict[str, Any] = {"api_format": fmt, "url": url, "model": "tiny-remote", "key_env": KEY_ENV,
-                            "timeout": 5.0, "backoff_base": 0.01, "backoff_max": 0.05}
+    base: dict[str, Any] = {
+        "api_format": fmt,
+        "url": url,
+        "model": "tiny-remote",
+        "key_env": KEY_ENV,
+        "timeout": 5.0,
+        "backoff_base": 0.01,
+        "backoff_max": 0.05,
+    }
     base.update(kw)
     return ApiSettings(**base)
 
@@ -196,10 +225,29 @@ ASK = ApiRequest("agent 1, item 'q1'", "Say one word about reward.", 1, ITEM, 3)
 MESSAGES = [{"role": "user", "content": "Say one word about reward."}]
 # The exact bodies of SPEC §5.3.1 for ASK (3 answers) under SAMPLING, one entry per request sent.
 EXPECTED_BODIES = {
-    "generic": [{"prompt": "Say one word about reward.", "agent_index": 1, "task_item": ITEM, "num_candidates": 3,
-                 "max_new_tokens": 8, "temperature": 1.0, "top_p": 0.9, "top_k": 20, "model": "tiny-remote"}],
-    "openai": [{"model": "tiny-remote", "messages": MESSAGES, "n": 3, "max_completion_tokens": 8,
-                "temperature": 1.0, "top_p": 0.9}],
+    "generic": [
+        {
+            "prompt": "Say one word about reward.",
+            "agent_index": 1,
+            "task_item": ITEM,
+            "num_candidates": 3,
+            "max_new_tokens": 8,
+            "temperature": 1.0,
+            "top_p": 0.9,
+            "top_k": 20,
+            "model": "tiny-remote",
+        }
+    ],
+    "openai": [
+        {
+            "model": "tiny-remote",
+            "messages": MESSAGES,
+            "n": 3,
+            "max_completion_tokens": 8,
+            "temperature": 1.0,
+            "top_p": 0.9,
+        }
+    ],
     "anthropic": [{"model": "tiny-remote", "max_tokens": 8, "messages": MESSAGES, "temperature": 1.0}] * 3,
     "openai_responses": [{"model": "tiny-remote", "input": "Say one word about reward.", "max_output_tokens": 8}] * 3,
 }
@@ -222,8 +270,18 @@ def test_each_format_sends_the_spec_body_and_headers_and_gets_exactly_n_answers(
 
 def test_extra_body_is_merged_last_and_custom_key_header_prefix(writer, key):
     with LoopbackServer("openai", writer) as server:
-        fetch_answers([ASK], settings("openai", server.url, extra_body={"temperature": 0.5, "seed": 7},
-                                      key_header="api-key", key_prefix="", headers={"X-Team": "a"}), SAMPLING)
+        fetch_answers(
+            [ASK],
+            settings(
+                "openai",
+                server.url,
+                extra_body={"temperature": 0.5, "seed": 7},
+                key_header="api-key",
+                key_prefix="",
+                headers={"X-Team": "a"},
+            ),
+            SAMPLING,
+        )
     (r,) = server.records
     assert r.body["temperature"] == 0.5 and r.body["seed"] == 7
     assert r.headers["api-key"] == KEY and r.headers["x-team"] == "a" and "authorization" not in r.headers
@@ -287,13 +345,15 @@ def test_retries_run_out_with_a_transient_typed_error(writer, key):
     assert isinstance(info.value, TransientError) and info.value.status == 500
 
 
-@pytest.mark.parametrize("fmt,max_n,asked", [("openai", None, [4, 3]), ("openai", 2, [2, 2, 1]),
-                                             ("generic", None, [4, 3])])
+@pytest.mark.parametrize(
+    "fmt,max_n,asked", [("openai", None, [4, 3]), ("openai", 2, [2, 2, 1]), ("generic", None, [4, 3])]
+)
 def test_fewer_answers_than_asked_are_topped_up(fmt, max_n, asked, writer, key):
     with LoopbackServer(fmt, writer) as server:
         server.script.append(("short", 1))
-        (answers,) = fetch_answers([ApiRequest("r", "Say a word.", 0, ITEM, 4)],
-                                   settings(fmt, server.url, max_n_per_request=max_n), SAMPLING)
+        (answers,) = fetch_answers(
+            [ApiRequest("r", "Say a word.", 0, ITEM, 4)], settings(fmt, server.url, max_n_per_request=max_n), SAMPLING
+        )
     assert [request_n(r.body) for r in server.records] == asked
     assert len(answers) == 4
 
@@ -316,9 +376,15 @@ def test_an_unset_key_variable_is_named_and_nothing_is_sent(monkeypatch, writer)
 
 # ----------------------------------------------------------------------------------- through the stage
 def api_job_fields(url: str, fmt: str = "openai", **kw: Any) -> dict[str, Any]:
-    return {"comparator_policy": "api", "comparator_api_format": fmt, "comparator_api_url": url,
-            "comparator_api_model": "tiny-remote", "comparator_api_key_env": KEY_ENV, "comparator_api_timeout": 10.0,
-            **kw}
+    return {
+        "comparator_policy": "api",
+        "comparator_api_format": fmt,
+        "comparator_api_url": url,
+        "comparator_api_model": "tiny-remote",
+        "comparator_api_key_env": KEY_ENV,
+        "comparator_api_timeout": 10.0,
+        **kw,
+    }
 
 
 def test_stage_stores_answers_in_each_target_vocabulary_and_a_rerun_resumes(tiny_model_dir, tmp_path, writer, key):
@@ -330,8 +396,7 @@ def test_stage_stores_answers_in_each_target_vocabulary_and_a_rerun_resumes(tiny
 
     tokenizer = load_tokenizer(tiny_model_dir)
     with LoopbackServer("openai", writer) as server:
-        run_dir, job = new_run(tiny_model_dir, tmp_path, **api_job_fields(server.url,
-                                                                          comparator_api_max_concurrency=1))
+        run_dir, job = new_run(tiny_model_dir, tmp_path, **api_job_fields(server.url, comparator_api_max_concurrency=1))
         server.script.extend([("ok",), ("ok",), ("400",)])  # the third (agent, item) request is refused
         with pytest.raises(ApiComparatorError) as info:
             sample_candidates.run(run_dir, 1, job)
@@ -355,8 +420,9 @@ def test_stage_stores_answers_in_each_target_vocabulary_and_a_rerun_resumes(tiny
 
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_api")
-def test_tiny_api_config_trains_two_rounds_and_the_key_appears_nowhere(tmp_path, writer, key, monkeypatch, caplog,
-                                                                       capfd):
+def test_tiny_api_config_trains_two_rounds_and_the_key_appears_nowhere(
+    tmp_path, writer, key, monkeypatch, caplog, capfd
+):
     """`pbrl train` of flows/configs/tiny-comparator-api.yaml against the loopback server; then the run folder,
     the Prefect API's stored flow-run parameters and every captured log line are scanned for the key."""
     import logging
@@ -370,8 +436,9 @@ def test_tiny_api_config_trains_two_rounds_and_the_key_appears_nowhere(tmp_path,
     config = Path(__file__).resolve().parents[1] / "flows" / "configs" / "tiny-comparator-api.yaml"
     caplog.set_level(logging.DEBUG)
     with LoopbackServer("openai", writer) as server:
-        result = CliRunner().invoke(app, ["train", str(config), "--set", f"output_dir={tmp_path}",
-                                          "--set", f"comparator_api_url={server.url}"])
+        result = CliRunner().invoke(
+            app, ["train", str(config), "--set", f"output_dir={tmp_path}", "--set", f"comparator_api_url={server.url}"]
+        )
     assert result.exit_code == 0, result.output
     run_dir = tmp_path / "tiny-comparator-api"
     assert (run_dir / "rounds" / "0002" / "candidates.parquet").is_file()

@@ -33,16 +33,32 @@ def build_other_model(path: Path) -> Path:
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     tk.post_processor = processors.ByteLevel(trim_offsets=False)
-    tk.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=290, special_tokens=["<pad>", "<s>", "</s>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
+    tk.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=290,
+            special_tokens=["<pad>", "<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="</s>", bos_token="<s>")
-    tok.chat_template = ("{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
-                         "{% if add_generation_prompt %} {% endif %}")
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.bos_token_id)
+    tok.chat_template = (
+        "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}{% if add_generation_prompt %} {% endif %}"
+    )
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
     torch.manual_seed(1)
     model = LlamaForCausalLM(cfg)
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -60,9 +76,15 @@ def other_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def model_round(tiny_model_dir, other_model_dir, tmp_path_factory):
     """Round 1 sampled with the other-tokenizer comparator; encode_entry calls counted over the stage."""
-    run_dir, job = new_run(tiny_model_dir, tmp_path_factory.mktemp("runs"), comparator_policy="model",
-                           comparator_model_name=str(other_model_dir), comparator_devices="cpu",
-                           preference_num_candidates=2, max_new_tokens=6)
+    run_dir, job = new_run(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("runs"),
+        comparator_policy="model",
+        comparator_model_name=str(other_model_dir),
+        comparator_devices="cpu",
+        preference_num_candidates=2,
+        max_new_tokens=6,
+    )
     before = sum(comparators.ENTRY_ENCODINGS.values())
     manifest = STAGE_MODULES["sample-candidates"].run(run_dir, 1, job)
     encodings = sum(comparators.ENTRY_ENCODINGS.values()) - before
@@ -96,8 +118,10 @@ def test_later_stages_read_the_stored_ids_and_never_encode_text_again(model_roun
 
     run_dir, job, _, _ = model_round
     paths = RunPaths(run_dir)
-    candidates = {(r["item_id"], r["side"], r["candidate_index"], r["agent_index"]): r["completion_ids"]
-                  for r in read_rows(paths.candidates(1), CANDIDATES)}
+    candidates = {
+        (r["item_id"], r["side"], r["candidate_index"], r["agent_index"]): r["completion_ids"]
+        for r in read_rows(paths.candidates(1), CANDIDATES)
+    }
     texts = {r["completion"] for r in read_rows(paths.candidates(1), CANDIDATES) if r["side"] == "comparator"}
     seen: list[str] = []
     real_call, real_encode = PreTrainedTokenizerBase.__call__, PreTrainedTokenizerBase.encode
@@ -120,8 +144,10 @@ def test_later_stages_read_the_stored_ids_and_never_encode_text_again(model_roun
     pairs = read_rows(paths.pairs(1), PAIRS)
     assert pairs
     for p in pairs:
-        for side, index, ids in (("winner", p["winner_index"], p["winner_ids"]), ("loser", p["loser_index"],
-                                                                                 p["loser_ids"])):
+        for side, index, ids in (
+            ("winner", p["winner_index"], p["winner_ids"]),
+            ("loser", p["loser_index"], p["loser_ids"]),
+        ):
             stored = [candidates[(p["item_id"], p[f"{side}_side"], index, a)] for a in range(job.num_agents)]
             assert ids == stored
 
@@ -131,8 +157,14 @@ def test_the_agents_own_model_as_comparator_equals_current_in_round_one(tiny_mod
     naming the same model samples the very same rows (same tokenizer, so its ids are kept as generated)."""
     rows = {}
     for policy, extra in (("current", {}), ("model", {"comparator_model_name": str(tiny_model_dir)})):
-        run_dir, job = new_run(tiny_model_dir, tmp_path / policy, comparator_policy=policy,
-                               generation_batch_size=1, preference_num_candidates=2, **extra)
+        run_dir, job = new_run(
+            tiny_model_dir,
+            tmp_path / policy,
+            comparator_policy=policy,
+            generation_batch_size=1,
+            preference_num_candidates=2,
+            **extra,
+        )
         STAGE_MODULES["sample-candidates"].run(run_dir, 1, job)
         rows[policy] = [r for r in read_rows(RunPaths(run_dir).candidates(1), CANDIDATES) if r["side"] == "comparator"]
     assert len(rows["model"]) == 2 * 4 * 2
@@ -149,8 +181,13 @@ def test_preflight_names_a_missing_comparator_model_and_an_unset_key_variable(ti
     assert [p.field for p in info.value.problems] == ["comparator_model_name"]
 
     monkeypatch.setenv("PBRL_UNSET_KEY_FOR_TEST", "")
-    job = tiny_job(tiny_model_dir, tmp_path, comparator_policy="api", comparator_api_url="http://127.0.0.1:9/x",
-                   comparator_api_key_env="PBRL_UNSET_KEY_FOR_TEST")
+    job = tiny_job(
+        tiny_model_dir,
+        tmp_path,
+        comparator_policy="api",
+        comparator_api_url="http://127.0.0.1:9/x",
+        comparator_api_key_env="PBRL_UNSET_KEY_FOR_TEST",
+    )
     with pytest.raises(ConfigError) as info:
         preflight(job)
     (problem,) = info.value.problems

@@ -55,46 +55,107 @@ def problems_of(data: dict[str, Any]) -> list[Problem]:
 
 # --------------------------------------------------------------------------- defaults
 COMMON_DEFAULTS = {
-    "num_agents": 2, "num_turns": 1, "joint_mode": "aligned", "dpo_beta": 0.1, "agent_learning_rate": 5e-6,
-    "train_batch_size": 2, "max_new_tokens": 256, "temperature": 0.6, "top_p": 0.6, "top_k": 50,
-    "eval_interval": 1, "eval_num_samples": 4, "max_grad_norm": 1.0, "reward_func": None,
-    "reward_processor": None, "reference_kl_enabled": False, "reference_kl_coef": 0.1, "reference_devices": None,
+    "num_agents": 2,
+    "num_turns": 1,
+    "joint_mode": "aligned",
+    "dpo_beta": 0.1,
+    "agent_learning_rate": 5e-6,
+    "train_batch_size": 2,
+    "max_new_tokens": 256,
+    "temperature": 0.6,
+    "top_p": 0.6,
+    "top_k": 50,
+    "eval_interval": 1,
+    "eval_num_samples": 4,
+    "max_grad_norm": 1.0,
+    "reward_func": None,
+    "reward_processor": None,
+    "reference_kl_enabled": False,
+    "reference_kl_coef": 0.1,
+    "reference_devices": None,
     # the reference's other MADPOConfig options (notes/reference-library.md §2.0)
-    "rollout_buffer_size": 2, "eval_batch_size": 1, "logging_steps": 50, "use_environment_step": True,
-    "environment_steps_per_pair": 2, "collaboration_mode": "decentralized", "parallel_training": "none",
-    "discount": 1.0, "early_termination_threshold": None, "external_prompt_passthrough": False,
-    "advantage_normalization": True, "advantage_mode": "mean",
+    "rollout_buffer_size": 2,
+    "eval_batch_size": 1,
+    "logging_steps": 50,
+    "use_environment_step": True,
+    "environment_steps_per_pair": 2,
+    "collaboration_mode": "decentralized",
+    "parallel_training": "none",
+    "discount": 1.0,
+    "early_termination_threshold": None,
+    "external_prompt_passthrough": False,
+    "advantage_normalization": True,
+    "advantage_mode": "mean",
 }
 ITERATIVE_DEFAULTS = {
-    "num_iterations": 6, "comparator_policy": "current", "comparator_history_k": None,
-    "comparator_model_name": None, "comparator_agents": None, "comparator_devices": None,
-    "comparator_num_candidates": None, "comparator_generation_mode": "decentralized",
-    "comparator_centralized_agent_index": 0, "comparator_api_format": "generic", "comparator_api_url": None,
-    "comparator_api_model": None, "comparator_api_key_env": None, "comparator_api_response_field": "completions",
-    "comparator_api_timeout": 120.0, "comparator_api_max_concurrency": 4, "preference_replay_mode": "current",
-    "preference_replay_k": None, "preference_replay_lambda": None, "preference_replay_sample_size": None,
-    "preference_replay_dir": None, "log_reward_distribution": False, "policy_checkpoint_dir": None,
-    "comparator_api_key_header": "Authorization", "comparator_api_key_prefix": "Bearer", "comparator_api_headers": None,
-    "comparator_api_extra_body": None, "comparator_api_max_n_per_request": None,
+    "num_iterations": 6,
+    "comparator_policy": "current",
+    "comparator_history_k": None,
+    "comparator_model_name": None,
+    "comparator_agents": None,
+    "comparator_devices": None,
+    "comparator_num_candidates": None,
+    "comparator_generation_mode": "decentralized",
+    "comparator_centralized_agent_index": 0,
+    "comparator_api_format": "generic",
+    "comparator_api_url": None,
+    "comparator_api_model": None,
+    "comparator_api_key_env": None,
+    "comparator_api_response_field": "completions",
+    "comparator_api_timeout": 120.0,
+    "comparator_api_max_concurrency": 4,
+    "preference_replay_mode": "current",
+    "preference_replay_k": None,
+    "preference_replay_lambda": None,
+    "preference_replay_sample_size": None,
+    "preference_replay_dir": None,
+    "log_reward_distribution": False,
+    "policy_checkpoint_dir": None,
+    "comparator_api_key_header": "Authorization",
+    "comparator_api_key_prefix": "Bearer",
+    "comparator_api_headers": None,
+    "comparator_api_extra_body": None,
+    "comparator_api_max_n_per_request": None,
 }
 MARLHF_DEFAULTS = {
-    "reward_model_name": None, "reward_learning_rate": 1e-5, "reward_train_batch_size": 1,
-    "reward_max_length": None, "reward_freeze_backbone": False, "rl_algorithm": "magrpo", "num_generations": 4,
-    "critic_model_name": None, "critic_learning_rate": None, "value_loss_coef": 0.6, "value_clip_range": 0.2,
-    "reward_model_device": None, "critic_devices": None, "critic_type": "v", "use_separate_critic": True,
-    "critic_value_head_hidden_dim": None, "value_head_hidden_dim": None,
+    "reward_model_name": None,
+    "reward_learning_rate": 1e-5,
+    "reward_train_batch_size": 1,
+    "reward_max_length": None,
+    "reward_freeze_backbone": False,
+    "rl_algorithm": "magrpo",
+    "num_generations": 4,
+    "critic_model_name": None,
+    "critic_learning_rate": None,
+    "value_loss_coef": 0.6,
+    "value_clip_range": 0.2,
+    "reward_model_device": None,
+    "critic_devices": None,
+    "critic_type": "v",
+    "use_separate_critic": True,
+    "critic_value_head_hidden_dim": None,
+    "value_head_hidden_dim": None,
 }
 SPECIFIC_DEFAULTS = [
-    ("madpo", "preference_num_candidates", 80), ("madpo", "pair_selection", "reward_gap"),
-    ("madpo", "preference_pairs_per_sample", 16), ("madpo", "num_train_epochs", 20),
-    ("marlhf", "preference_num_candidates", 80), ("marlhf", "pair_selection", "reward_gap"),
-    ("marlhf", "preference_pairs_per_sample", 16), ("marlhf", "num_train_epochs", 1),
+    ("madpo", "preference_num_candidates", 80),
+    ("madpo", "pair_selection", "reward_gap"),
+    ("madpo", "preference_pairs_per_sample", 16),
+    ("madpo", "num_train_epochs", 20),
+    ("marlhf", "preference_num_candidates", 80),
+    ("marlhf", "pair_selection", "reward_gap"),
+    ("marlhf", "preference_pairs_per_sample", 16),
+    ("marlhf", "num_train_epochs", 1),
     ("marlhf", "reward_num_train_epochs", 1),
-    ("madpo_iter", "preference_num_candidates", 20), ("madpo_iter", "pair_selection", "comparator_reward"),
-    ("madpo_iter", "preference_pairs_per_sample", 4), ("madpo_iter", "num_train_epochs", 1),
-    ("marlhf_iter", "preference_num_candidates", 20), ("marlhf_iter", "pair_selection", "comparator_reward"),
-    ("marlhf_iter", "preference_pairs_per_sample", 4), ("marlhf_iter", "num_train_epochs", 2),
-    ("marlhf_iter", "reward_num_train_epochs", 2), ("marlhf_iter", "preference_scoring_reward", "task"),
+    ("madpo_iter", "preference_num_candidates", 20),
+    ("madpo_iter", "pair_selection", "comparator_reward"),
+    ("madpo_iter", "preference_pairs_per_sample", 4),
+    ("madpo_iter", "num_train_epochs", 1),
+    ("marlhf_iter", "preference_num_candidates", 20),
+    ("marlhf_iter", "pair_selection", "comparator_reward"),
+    ("marlhf_iter", "preference_pairs_per_sample", 4),
+    ("marlhf_iter", "num_train_epochs", 2),
+    ("marlhf_iter", "reward_num_train_epochs", 2),
+    ("marlhf_iter", "preference_scoring_reward", "task"),
 ]
 DEFAULTS = (
     [(t, f, v) for t in TRAINERS for f, v in COMMON_DEFAULTS.items()]
@@ -103,12 +164,29 @@ DEFAULTS = (
     + SPECIFIC_DEFAULTS
 )
 RUN_DEFAULTS = {
-    "seed": 0, "run_name": None, "output_dir": "storage/runs", "task_options": {}, "train_dataset": None,
-    "eval_dataset": None, "formatters": None, "max_train_items": None, "agents": None, "lora_r": None,
-    "lora_alpha": 16, "lora_dropout": 0.0, "lora_target_modules": None, "agent_devices": None,
-    "tie_tolerance": 1e-9, "oracle_max_failure_share": 0.5, "generation_batch_size": 64, "torch_dtype": "float32",
-    "eval_samples_per_item": 1, "mixed_precision": "no", "max_memory": None,
-    "gradient_checkpointing": False, "gradient_accumulation_steps": 1,
+    "seed": 0,
+    "run_name": None,
+    "output_dir": "storage/runs",
+    "task_options": {},
+    "train_dataset": None,
+    "eval_dataset": None,
+    "formatters": None,
+    "max_train_items": None,
+    "agents": None,
+    "lora_r": None,
+    "lora_alpha": 16,
+    "lora_dropout": 0.0,
+    "lora_target_modules": None,
+    "agent_devices": None,
+    "tie_tolerance": 1e-9,
+    "oracle_max_failure_share": 0.5,
+    "generation_batch_size": 64,
+    "torch_dtype": "float32",
+    "eval_samples_per_item": 1,
+    "mixed_precision": "no",
+    "max_memory": None,
+    "gradient_checkpointing": False,
+    "gradient_accumulation_steps": 1,
 }
 
 
@@ -125,12 +203,21 @@ def test_run_default(trainer: str, field: str) -> None:
 
 @pytest.mark.parametrize(
     ("trainer", "field", "present"),
-    [("madpo", "num_iterations", False), ("madpo", "comparator_policy", False), ("madpo", "rl_algorithm", False),
-     ("madpo", "reward_model_name", False), ("marlhf", "comparator_policy", False),
-     ("marlhf", "preference_scoring_reward", False), ("madpo_iter", "rl_algorithm", False),
-     ("madpo_iter", "preference_scoring_reward", False), ("marlhf_iter", "preference_scoring_reward", True),
-     ("marlhf_iter", "critic_model_name", True), ("madpo_iter", "preference_replay_mode", True),
-     ("madpo", "dpo_beta", True), ("marlhf", "dpo_beta", True)],
+    [
+        ("madpo", "num_iterations", False),
+        ("madpo", "comparator_policy", False),
+        ("madpo", "rl_algorithm", False),
+        ("madpo", "reward_model_name", False),
+        ("marlhf", "comparator_policy", False),
+        ("marlhf", "preference_scoring_reward", False),
+        ("madpo_iter", "rl_algorithm", False),
+        ("madpo_iter", "preference_scoring_reward", False),
+        ("marlhf_iter", "preference_scoring_reward", True),
+        ("marlhf_iter", "critic_model_name", True),
+        ("madpo_iter", "preference_replay_mode", True),
+        ("madpo", "dpo_beta", True),
+        ("marlhf", "dpo_beta", True),
+    ],
 )
 def test_field_sets(trainer: str, field: str, present: bool) -> None:
     assert (field in TRAINER_CONFIGS[trainer].model_fields) is present
@@ -203,21 +290,36 @@ BAD = [
     ("madpo_iter", {"comparator_policy": "model"}, "comparator_model_name"),
     ("madpo_iter", {"comparator_model_name": "m"}, "comparator_model_name"),
     ("madpo_iter", {"comparator_policy": "history", "comparator_agents": ["a", "b"]}, "comparator_agents"),
-    ("madpo_iter", {"comparator_policy": "model", "comparator_model_name": "m", "comparator_agents": ["a", "b"]},
-     "comparator_agents"),
+    (
+        "madpo_iter",
+        {"comparator_policy": "model", "comparator_model_name": "m", "comparator_agents": ["a", "b"]},
+        "comparator_agents",
+    ),
     ("madpo_iter", {"comparator_policy": "model", "comparator_agents": ["a", "b", "c"]}, "comparator_agents"),
     ("madpo_iter", {"comparator_policy": "model", "comparator_agents": []}, "comparator_agents"),
     ("madpo_iter", {"comparator_num_candidates": 0}, "comparator_num_candidates"),
     ("madpo_iter", {"comparator_generation_mode": "centralised"}, "comparator_generation_mode"),
-    ("madpo_iter", {"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": 2},
-     "comparator_centralized_agent_index"),
-    ("madpo_iter", {"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": -1},
-     "comparator_centralized_agent_index"),
-    ("madpo_iter", {"comparator_policy": "current_copy", "comparator_devices": ["cpu", "cpu", "cpu"]},
-     "comparator_devices"),
+    (
+        "madpo_iter",
+        {"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": 2},
+        "comparator_centralized_agent_index",
+    ),
+    (
+        "madpo_iter",
+        {"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": -1},
+        "comparator_centralized_agent_index",
+    ),
+    (
+        "madpo_iter",
+        {"comparator_policy": "current_copy", "comparator_devices": ["cpu", "cpu", "cpu"]},
+        "comparator_devices",
+    ),
     ("madpo_iter", {"comparator_policy": "history", "comparator_devices": "gpu"}, "comparator_devices"),
-    ("madpo_iter", {"comparator_policy": "model", "comparator_model_name": "m", "comparator_agents": ["m", "n"]},
-     "comparator_agents"),
+    (
+        "madpo_iter",
+        {"comparator_policy": "model", "comparator_model_name": "m", "comparator_agents": ["m", "n"]},
+        "comparator_agents",
+    ),
     ("madpo_iter", {"comparator_api_headers": {"Authorization": SECRET}}, "comparator_api_headers"),
     ("madpo_iter", {"comparator_api_headers": {"X-Trace": 1}}, "comparator_api_headers"),
     ("madpo_iter", {"comparator_api_max_n_per_request": 0}, "comparator_api_max_n_per_request"),
@@ -230,8 +332,11 @@ BAD = [
     ("madpo_iter", {"comparator_api_url": "https://host/x"}, "comparator_api_url"),
     ("madpo_iter", {"comparator_api_model": "gpt"}, "comparator_api_model"),
     ("madpo_iter", {"comparator_api_key_env": "OPENAI_API_KEY"}, "comparator_api_key_env"),
-    ("madpo_iter", {"comparator_policy": "api", "comparator_api_url": "https://h", "comparator_api_key_env": SECRET},
-     "comparator_api_key_env"),
+    (
+        "madpo_iter",
+        {"comparator_policy": "api", "comparator_api_url": "https://h", "comparator_api_key_env": SECRET},
+        "comparator_api_key_env",
+    ),
     ("madpo_iter", {"comparator_api_format": "openai_chat"}, "comparator_api_format"),
     ("madpo_iter", {"comparator_api_timeout": 0}, "comparator_api_timeout"),
     ("madpo_iter", {"comparator_api_max_concurrency": 0}, "comparator_api_max_concurrency"),
@@ -241,17 +346,29 @@ BAD = [
     ("madpo_iter", {"preference_replay_mode": "nearest_k", "preference_replay_k": 0}, "preference_replay_k"),
     ("madpo_iter", {"preference_replay_k": 2}, "preference_replay_k"),
     ("madpo_iter", {"preference_replay_mode": "all_history", "preference_replay_k": 1}, "preference_replay_k"),
-    ("madpo_iter", {"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 0.5,
-                    "preference_replay_k": 1}, "preference_replay_k"),
+    (
+        "madpo_iter",
+        {"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 0.5, "preference_replay_k": 1},
+        "preference_replay_k",
+    ),
     ("madpo_iter", {"preference_replay_mode": "lambda_decay"}, "preference_replay_lambda"),
-    ("madpo_iter", {"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5},
-     "preference_replay_lambda"),
+    (
+        "madpo_iter",
+        {"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5},
+        "preference_replay_lambda",
+    ),
     ("madpo_iter", {"preference_replay_lambda": 0.5}, "preference_replay_lambda"),
-    ("madpo_iter", {"preference_replay_mode": "all_history", "preference_replay_lambda": 0.5},
-     "preference_replay_lambda"),
+    (
+        "madpo_iter",
+        {"preference_replay_mode": "all_history", "preference_replay_lambda": 0.5},
+        "preference_replay_lambda",
+    ),
     ("madpo_iter", {"preference_replay_sample_size": 8}, "preference_replay_sample_size"),
-    ("madpo_iter", {"preference_replay_mode": "all_history", "preference_replay_sample_size": 0},
-     "preference_replay_sample_size"),
+    (
+        "madpo_iter",
+        {"preference_replay_mode": "all_history", "preference_replay_sample_size": 0},
+        "preference_replay_sample_size",
+    ),
     # MARLHF
     ("marlhf", {"reward_learning_rate": 0}, "reward_learning_rate"),
     ("marlhf", {"reward_num_train_epochs": 0}, "reward_num_train_epochs"),
@@ -272,7 +389,8 @@ BAD = [
     ("marlhf", {"rl_algorithm": "maac", "critic_devices": ["cpu", "cpu", "cpu"]}, "critic_devices"),
     ("marlhf", {"critic_value_head_hidden_dim": 0}, "critic_value_head_hidden_dim"),
     ("marlhf", {"value_head_hidden_dim": -1}, "value_head_hidden_dim"),
-    # pbrl.learning.critics: maac's critic is always separate; a value head on the policy has no separate-critic settings
+    # pbrl.learning.critics: maac's critic is always separate; a value head on the policy has no separate-critic
+    # settings
     ("marlhf", {"rl_algorithm": "maac", "use_separate_critic": False}, "use_separate_critic"),
     ("madpo", {"runner": "ray", "agent_devices": "auto"}, "agent_devices"),  # Ray reserves named devices only
     ("marlhf", {"rl_algorithm": "iac", "use_separate_critic": False, "critic_model_name": "m"}, "critic_model_name"),
@@ -332,8 +450,17 @@ BAD = [
     ("madpo", {"train_dataset": "items.csv"}, "train_dataset"),
     ("madpo", {"eval_dataset": "items.json"}, "eval_dataset"),
     ("madpo", {"task_options": []}, "task_options"),
-    ("madpo", {"task": None, "train_dataset": "a.jsonl", "formatters": ["m:f", "m:g"], "reward_func": "m:r",
-               "task_options": {"n": 1}}, "task_options"),
+    (
+        "madpo",
+        {
+            "task": None,
+            "train_dataset": "a.jsonl",
+            "formatters": ["m:f", "m:g"],
+            "reward_func": "m:r",
+            "task_options": {"n": 1},
+        },
+        "task_options",
+    ),
     ("madpo", {"task": None}, "task"),
     ("madpo", {"rl_algorithm": "magrpo"}, "rl_algorithm"),
     ("madpo", {"comparator_policy": "current"}, "comparator_policy"),
@@ -349,46 +476,74 @@ def test_bad_value_gives_one_problem_naming_the_field(trainer: str, overrides: d
 
 @pytest.mark.parametrize(
     ("overrides", "rendered"),
-    [({"preference_replay_mode": "td-lambda"},
-      "preference_replay_mode: got 'td-lambda'; allowed: current, nearest_k, all_history, lambda_decay"),
-     ({"dpo_beta": 0}, "dpo_beta: got 0; must be > 0"),
-     ({"top_p": 1.5}, "top_p: got 1.5; must be in (0, 1]"),
-     ({"lora_dropout": 1.0}, "lora_dropout: got 1.0; must be in [0, 1)"),
-     ({"preference_pairs_per_sample": 0}, "preference_pairs_per_sample: got 0; must be >= 1 or None"),
-     ({"num_agents": "two"}, "num_agents: got 'two'; must be an integer"),
-     ({"agent_devices": "gpu"}, "agent_devices: got 'gpu'; devices look like 'cpu', 'cuda', 'cuda:1' or 'mps'"),
-     ({"agent_devices": 1.5}, "agent_devices: got 1.5; must be a string, a list of strings or None (a number is "
-                              "not text: write it in quotes in YAML, \"1.5\")"),
-     ({"num_iterations": True}, "num_iterations: got True; must be an integer (true/false is not a number)"),
-     ({"dpo_beta": False}, "dpo_beta: got False; must be a number (true/false is not a number)"),
-     ({"run_name": 2024}, "run_name: got 2024; must be a string or None (a number is not text: write it in quotes "
-                          "in YAML, \"2024\")"),
-     ({"temperature": 0}, "temperature: got 0; must be in [0.0001, 100]"),
-     ({"agents": "a", "agent_model": None}, "agents: got 'a'; must be a list of strings or None"),
-     ({"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": 2},
-      "comparator_centralized_agent_index: got 2; must be in [0, num_agents) = [0, 2)"),
-     ({"agents": ["some/path", "other/path"]},
-      "agents: got ['some/path', 'other/path']; conflicts with agent_model='some/path' (also names 'other/path'); "
-      "give agent_model or agents, or list agent_model once per agent"),
-     ({"comparator_api_headers": {"x-api-key": SECRET}},
-      "comparator_api_headers: got '<hidden>'; header(s) x-api-key would put an API key in the configuration; pbrl "
-      "never takes an API key in the configuration (it would end up in run.json, logs and Prefect parameters); put "
-      "the key in an environment variable and give that variable's name in comparator_api_key_env"),
-     ({"comparator_api_headers": {"X-Trace": 1}},
-      "comparator_api_headers: got {'X-Trace': 1}; must be a mapping of names to strings or None"),
-     ({"dpo_betta": 0.1}, "dpo_betta: got 0.1; unknown option; did you mean 'dpo_beta'?"),
-     ({"max_memory": {"cpu": "2GiB"}}, "max_memory: got {'cpu': '2GiB'}; allowed only with a device option set to "
-      "'auto' (agent_devices, comparator_devices, reference_devices or reward_model_device); set it to None"),
-     ({"agent_devices": "auto", "max_memory": {"gpu": "1GiB", "cpu": "1 GB"}},
-      ["max_memory: got {'gpu': '1GiB', 'cpu': '1 GB'}; key(s) 'gpu': keys are a GPU index (0, 1, ...), 'cpu', "
-       "'mps' or 'disk' (accelerate's max_memory)",
-       "max_memory: got {'gpu': '1GiB', 'cpu': '1 GB'}; size(s) of 'cpu': sizes are bytes > 0 or a number with a "
-       "unit: GiB, MiB, KiB, GB, MB, KB (e.g. '2GiB')"]),
-     ({"agent_devices": ["auto", "cpu"]}, "agent_devices: got ['auto', 'cpu']; 'auto' places every model with "
-      "accelerate's device map: give it alone (agent_devices: auto), not in a list"),
-     ({"rl_algorithm": "maac"},
-      "rl_algorithm: got 'maac'; not an option of trainer 'madpo_iter'; it belongs to trainer(s) marlhf, marlhf_iter"),
-     ],
+    [
+        (
+            {"preference_replay_mode": "td-lambda"},
+            "preference_replay_mode: got 'td-lambda'; allowed: current, nearest_k, all_history, lambda_decay",
+        ),
+        ({"dpo_beta": 0}, "dpo_beta: got 0; must be > 0"),
+        ({"top_p": 1.5}, "top_p: got 1.5; must be in (0, 1]"),
+        ({"lora_dropout": 1.0}, "lora_dropout: got 1.0; must be in [0, 1)"),
+        ({"preference_pairs_per_sample": 0}, "preference_pairs_per_sample: got 0; must be >= 1 or None"),
+        ({"num_agents": "two"}, "num_agents: got 'two'; must be an integer"),
+        ({"agent_devices": "gpu"}, "agent_devices: got 'gpu'; devices look like 'cpu', 'cuda', 'cuda:1' or 'mps'"),
+        (
+            {"agent_devices": 1.5},
+            "agent_devices: got 1.5; must be a string, a list of strings or None (a number is "
+            'not text: write it in quotes in YAML, "1.5")',
+        ),
+        ({"num_iterations": True}, "num_iterations: got True; must be an integer (true/false is not a number)"),
+        ({"dpo_beta": False}, "dpo_beta: got False; must be a number (true/false is not a number)"),
+        (
+            {"run_name": 2024},
+            'run_name: got 2024; must be a string or None (a number is not text: write it in quotes in YAML, "2024")',
+        ),
+        ({"temperature": 0}, "temperature: got 0; must be in [0.0001, 100]"),
+        ({"agents": "a", "agent_model": None}, "agents: got 'a'; must be a list of strings or None"),
+        (
+            {"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": 2},
+            "comparator_centralized_agent_index: got 2; must be in [0, num_agents) = [0, 2)",
+        ),
+        (
+            {"agents": ["some/path", "other/path"]},
+            "agents: got ['some/path', 'other/path']; conflicts with agent_model='some/path' (also names 'other/path'); "  # noqa: E501
+            "give agent_model or agents, or list agent_model once per agent",
+        ),
+        (
+            {"comparator_api_headers": {"x-api-key": SECRET}},
+            "comparator_api_headers: got '<hidden>'; header(s) x-api-key would put an API key in the configuration; pbrl "  # noqa: E501
+            "never takes an API key in the configuration (it would end up in run.json, logs and Prefect parameters); put "  # noqa: E501
+            "the key in an environment variable and give that variable's name in comparator_api_key_env",
+        ),
+        (
+            {"comparator_api_headers": {"X-Trace": 1}},
+            "comparator_api_headers: got {'X-Trace': 1}; must be a mapping of names to strings or None",
+        ),
+        ({"dpo_betta": 0.1}, "dpo_betta: got 0.1; unknown option; did you mean 'dpo_beta'?"),
+        (
+            {"max_memory": {"cpu": "2GiB"}},
+            "max_memory: got {'cpu': '2GiB'}; allowed only with a device option set to "
+            "'auto' (agent_devices, comparator_devices, reference_devices or reward_model_device); set it to None",
+        ),
+        (
+            {"agent_devices": "auto", "max_memory": {"gpu": "1GiB", "cpu": "1 GB"}},
+            [
+                "max_memory: got {'gpu': '1GiB', 'cpu': '1 GB'}; key(s) 'gpu': keys are a GPU index (0, 1, ...), 'cpu', "  # noqa: E501
+                "'mps' or 'disk' (accelerate's max_memory)",
+                "max_memory: got {'gpu': '1GiB', 'cpu': '1 GB'}; size(s) of 'cpu': sizes are bytes > 0 or a number with a "  # noqa: E501
+                "unit: GiB, MiB, KiB, GB, MB, KB (e.g. '2GiB')",
+            ],
+        ),
+        (
+            {"agent_devices": ["auto", "cpu"]},
+            "agent_devices: got ['auto', 'cpu']; 'auto' places every model with "
+            "accelerate's device map: give it alone (agent_devices: auto), not in a list",
+        ),
+        (
+            {"rl_algorithm": "maac"},
+            "rl_algorithm: got 'maac'; not an option of trainer 'madpo_iter'; it belongs to trainer(s) marlhf, marlhf_iter",  # noqa: E501
+        ),
+    ],
 )
 def test_problem_wording(overrides: dict, rendered: str | list[str]) -> None:
     expected = [rendered] if isinstance(rendered, str) else rendered
@@ -403,18 +558,33 @@ def test_task_source_names_each_missing_part() -> None:
 # --------------------------------------------------------------------------- strict types (no silent coercion)
 COERCIONS = [
     # a boolean for a number (lax pydantic reads true as 1 and false as 0)
-    ("madpo_iter", "num_iterations", True), ("madpo", "num_agents", True), ("madpo", "seed", False),
-    ("madpo", "top_k", True), ("madpo", "max_train_items", True), ("madpo", "num_train_epochs", True),
-    ("madpo_iter", "comparator_centralized_agent_index", False), ("madpo", "dpo_beta", True),
-    ("madpo", "temperature", True), ("madpo", "max_grad_norm", True), ("madpo", "tie_tolerance", False),
+    ("madpo_iter", "num_iterations", True),
+    ("madpo", "num_agents", True),
+    ("madpo", "seed", False),
+    ("madpo", "top_k", True),
+    ("madpo", "max_train_items", True),
+    ("madpo", "num_train_epochs", True),
+    ("madpo_iter", "comparator_centralized_agent_index", False),
+    ("madpo", "dpo_beta", True),
+    ("madpo", "temperature", True),
+    ("madpo", "max_grad_norm", True),
+    ("madpo", "tie_tolerance", False),
     ("marlhf", "reference_kl_coef", False),
     # a number for text (pbrl used to turn 2024 into '2024')
-    ("madpo", "run_name", 2024), ("madpo", "task", 1), ("madpo", "output_dir", 7), ("madpo", "agent_devices", 0),
-    ("madpo", "reward_func", 1.5), ("madpo_iter", "preference_replay_dir", 3),
-    ("madpo", "agent_model", 12), ("madpo", "lora_target_modules", [1]),
+    ("madpo", "run_name", 2024),
+    ("madpo", "task", 1),
+    ("madpo", "output_dir", 7),
+    ("madpo", "agent_devices", 0),
+    ("madpo", "reward_func", 1.5),
+    ("madpo_iter", "preference_replay_dir", 3),
+    ("madpo", "agent_model", 12),
+    ("madpo", "lora_target_modules", [1]),
     # text or a float for an integer, text or a number for a boolean
-    ("madpo", "num_agents", "2"), ("madpo", "dpo_beta", "0.1"), ("madpo_iter", "num_iterations", 2.0),
-    ("madpo", "reference_kl_enabled", 1), ("madpo", "reference_kl_enabled", "true"),
+    ("madpo", "num_agents", "2"),
+    ("madpo", "dpo_beta", "0.1"),
+    ("madpo_iter", "num_iterations", 2.0),
+    ("madpo", "reference_kl_enabled", 1),
+    ("madpo", "reference_kl_enabled", "true"),
 ]
 
 
@@ -430,30 +600,54 @@ def test_no_silent_type_conversion(trainer: str, field: str, value: Any) -> None
 
 
 def test_integer_for_a_float_option_is_kept_as_a_float() -> None:
-    job = parse_job({**minimal("madpo_iter"), "dpo_beta": 1, "agent_learning_rate": 1, "top_p": 1,
-                     "preference_replay_mode": "lambda_decay", "preference_replay_lambda": 0})
+    job = parse_job(
+        {
+            **minimal("madpo_iter"),
+            "dpo_beta": 1,
+            "agent_learning_rate": 1,
+            "top_p": 1,
+            "preference_replay_mode": "lambda_decay",
+            "preference_replay_lambda": 0,
+        }
+    )
     values = (job.dpo_beta, job.agent_learning_rate, job.top_p, job.preference_replay_lambda)
     assert values == (1.0, 1.0, 1.0, 0.0) and all(type(v) is float for v in values)
 
 
 DIRECT = [
-    (MADPOConfig, {"dpo_beta": 0, "num_turns": True, "temperature": 0, "bogus": 1},
-     ["num_turns", "dpo_beta", "temperature", "bogus"]),
-    (MADPOIterConfig, {"num_iterations": True, "preference_replay_mode": "td-lambda", "num_turns": 2},
-     ["num_turns", "num_iterations", "preference_replay_mode"]),
-    (MARLHFIterConfig, {"num_turns": 2, "rl_algorithm": "iac", "critic_learning_rate": "1e-4"},
-     ["num_turns", "critic_learning_rate"]),
-    (RunConfig, {"trainer": "madpo", "seed": True, "run_name": 2024, "task": "toy", "dpo_beta": 0.1},
-     ["seed", "run_name", "agent_model", "dpo_beta"]),
-    (MADPOIterJob, {"task": "toy", "agents": ["a", "b", "c"], "dpo_beta": "x", "comparator_history_k": 2},
-     ["dpo_beta", "comparator_history_k", "agents"]),
+    (
+        MADPOConfig,
+        {"dpo_beta": 0, "num_turns": True, "temperature": 0, "bogus": 1},
+        ["num_turns", "dpo_beta", "temperature", "bogus"],
+    ),
+    (
+        MADPOIterConfig,
+        {"num_iterations": True, "preference_replay_mode": "td-lambda", "num_turns": 2},
+        ["num_turns", "num_iterations", "preference_replay_mode"],
+    ),
+    (
+        MARLHFIterConfig,
+        {"num_turns": 2, "rl_algorithm": "iac", "critic_learning_rate": "1e-4"},
+        ["num_turns", "critic_learning_rate"],
+    ),
+    (
+        RunConfig,
+        {"trainer": "madpo", "seed": True, "run_name": 2024, "task": "toy", "dpo_beta": 0.1},
+        ["seed", "run_name", "agent_model", "dpo_beta"],
+    ),
+    (
+        MADPOIterJob,
+        {"task": "toy", "agents": ["a", "b", "c"], "dpo_beta": "x", "comparator_history_k": 2},
+        ["dpo_beta", "comparator_history_k", "agents"],
+    ),
     (MARLHFJob, {"trainer": "marlhf"}, ["agent_model", "task"]),
 ]
 
 
 @pytest.mark.parametrize(("cls", "data", "fields"), DIRECT)
-def test_direct_construction_raises_one_config_error_with_every_problem(cls: type, data: dict,
-                                                                         fields: list[str]) -> None:
+def test_direct_construction_raises_one_config_error_with_every_problem(
+    cls: type, data: dict, fields: list[str]
+) -> None:
     with pytest.raises(ConfigError) as info:
         cls(**data)
     assert sorted(p.field for p in info.value.problems) == sorted(fields)
@@ -467,8 +661,17 @@ ALLOWED = [
     ("madpo", {"pair_selection": "random", "top_k": None, "max_grad_norm": None, "eval_interval": 0}),
     ("madpo", {"num_agents": 1, "agent_model": None, "agents": ["m"]}),
     ("madpo", {"agent_model": None, "agents": ["m1", "m2"], "agent_devices": ["cpu", "cuda:1"]}),
-    ("madpo", {"task": None, "train_dataset": "d.jsonl", "eval_dataset": "e.parquet", "formatters": ["m:f", "m:g"],
-               "reward_func": "pkg.mod:reward", "reward_processor": "pkg.mod:shift"}),
+    (
+        "madpo",
+        {
+            "task": None,
+            "train_dataset": "d.jsonl",
+            "eval_dataset": "e.parquet",
+            "formatters": ["m:f", "m:g"],
+            "reward_func": "pkg.mod:reward",
+            "reward_processor": "pkg.mod:shift",
+        },
+    ),
     ("madpo", {"task_options": {"n_items": 4}, "max_train_items": 3, "run_name": "run-1_a.b", "seed": 7}),
     ("madpo", {"lora_r": 8, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": ["q_proj"]}),
     ("madpo", {"agent_devices": "cuda:1", "torch_dtype": "bfloat16", "tie_tolerance": 0.0}),
@@ -478,20 +681,38 @@ ALLOWED = [
     ("madpo_iter", {"comparator_policy": "model", "comparator_agents": ["a", "b"]}),
     ("madpo_iter", {"comparator_policy": "history"}),
     ("madpo_iter", {"comparator_policy": "history", "comparator_history_k": 3}),
-    ("madpo_iter", {"comparator_policy": "api", "comparator_api_url": "https://api.anthropic.com/v1/messages",
-                    "comparator_api_format": "anthropic", "comparator_api_model": "claude",
-                    "comparator_api_key_env": "ANTHROPIC_API_KEY", "comparator_api_timeout": 5}),
-    ("madpo_iter", {"comparator_generation_mode": "centralized", "comparator_centralized_agent_index": 1,
-                    "comparator_num_candidates": 3, "preference_num_candidates": 1}),
+    (
+        "madpo_iter",
+        {
+            "comparator_policy": "api",
+            "comparator_api_url": "https://api.anthropic.com/v1/messages",
+            "comparator_api_format": "anthropic",
+            "comparator_api_model": "claude",
+            "comparator_api_key_env": "ANTHROPIC_API_KEY",
+            "comparator_api_timeout": 5,
+        },
+    ),
+    (
+        "madpo_iter",
+        {
+            "comparator_generation_mode": "centralized",
+            "comparator_centralized_agent_index": 1,
+            "comparator_num_candidates": 3,
+            "preference_num_candidates": 1,
+        },
+    ),
     ("madpo_iter", {"preference_replay_k": 1}),
-    ("madpo_iter", {"preference_replay_mode": "nearest_k", "preference_replay_k": 2,
-                    "preference_replay_sample_size": 8}),
+    (
+        "madpo_iter",
+        {"preference_replay_mode": "nearest_k", "preference_replay_k": 2, "preference_replay_sample_size": 8},
+    ),
     ("madpo_iter", {"preference_replay_mode": "all_history", "preference_replay_dir": "elsewhere/replay"}),
     ("madpo_iter", {"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 0.0}),
-    ("madpo_iter", {"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1,
-                    "preference_replay_sample_size": 1}),
-    ("marlhf", {"rl_algorithm": "maac", "num_generations": 1, "critic_model_name": "c",
-                "critic_learning_rate": 1e-4}),
+    (
+        "madpo_iter",
+        {"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1, "preference_replay_sample_size": 1},
+    ),
+    ("marlhf", {"rl_algorithm": "maac", "num_generations": 1, "critic_model_name": "c", "critic_learning_rate": 1e-4}),
     ("marlhf", {"rl_algorithm": "iac", "value_clip_range": None, "reward_max_length": 512}),
     ("marlhf", {"rl_algorithm": "marloo", "num_generations": 2, "reward_freeze_backbone": True}),
     ("marlhf", {"reference_kl_enabled": True, "reference_kl_coef": 0.0, "reference_devices": ["cpu", "cpu"]}),
@@ -505,26 +726,58 @@ ALLOWED = [
     ("madpo_iter", {"comparator_policy": "model", "comparator_model_name": "m", "comparator_agents": ["m", "m"]}),
     ("madpo_iter", {"preference_num_candidates": 1}),  # ★ pbrl: one target vs one comparator already pairs
     ("madpo", {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}),
-    ("madpo", {"rollout_buffer_size": 4, "train_batch_size": 3, "eval_batch_size": 8, "logging_steps": 1,
-               "use_environment_step": False, "environment_steps_per_pair": 1}),
-    ("marlhf", {"rl_algorithm": "maac", "num_generations": 1, "critic_devices": ["cpu", "cpu"], "critic_type": "q",
-                "critic_value_head_hidden_dim": 64, "reward_model_device": "cuda:1"}),
+    (
+        "madpo",
+        {
+            "rollout_buffer_size": 4,
+            "train_batch_size": 3,
+            "eval_batch_size": 8,
+            "logging_steps": 1,
+            "use_environment_step": False,
+            "environment_steps_per_pair": 1,
+        },
+    ),
+    (
+        "marlhf",
+        {
+            "rl_algorithm": "maac",
+            "num_generations": 1,
+            "critic_devices": ["cpu", "cpu"],
+            "critic_type": "q",
+            "critic_value_head_hidden_dim": 64,
+            "reward_model_device": "cuda:1",
+        },
+    ),
     ("marlhf", {"rl_algorithm": "iac", "use_separate_critic": False, "value_head_hidden_dim": 64}),
     ("marlhf", {"rl_algorithm": "iac", "advantage_mode": "max", "advantage_normalization": False}),
     # issue #19: 'auto' placement within max_memory (accelerate's format), mixed precision
     ("madpo", {"agent_devices": "auto"}),  # max_memory None = all free memory
-    ("madpo", {"agent_devices": "auto", "max_memory": {0: "10GiB", 1: "12.5GB", "cpu": "30GiB", "disk": 10**12},
-               "mixed_precision": "bf16"}),
+    (
+        "madpo",
+        {
+            "agent_devices": "auto",
+            "max_memory": {0: "10GiB", 1: "12.5GB", "cpu": "30GiB", "disk": 10**12},
+            "mixed_precision": "bf16",
+        },
+    ),
     ("madpo", {"agent_devices": "auto", "parallel_training": "mp", "max_memory": {"cpu": "512KiB", "mps": "8MB"}}),
     ("madpo", {"mixed_precision": "fp16", "torch_dtype": "bfloat16"}),
     ("madpo_iter", {"comparator_policy": "current_copy", "comparator_devices": "auto", "max_memory": {"cpu": "1GiB"}}),
     ("marlhf", {"reward_model_device": "auto", "max_memory": {"cpu": "500MB"}}),
     ("marlhf", {"reference_kl_enabled": True, "reference_devices": "auto", "max_memory": {"cpu": 2**30}}),
     ("marlhf", {"critic_devices": "nonsense"}),  # read only by 'maac'/'iac'
-    ("madpo_iter", {"log_reward_distribution": True, "policy_checkpoint_dir": "exports/policies",
-                    "comparator_api_key_header": "X-Key", "comparator_api_key_prefix": "",
-                    "comparator_api_headers": {"X-Trace": "1"}, "comparator_api_extra_body": {"seed": 3},
-                    "comparator_api_max_n_per_request": 2}),
+    (
+        "madpo_iter",
+        {
+            "log_reward_distribution": True,
+            "policy_checkpoint_dir": "exports/policies",
+            "comparator_api_key_header": "X-Key",
+            "comparator_api_key_prefix": "",
+            "comparator_api_headers": {"X-Trace": "1"},
+            "comparator_api_extra_body": {"seed": 3},
+            "comparator_api_max_n_per_request": 2,
+        },
+    ),
 ]
 
 
@@ -565,16 +818,32 @@ def test_not_a_mapping() -> None:
 
 
 # --------------------------------------------------------------------------- no aliases
-ALIASES = [
-    ("comparator_policy", a) for a in ("self", "online", "copy", "external", "reference", "checkpoint", "previous",
-                                       "http", "endpoint", "Current")
-] + [
-    ("preference_replay_mode", a) for a in ("latest", "recent_k", "k", "lambda", "td_lambda", "LAMBDA_DECAY")
-] + [
-    ("pair_selection", " reward_gap"), ("pair_selection", "Reward_Gap"),
-    ("comparator_generation_mode", "multi_agent"), ("comparator_api_format", "chat"),
-    ("comparator_api_format", "responses"), ("comparator_api_format", "messages"),
-]
+ALIASES = (
+    [
+        ("comparator_policy", a)
+        for a in (
+            "self",
+            "online",
+            "copy",
+            "external",
+            "reference",
+            "checkpoint",
+            "previous",
+            "http",
+            "endpoint",
+            "Current",
+        )
+    ]
+    + [("preference_replay_mode", a) for a in ("latest", "recent_k", "k", "lambda", "td_lambda", "LAMBDA_DECAY")]
+    + [
+        ("pair_selection", " reward_gap"),
+        ("pair_selection", "Reward_Gap"),
+        ("comparator_generation_mode", "multi_agent"),
+        ("comparator_api_format", "chat"),
+        ("comparator_api_format", "responses"),
+        ("comparator_api_format", "messages"),
+    ]
+)
 
 
 @pytest.mark.parametrize(("field", "alias"), ALIASES)
@@ -584,9 +853,15 @@ def test_reference_aliases_are_errors(field: str, alias: str) -> None:
     assert problem.message.startswith("allowed: ")
 
 
-@pytest.mark.parametrize(("field", "alias"), [("rl_algorithm", "mareforce"), ("rl_algorithm", "MAGRPO"),
-                                              ("preference_scoring_reward", "oracle"),
-                                              ("preference_scoring_reward", "learned")])
+@pytest.mark.parametrize(
+    ("field", "alias"),
+    [
+        ("rl_algorithm", "mareforce"),
+        ("rl_algorithm", "MAGRPO"),
+        ("preference_scoring_reward", "oracle"),
+        ("preference_scoring_reward", "learned"),
+    ],
+)
 def test_marlhf_aliases_are_errors(field: str, alias: str) -> None:
     (problem,) = problems_of({**minimal("marlhf_iter"), field: alias})
     assert problem.field == field and problem.message.startswith("allowed: ")
@@ -594,8 +869,12 @@ def test_marlhf_aliases_are_errors(field: str, alias: str) -> None:
 
 # --------------------------------------------------------------------------- secrets
 def test_api_key_in_config_is_refused_without_echoing_it() -> None:
-    data = {**minimal("madpo_iter"), "comparator_policy": "api", "comparator_api_url": "https://h",
-            "comparator_api_key": SECRET}
+    data = {
+        **minimal("madpo_iter"),
+        "comparator_policy": "api",
+        "comparator_api_url": "https://h",
+        "comparator_api_key": SECRET,
+    }
     with pytest.raises(ConfigError) as info:
         parse_job(data)
     (problem,) = info.value.problems
@@ -615,8 +894,12 @@ def test_api_key_refused_on_direct_construction_without_echoing_it() -> None:
 
 
 def test_key_pasted_into_key_env_is_not_echoed() -> None:
-    data = {**minimal("madpo_iter"), "comparator_policy": "api", "comparator_api_url": "https://h",
-            "comparator_api_key_env": SECRET}
+    data = {
+        **minimal("madpo_iter"),
+        "comparator_policy": "api",
+        "comparator_api_url": "https://h",
+        "comparator_api_key_env": SECRET,
+    }
     with pytest.raises(ConfigError) as info:
         parse_job(data)
     assert SECRET not in str(info.value)
@@ -631,8 +914,19 @@ def write_yaml(tmp_path: Path, text: str) -> Path:
 
 def test_load_job_with_overrides(tmp_path: Path) -> None:
     path = write_yaml(tmp_path, "trainer: madpo_iter\ntask: toy\nagent_model: some/path\ndpo_beta: 0.2\n")
-    job = load_job(path, ["dpo_beta=0.5", "preference_replay_mode=nearest_k", "preference_replay_k=2",
-                          "run_name=2024", "top_k=", "agent_learning_rate=1e-5", "agents=[a, b]", "agent_model=null"])
+    job = load_job(
+        path,
+        [
+            "dpo_beta=0.5",
+            "preference_replay_mode=nearest_k",
+            "preference_replay_k=2",
+            "run_name=2024",
+            "top_k=",
+            "agent_learning_rate=1e-5",
+            "agents=[a, b]",
+            "agent_model=null",
+        ],
+    )
     assert type(job) is MADPOIterJob
     assert (job.dpo_beta, job.preference_replay_mode, job.preference_replay_k) == (0.5, "nearest_k", 2)
     assert (job.run_name, job.top_k, job.agent_learning_rate) == ("2024", None, 1e-5)
@@ -655,8 +949,11 @@ def test_override_of_unknown_key(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "content", "message"),
-    [("missing", None, "cannot be read"), ("bad", "trainer: [madpo\n", "is not valid YAML (line 2"),
-     ("list", "- trainer\n", "must hold a mapping")],
+    [
+        ("missing", None, "cannot be read"),
+        ("bad", "trainer: [madpo\n", "is not valid YAML (line 2"),
+        ("list", "- trainer\n", "must hold a mapping"),
+    ],
 )
 def test_unusable_yaml_file_names_the_file(tmp_path: Path, text: str, content: str | None, message: str) -> None:
     path = tmp_path / f"{text}.yaml"
@@ -675,14 +972,28 @@ def test_empty_yaml_file_asks_for_trainer(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("a=1", ("a", 1)), ("a=", ("a", None)), ("a=x=y", ("a", "x=y")), ("a=[1, 2]", ("a", [1, 2])),
-     (" a = true", ("a", True)), ("a={n: 2}", ("a", {"n": 2})),
-     # YAML 1.2 numbers: PyYAML alone reads these as strings
-     ("a=1e-5", ("a", 0.00001)), ("a=2.5E3", ("a", 2500.0)), ("a=-1e2", ("a", -100.0)), ("a=1e", ("a", "1e")),
-     # an option that takes text keeps the text as typed; other options keep YAML's value (checked later)
-     ("run_name=2024", ("run_name", "2024")), ("run_name=1e5", ("run_name", "1e5")), ("task= true", ("task", "true")),
-     ("agent_devices=0", ("agent_devices", "0")), ("seed=7", ("seed", 7)), ("dpo_beta=1", ("dpo_beta", 1)),
-     ("num_iterations=true", ("num_iterations", True)), ("top_k=null", ("top_k", None))],
+    [
+        ("a=1", ("a", 1)),
+        ("a=", ("a", None)),
+        ("a=x=y", ("a", "x=y")),
+        ("a=[1, 2]", ("a", [1, 2])),
+        (" a = true", ("a", True)),
+        ("a={n: 2}", ("a", {"n": 2})),
+        # YAML 1.2 numbers: PyYAML alone reads these as strings
+        ("a=1e-5", ("a", 0.00001)),
+        ("a=2.5E3", ("a", 2500.0)),
+        ("a=-1e2", ("a", -100.0)),
+        ("a=1e", ("a", "1e")),
+        # an option that takes text keeps the text as typed; other options keep YAML's value (checked later)
+        ("run_name=2024", ("run_name", "2024")),
+        ("run_name=1e5", ("run_name", "1e5")),
+        ("task= true", ("task", "true")),
+        ("agent_devices=0", ("agent_devices", "0")),
+        ("seed=7", ("seed", 7)),
+        ("dpo_beta=1", ("dpo_beta", 1)),
+        ("num_iterations=true", ("num_iterations", True)),
+        ("top_k=null", ("top_k", None)),
+    ],
 )
 def test_parse_override(text: str, expected: tuple[str, Any]) -> None:
     key, value = parse_override(text)
@@ -690,16 +1001,19 @@ def test_parse_override(text: str, expected: tuple[str, Any]) -> None:
 
 
 def test_yaml_numbers_and_strict_types_in_a_file(tmp_path: Path) -> None:
-    path = write_yaml(tmp_path, "trainer: madpo_iter\ntask: toy\nagent_model: m\nagent_learning_rate: 1e-5\n"
-                                "dpo_beta: 1\nrun_name: '2024'\n")
+    path = write_yaml(
+        tmp_path,
+        "trainer: madpo_iter\ntask: toy\nagent_model: m\nagent_learning_rate: 1e-5\ndpo_beta: 1\nrun_name: '2024'\n",
+    )
     job = load_job(path, ["temperature=1E-2", "num_iterations=2"])
     assert (job.agent_learning_rate, job.dpo_beta, job.temperature) == (0.00001, 1.0, 0.01)
     assert (job.run_name, job.num_iterations) == ("2024", 2)
 
 
 def test_booleans_and_numbers_in_a_file_or_override_are_refused(tmp_path: Path) -> None:
-    path = write_yaml(tmp_path, "trainer: madpo_iter\ntask: toy\nagent_model: m\nnum_iterations: true\n"
-                                "run_name: 2024\n")
+    path = write_yaml(
+        tmp_path, "trainer: madpo_iter\ntask: toy\nagent_model: m\nnum_iterations: true\nrun_name: 2024\n"
+    )
     with pytest.raises(ConfigError) as info:
         load_job(path, ["seed=yes", "reference_kl_enabled=1"])
     problems = {p.field: p.value for p in info.value.problems}
@@ -735,8 +1049,10 @@ def test_config_hash_is_one_sha256_hex_per_job_however_it_was_built(tmp_path: Pa
     assert len(base) == 64 and set(base) <= set("0123456789abcdef")
     reordered = {k: data[k] for k in reversed(list(data))} | {"task_options": {"b": [1, 2], "a": 1}}
     assert config_hash(parse_job(reordered)) == base  # key order, also inside task_options
-    path = write_yaml(tmp_path, "dpo_beta: 0.2\ntask_options: {b: [1, 2], a: 1}\nagent_model: some/path\n"
-                                "task: toy\ntrainer: madpo_iter\n")
+    path = write_yaml(
+        tmp_path,
+        "dpo_beta: 0.2\ntask_options: {b: [1, 2], a: 1}\nagent_model: some/path\ntask: toy\ntrainer: madpo_iter\n",
+    )
     assert config_hash(load_job(path)) == base
     assert config_hash(make_job(*split_job(parse_job(data)))) == base
     assert config_hash(parse_job({**data, "dpo_beta": 1})) == config_hash(parse_job({**data, "dpo_beta": 1.0}))
@@ -744,12 +1060,22 @@ def test_config_hash_is_one_sha256_hex_per_job_however_it_was_built(tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("dpo_beta", 0.25), ("seed", 1), ("temperature", 0.7), ("top_k", None), ("agent_model", "other/path"),
-     ("task_options", {"a": 2, "b": [1, 2]}), ("task_options", {"a": 1, "b": [2, 1]}),
-     ("preference_replay_mode", "all_history"), ("lora_r", 4), ("mixed_precision", "bf16"),
-     ("gradient_checkpointing", True), ("gradient_accumulation_steps", 2),
-     # config_hash covers num_iterations; pbrl.config.stage_config_hash is where a run may grow by iterations
-     ("num_iterations", 7)],
+    [
+        ("dpo_beta", 0.25),
+        ("seed", 1),
+        ("temperature", 0.7),
+        ("top_k", None),
+        ("agent_model", "other/path"),
+        ("task_options", {"a": 2, "b": [1, 2]}),
+        ("task_options", {"a": 1, "b": [2, 1]}),
+        ("preference_replay_mode", "all_history"),
+        ("lora_r", 4),
+        ("mixed_precision", "bf16"),
+        ("gradient_checkpointing", True),
+        ("gradient_accumulation_steps", 2),
+        # config_hash covers num_iterations; pbrl.config.stage_config_hash is where a run may grow by iterations
+        ("num_iterations", 7),
+    ],
 )
 def test_config_hash_changes_with_any_option(field: str, value: Any) -> None:
     data = {**minimal("madpo_iter"), "task_options": {"a": 1, "b": [1, 2]}}
@@ -848,8 +1174,9 @@ def test_make_job_refuses_mismatch_and_trainer_options() -> None:
     assert type(make_job({"agent_model": "m", "task": "toy"}, MADPOConfig())) is MADPOJob
 
 
-@pytest.mark.parametrize(("trainer", "expected"), [("madpo", False), ("marlhf", False), ("madpo_iter", True),
-                                                   ("marlhf_iter", True)])
+@pytest.mark.parametrize(
+    ("trainer", "expected"), [("madpo", False), ("marlhf", False), ("madpo_iter", True), ("marlhf_iter", True)]
+)
 def test_is_iterative(trainer: str, expected: bool) -> None:
     assert is_iterative(trainer) is expected
 
@@ -861,45 +1188,122 @@ def test_is_iterative_unknown_name() -> None:
 
 # SPEC §2's option table, transcribed: which trainers have each option.
 SPEC_COMMON = {
-    "num_agents", "num_turns", "joint_mode", "preference_num_candidates", "pair_selection",
-    "preference_pairs_per_sample", "dpo_beta", "num_train_epochs", "agent_learning_rate", "train_batch_size",
-    "max_new_tokens", "temperature", "top_p", "top_k", "eval_interval", "eval_num_samples", "max_grad_norm",
-    "reward_func", "reward_processor", "reference_kl_enabled", "reference_kl_coef", "reference_devices",
+    "num_agents",
+    "num_turns",
+    "joint_mode",
+    "preference_num_candidates",
+    "pair_selection",
+    "preference_pairs_per_sample",
+    "dpo_beta",
+    "num_train_epochs",
+    "agent_learning_rate",
+    "train_batch_size",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "eval_interval",
+    "eval_num_samples",
+    "max_grad_norm",
+    "reward_func",
+    "reward_processor",
+    "reference_kl_enabled",
+    "reference_kl_coef",
+    "reference_devices",
 }
 SPEC_ITERATIVE = {
-    "num_iterations", "comparator_policy", "comparator_history_k", "comparator_model_name", "comparator_agents",
-    "comparator_devices", "comparator_num_candidates", "comparator_generation_mode",
-    "comparator_centralized_agent_index", "comparator_api_format", "comparator_api_url", "comparator_api_model",
-    "comparator_api_key_env", "comparator_api_response_field", "comparator_api_timeout",
-    "comparator_api_max_concurrency", "preference_replay_mode", "preference_replay_k", "preference_replay_lambda",
-    "preference_replay_sample_size", "preference_replay_dir",
+    "num_iterations",
+    "comparator_policy",
+    "comparator_history_k",
+    "comparator_model_name",
+    "comparator_agents",
+    "comparator_devices",
+    "comparator_num_candidates",
+    "comparator_generation_mode",
+    "comparator_centralized_agent_index",
+    "comparator_api_format",
+    "comparator_api_url",
+    "comparator_api_model",
+    "comparator_api_key_env",
+    "comparator_api_response_field",
+    "comparator_api_timeout",
+    "comparator_api_max_concurrency",
+    "preference_replay_mode",
+    "preference_replay_k",
+    "preference_replay_lambda",
+    "preference_replay_sample_size",
+    "preference_replay_dir",
 }
 SPEC_MARLHF = {
-    "reward_model_name", "reward_learning_rate", "reward_num_train_epochs", "reward_train_batch_size",
-    "reward_max_length", "reward_freeze_backbone", "rl_algorithm", "num_generations", "critic_model_name",
-    "critic_learning_rate", "value_loss_coef", "value_clip_range",
+    "reward_model_name",
+    "reward_learning_rate",
+    "reward_num_train_epochs",
+    "reward_train_batch_size",
+    "reward_max_length",
+    "reward_freeze_backbone",
+    "rl_algorithm",
+    "num_generations",
+    "critic_model_name",
+    "critic_learning_rate",
+    "value_loss_coef",
+    "value_clip_range",
 }
 # Issue #17: every other option of the reference's configs (notes/reference-library.md §2, CoMLRL 85a6f8e).
 SPEC_COMMON |= {
-    "logging_steps", "collaboration_mode", "parallel_training", "discount", "early_termination_threshold",
-    "external_prompt_passthrough", "eval_batch_size", "rollout_buffer_size", "advantage_normalization",
-    "advantage_mode", "use_environment_step", "environment_steps_per_pair",
+    "logging_steps",
+    "collaboration_mode",
+    "parallel_training",
+    "discount",
+    "early_termination_threshold",
+    "external_prompt_passthrough",
+    "eval_batch_size",
+    "rollout_buffer_size",
+    "advantage_normalization",
+    "advantage_mode",
+    "use_environment_step",
+    "environment_steps_per_pair",
 }
 SPEC_ITERATIVE |= {
-    "log_reward_distribution", "policy_checkpoint_dir", "comparator_api_max_n_per_request", "comparator_api_headers",
-    "comparator_api_key_header", "comparator_api_key_prefix", "comparator_api_extra_body",
+    "log_reward_distribution",
+    "policy_checkpoint_dir",
+    "comparator_api_max_n_per_request",
+    "comparator_api_headers",
+    "comparator_api_key_header",
+    "comparator_api_key_prefix",
+    "comparator_api_extra_body",
 }
 # pbrl's own option (issue #12): the pluggable parser of centralized responses (comparator generation, and the
 # one actor of collaboration_mode: centralized in every trainer).
 SPEC_COMMON |= {"comparator_centralized_adapter"}
-SPEC_MARLHF |= {"reward_model_device", "critic_devices", "use_separate_critic", "critic_type",
-                "critic_value_head_hidden_dim", "value_head_hidden_dim"}
+SPEC_MARLHF |= {
+    "reward_model_device",
+    "critic_devices",
+    "use_separate_critic",
+    "critic_type",
+    "critic_value_head_hidden_dim",
+    "value_head_hidden_dim",
+}
 SPEC_OPTIONS = {
-    "madpo": SPEC_COMMON, "marlhf": SPEC_COMMON | SPEC_MARLHF, "madpo_iter": SPEC_COMMON | SPEC_ITERATIVE,
+    "madpo": SPEC_COMMON,
+    "marlhf": SPEC_COMMON | SPEC_MARLHF,
+    "madpo_iter": SPEC_COMMON | SPEC_ITERATIVE,
     "marlhf_iter": SPEC_COMMON | SPEC_ITERATIVE | SPEC_MARLHF | {"preference_scoring_reward"},
 }
-SPEC_RUN_FIELDS = {"trainer", "seed", "run_name", "output_dir", "task", "train_dataset", "formatters", "agent_model",
-                   "agents", "lora_r", "lora_alpha", "lora_target_modules", "agent_devices"}
+SPEC_RUN_FIELDS = {
+    "trainer",
+    "seed",
+    "run_name",
+    "output_dir",
+    "task",
+    "train_dataset",
+    "formatters",
+    "agent_model",
+    "agents",
+    "lora_r",
+    "lora_alpha",
+    "lora_target_modules",
+    "agent_devices",
+}
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)

@@ -92,12 +92,29 @@ COMPLETIONS = [[70, 71, 3], [80, 3]]
 
 def test_critic_rows_read_the_history_or_the_joint_action(tiny_model_dir):
     template = JointTemplate.build(load_tokenizer(tiny_model_dir), 2)
-    expected_v = [*template.header, *template.prompt_markers[0], *PROMPTS[0], *template.response_markers[0],
-                  *template.separator, *template.prompt_markers[1], *PROMPTS[1], *template.response_markers[1]]
+    expected_v = [
+        *template.header,
+        *template.prompt_markers[0],
+        *PROMPTS[0],
+        *template.response_markers[0],
+        *template.separator,
+        *template.prompt_markers[1],
+        *PROMPTS[1],
+        *template.response_markers[1],
+    ]
     assert critic_rows("maac", "v", PROMPTS, COMPLETIONS, template=template) == [expected_v]
-    expected_q = [*template.header, *template.prompt_markers[0], *PROMPTS[0], *template.response_markers[0],
-                  *COMPLETIONS[0], *template.separator, *template.prompt_markers[1], *PROMPTS[1],
-                  *template.response_markers[1], *COMPLETIONS[1]]
+    expected_q = [
+        *template.header,
+        *template.prompt_markers[0],
+        *PROMPTS[0],
+        *template.response_markers[0],
+        *COMPLETIONS[0],
+        *template.separator,
+        *template.prompt_markers[1],
+        *PROMPTS[1],
+        *template.response_markers[1],
+        *COMPLETIONS[1],
+    ]
     assert critic_rows("maac", "q", PROMPTS, COMPLETIONS, template=template) == [expected_q]
     assert critic_rows("maac", "q", PROMPTS, COMPLETIONS, template=template, max_length=5) == [None]
     assert critic_rows("iac", "v", PROMPTS, COMPLETIONS) == PROMPTS
@@ -116,8 +133,9 @@ def test_separate_critic_values_do_not_depend_on_padding(tiny_model_dir):
 # ---------------------------------------------------------------------------------------------- iac value head
 def test_iac_value_head_shares_the_policy_backbone_and_its_loss_never_reaches_the_policy(tiny_model_dir):
     policy = load_model(tiny_model_dir, trainable=True)
-    critic = new_critic(CriticSpec("value_head", None, None, None), seed=0, learning_rate=1e-2, policy=policy,
-                        pad_token_id=0)
+    critic = new_critic(
+        CriticSpec("value_head", None, None, None), seed=0, learning_rate=1e-2, policy=policy, pad_token_id=0
+    )
     assert critic.model.policy is policy  # the same object: one copy of the backbone in memory
     own = {p.data_ptr() for p in critic.model.parameters()}
     assert own.isdisjoint(p.data_ptr() for p in policy.parameters())  # the critic holds only its head
@@ -125,8 +143,15 @@ def test_iac_value_head_shares_the_policy_backbone_and_its_loss_never_reaches_th
     assert len(critic.optimizer.param_groups[0]["params"]) == 2
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     head = critic.model.head.weight.detach().clone()
-    loss, outcome = critic_step(critic, PROMPTS, torch.tensor([1.0, -1.0]), torch.zeros(2), value_loss_coef=0.6,
-                                clip_range=0.2, max_grad_norm=1.0)
+    loss, outcome = critic_step(
+        critic,
+        PROMPTS,
+        torch.tensor([1.0, -1.0]),
+        torch.zeros(2),
+        value_loss_coef=0.6,
+        clip_range=0.2,
+        max_grad_norm=1.0,
+    )
     assert outcome == "updated" and loss > 0
     assert all(p.grad is None for p in policy.parameters())  # no gradient reached the policy
     assert all(torch.equal(v, before[k]) for k, v in policy.state_dict().items())
@@ -137,8 +162,9 @@ def test_value_head_sees_the_policy_move(tiny_model_dir):
     """The head reads the live policy: after a policy step the same row has another value (so the value clip
     around the rollout-time prediction can bind)."""
     policy = load_model(tiny_model_dir, trainable=True)
-    critic = new_critic(CriticSpec("value_head", None, None, None), seed=0, learning_rate=1e-2, policy=policy,
-                        pad_token_id=0)
+    critic = new_critic(
+        CriticSpec("value_head", None, None, None), seed=0, learning_rate=1e-2, policy=policy, pad_token_id=0
+    )
     before = predict(critic, PROMPTS)
     with torch.no_grad():
         policy.get_input_embeddings().weight.add_(0.1)
@@ -146,16 +172,25 @@ def test_value_head_sees_the_policy_move(tiny_model_dir):
 
 
 # ---------------------------------------------------------------------------------------------- learning
-@pytest.mark.parametrize(("backend", "kind", "lr", "epochs"), [
-    ("iac", "separate", 1e-3, 8), ("iac", "value_head", 3e-2, 8), ("maac", "separate", 1e-3, 16)])
+@pytest.mark.parametrize(
+    ("backend", "kind", "lr", "epochs"),
+    [("iac", "separate", 1e-3, 8), ("iac", "value_head", 3e-2, 8), ("maac", "separate", 1e-3, 16)],
+)
 def test_critic_learns_a_fixed_reward_per_prompt(tiny_model_dir, backend, kind, lr, epochs):
     """Four items, each with its own fixed reward whatever the responses: the explained variance of the
     values the critic predicts before each epoch's step starts near 0 and rises above 0.5."""
     policies = [load_model(tiny_model_dir, trainable=True) for _ in range(2)]
     count = 1 if backend == "maac" else 2
-    critics = [new_critic(CriticSpec(kind, str(tiny_model_dir) if kind == "separate" else None, None, None),
-                          seed=k, learning_rate=lr, policy=policies[k] if kind == "value_head" else None,
-                          pad_token_id=0) for k in range(count)]
+    critics = [
+        new_critic(
+            CriticSpec(kind, str(tiny_model_dir) if kind == "separate" else None, None, None),
+            seed=k,
+            learning_rate=lr,
+            policy=policies[k] if kind == "value_head" else None,
+            pad_token_id=0,
+        )
+        for k in range(count)
+    ]
     template = JointTemplate.build(load_tokenizer(tiny_model_dir), 2) if backend == "maac" else None
     critic_set = CriticSet(backend, "v", critics, template=template, max_grad_norm=1.0)
     prompts = [[[2, 17, 40 + k, 5] for k in range(4)], [[2, 18, 50 + k, 5] for k in range(4)]]  # [agent][item]
@@ -174,20 +209,31 @@ def test_critic_learns_a_fixed_reward_per_prompt(tiny_model_dir, backend, kind, 
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-@pytest.mark.parametrize(("kind", "lora"), [("separate", False), ("separate", True), ("value_head", False),
-                                            ("value_head", True)])
+@pytest.mark.parametrize(
+    ("kind", "lora"), [("separate", False), ("separate", True), ("value_head", False), ("value_head", True)]
+)
 def test_saved_critic_restores_bitwise_and_continues_identically(tiny_model_dir, tmp_path, kind, lora):
     """LoRA: the critic's own adapter (separate), or a head on a LoRA policy (value_head)."""
     settings = LoraSettings(r=2) if lora else None
 
     def build(policy, width=8):
-        spec = (CriticSpec("separate", str(tiny_model_dir), settings, width) if kind == "separate"
-                else CriticSpec("value_head", None, None, width))
+        spec = (
+            CriticSpec("separate", str(tiny_model_dir), settings, width)
+            if kind == "separate"
+            else CriticSpec("value_head", None, None, width)
+        )
         return new_critic(spec, seed=3, learning_rate=1e-2, policy=policy, pad_token_id=0)
 
     def step(critic):
-        return critic_step(critic, PROMPTS, torch.tensor([1.0, -1.0]), predict(critic, PROMPTS),
-                           value_loss_coef=0.6, clip_range=0.2, max_grad_norm=1.0)
+        return critic_step(
+            critic,
+            PROMPTS,
+            torch.tensor([1.0, -1.0]),
+            predict(critic, PROMPTS),
+            value_loss_coef=0.6,
+            clip_range=0.2,
+            max_grad_norm=1.0,
+        )
 
     policy = load_model(tiny_model_dir, trainable=True, lora=settings if kind == "value_head" else None, seed=0)
     first = build(policy)
@@ -216,8 +262,10 @@ def _trainable(model_dir):
 def test_rl_loop_uses_return_minus_value_and_updates_the_critics(tiny_model_dir, backend):
     policies = [_trainable(tiny_model_dir) for _ in range(2)]
     count = 1 if backend == "maac" else 2
-    critics = [new_critic(CriticSpec("separate", str(tiny_model_dir), None, None), seed=k, learning_rate=1e-3)
-               for k in range(count)]
+    critics = [
+        new_critic(CriticSpec("separate", str(tiny_model_dir), None, None), seed=k, learning_rate=1e-3)
+        for k in range(count)
+    ]
     template = JointTemplate.build(load_tokenizer(tiny_model_dir), 2) if backend == "maac" else None
     critic_set = CriticSet(backend, "q", critics, template=template, max_grad_norm=1.0)
     weights = [p.detach().clone() for c in critics for p in c.parameters]
@@ -228,11 +276,21 @@ def test_rl_loop_uses_return_minus_value_and_updates_the_critics(tiny_model_dir,
     def score(prompts, completions):
         return [(float(c[0][0] + c[1][0]) / 100, [1]) for c in completions]
 
-    settings = RLSettings(epochs=1, batch_size=2, num_generations=2, backend=backend, normalize=False,
-                          kl_coef=None, max_grad_norm=1.0)
-    result = run_rl(policies, [[[2, 17], [2, 19]], [[2, 18], [2, 20]]], ["a", "b"], settings, sample=sample,
-                    score=score, references=None, order_seed=0, dropout_seed=lambda agent, step: None,
-                    critics=critic_set)
+    settings = RLSettings(
+        epochs=1, batch_size=2, num_generations=2, backend=backend, normalize=False, kl_coef=None, max_grad_norm=1.0
+    )
+    result = run_rl(
+        policies,
+        [[[2, 17], [2, 19]], [[2, 18], [2, 20]]],
+        ["a", "b"],
+        settings,
+        sample=sample,
+        score=score,
+        references=None,
+        order_seed=0,
+        dropout_seed=lambda agent, step: None,
+        critics=critic_set,
+    )
     rows = result.rollouts  # row r·2 + i: joint response r of the step, agent i
     assert len(rows) == 8 and [r["agent_index"] for r in rows] == [0, 1] * 4
     assert sorted({r["reward"] for r in rows}) == [2.1, 2.12]  # ((100 + j) + (110 + j)) / 100 for j = 0, 1
@@ -242,17 +300,20 @@ def test_rl_loop_uses_return_minus_value_and_updates_the_critics(tiny_model_dir,
         for i in range(2):
             v = values[(0 if backend == "maac" else i, r)]
             assert rows[2 * r + i]["advantage"] == pytest.approx(rows[2 * r + i]["reward"] - v, abs=1e-12)
-    assert all(not torch.equal(w, p) for w, p in zip(weights, [p for c in critics for p in c.parameters],
-                                                     strict=True))  # every critic weight moved
+    assert all(
+        not torch.equal(w, p) for w, p in zip(weights, [p for c in critics for p in c.parameters], strict=True)
+    )  # every critic weight moved
     assert "critic/value_loss" + ("" if backend == "maac" else "_agent_0") in result.step_metrics[0]
 
 
 def test_actor_critic_loop_needs_critics_and_group_loop_refuses_them(tiny_model_dir):
-    settings = RLSettings(epochs=1, batch_size=1, num_generations=2, backend="maac", normalize=False,
-                          kl_coef=None, max_grad_norm=None)
+    settings = RLSettings(
+        epochs=1, batch_size=1, num_generations=2, backend="maac", normalize=False, kl_coef=None, max_grad_norm=None
+    )
     with pytest.raises(ValueError, match="needs critics"):
-        run_rl([], [], [], settings, sample=None, score=None, references=None, order_seed=0,
-               dropout_seed=lambda a, s: None)
+        run_rl(
+            [], [], [], settings, sample=None, score=None, references=None, order_seed=0, dropout_seed=lambda a, s: None
+        )
 
 
 # ---------------------------------------------------------------------------------------------- preflight
@@ -262,16 +323,40 @@ def test_preflight_accepts_maac_and_iac_and_refuses_what_is_not_built(tiny_model
     from tests.helpers import tiny_job
 
     for backend in ("maac", "iac"):
-        ok = prepare_run(tiny_job(tiny_model_dir, tmp_path, trainer="marlhf_iter", rl_algorithm=backend,
-                                  run_name=backend, critic_type="q"), resume=False)
+        ok = prepare_run(
+            tiny_job(
+                tiny_model_dir, tmp_path, trainer="marlhf_iter", rl_algorithm=backend, run_name=backend, critic_type="q"
+            ),
+            resume=False,
+        )
         assert (ok / "run.json").is_file()
     with pytest.raises(ConfigError) as info:
-        prepare_run(tiny_job(tiny_model_dir, tmp_path, trainer="marlhf_iter", rl_algorithm="maac",
-                             use_separate_critic=False, value_head_hidden_dim=8, run_name="bad"), resume=False)
+        prepare_run(
+            tiny_job(
+                tiny_model_dir,
+                tmp_path,
+                trainer="marlhf_iter",
+                rl_algorithm="maac",
+                use_separate_critic=False,
+                value_head_hidden_dim=8,
+                run_name="bad",
+            ),
+            resume=False,
+        )
     assert {p.field for p in info.value.problems} == {"use_separate_critic", "value_head_hidden_dim"}
     with pytest.raises(ConfigError) as info:
-        prepare_run(tiny_job(tiny_model_dir, tmp_path, trainer="marlhf_iter", rl_algorithm="iac",
-                             use_separate_critic=False, critic_model_name=str(tiny_model_dir),
-                             critic_devices="cpu", run_name="bad2"), resume=False)
+        prepare_run(
+            tiny_job(
+                tiny_model_dir,
+                tmp_path,
+                trainer="marlhf_iter",
+                rl_algorithm="iac",
+                use_separate_critic=False,
+                critic_model_name=str(tiny_model_dir),
+                critic_devices="cpu",
+                run_name="bad2",
+            ),
+            resume=False,
+        )
     assert {p.field for p in info.value.problems} == {"critic_model_name", "critic_devices"}
     assert not (tmp_path / "bad").exists() and not (tmp_path / "bad2").exists()

@@ -20,11 +20,19 @@ DEMO = Path(__file__).resolve().parents[1] / "flows" / "configs" / "demo.yaml"
 
 
 def test_demo_config_runs_one_round_on_smollm2(tmp_path):
-    job = load_job(DEMO, [
-        f"output_dir={tmp_path}", "run_name=demo-smoke", "num_iterations=1", "preference_num_candidates=2",
-        "max_new_tokens=12", "task_options={num_train_items: 2, num_eval_items: 2}", "eval_num_samples=2",
-        "num_train_epochs=1",
-    ])
+    job = load_job(
+        DEMO,
+        [
+            f"output_dir={tmp_path}",
+            "run_name=demo-smoke",
+            "num_iterations=1",
+            "preference_num_candidates=2",
+            "max_new_tokens=12",
+            "task_options={num_train_items: 2, num_eval_items: 2}",
+            "eval_num_samples=2",
+            "num_train_epochs=1",
+        ],
+    )
     out = orchestration.train(job)
     run_dir = Path(out["run_dir"])
     paths = RunPaths(run_dir)
@@ -41,7 +49,10 @@ def test_demo_config_runs_one_round_on_smollm2(tmp_path):
     for r in (0, 1):
         ev = read_rows(paths.eval(r), EVAL)
         assert ev and all(x["failure"] is None for x in ev)
-        rewards = docs_reward([x["completions"][0] for x in ev], [x["completions"][1] for x in ev],
-                              batch_items=[items[x["item_id"]] for x in ev])
+        rewards = docs_reward(
+            [x["completions"][0] for x in ev],
+            [x["completions"][1] for x in ev],
+            batch_items=[items[x["item_id"]] for x in ev],
+        )
         assert all(0.0 <= v <= 2.0 for v in rewards) and [x["reward"] for x in ev] == rewards
         assert table.loc[r, "eval_reward"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-12)

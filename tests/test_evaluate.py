@@ -27,8 +27,14 @@ def evaluated(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval")
     items = out / "held_out.jsonl"
     items.write_text("".join(json.dumps(x) + "\n" for x in HELD_OUT))
-    run_dir, job = new_run(tiny_model_dir, out, eval_dataset=str(items), eval_samples_per_item=3,
-                           eval_batch_size=4, agent_learning_rate=5e-2)
+    run_dir, job = new_run(
+        tiny_model_dir,
+        out,
+        eval_dataset=str(items),
+        eval_samples_per_item=3,
+        eval_batch_size=4,
+        agent_learning_rate=5e-2,
+    )
     calls: list[tuple[int, list[int]]] = []
     real = evaluate.generate
     mp = pytest.MonkeyPatch()
@@ -69,8 +75,9 @@ def test_same_seeds_same_policy_same_draws(evaluated, tmp_path):
     run_dir, job, _, _ = evaluated
     before = read_rows(RunPaths(run_dir).eval(0), EVAL)
     evaluate.run(run_dir, 0, job)  # round 0 again: the initial policy, the same seeds
-    assert [r["completion_ids"] for r in read_rows(RunPaths(run_dir).eval(0), EVAL)] == \
-        [r["completion_ids"] for r in before]
+    assert [r["completion_ids"] for r in read_rows(RunPaths(run_dir).eval(0), EVAL)] == [
+        r["completion_ids"] for r in before
+    ]
 
 
 def _item_means(rows):
@@ -91,8 +98,10 @@ def test_manifest_metrics_against_the_stored_rewards(evaluated):
         assert m["eval/turn_1/reward_mean"] == pytest.approx(statistics.fmean(r["reward"] for r in rows), abs=1e-12)
         assert m["eval/reward_ci_low"] <= mean <= m["eval/reward_ci_high"]
     # Paired: per item, mean over its 3 draws of (round 1 - round 0), rows matched by position within the item.
-    diffs = [statistics.fmean(b["reward"] - a["reward"] for a, b in zip(r0[i:i + 3], r1[i:i + 3], strict=True))
-             for i in (0, 3)]
+    diffs = [
+        statistics.fmean(b["reward"] - a["reward"] for a, b in zip(r0[i : i + 3], r1[i : i + 3], strict=True))
+        for i in (0, 3)
+    ]
     assert m1["eval/paired_diff_mean"] == pytest.approx(statistics.fmean(diffs), abs=1e-12)
     # Two items: the resampled means are d1, (d1+d2)/2, d2 -> the interval is [min, max] of the item diffs.
     assert m1["eval/paired_diff_ci_low"] == pytest.approx(min(diffs), abs=1e-12)
@@ -105,15 +114,26 @@ def test_round_table_and_metrics_parquet_carry_the_intervals(evaluated):
     run_dir, _, manifests, _ = evaluated
     write_run_metrics(run_dir)
     names = {r["metric"] for r in read_table(RunPaths(run_dir).metrics, METRICS).to_pylist()}
-    assert {"eval/reward_mean", "eval/reward_ci_low", "eval/reward_ci_high", "eval/paired_diff_mean",
-            "eval/paired_diff_ci_low", "eval/paired_diff_ci_high", "eval/turn_1/reward_mean"} <= names
+    assert {
+        "eval/reward_mean",
+        "eval/reward_ci_low",
+        "eval/reward_ci_high",
+        "eval/paired_diff_mean",
+        "eval/paired_diff_ci_low",
+        "eval/paired_diff_ci_high",
+        "eval/turn_1/reward_mean",
+    } <= names
     table = round_table(run_dir)
     m1 = manifests[1].metrics
     assert table.loc[1, "paired"] == m1["eval/paired_diff_mean"]
-    assert (table.loc[1, "paired_lo"], table.loc[1, "paired_hi"]) == (m1["eval/paired_diff_ci_low"],
-                                                                      m1["eval/paired_diff_ci_high"])
-    assert (table.loc[0, "eval_lo"], table.loc[0, "eval_hi"]) == (manifests[0].metrics["eval/reward_ci_low"],
-                                                                  manifests[0].metrics["eval/reward_ci_high"])
+    assert (table.loc[1, "paired_lo"], table.loc[1, "paired_hi"]) == (
+        m1["eval/paired_diff_ci_low"],
+        m1["eval/paired_diff_ci_high"],
+    )
+    assert (table.loc[0, "eval_lo"], table.loc[0, "eval_hi"]) == (
+        manifests[0].metrics["eval/reward_ci_low"],
+        manifests[0].metrics["eval/reward_ci_high"],
+    )
     assert table.loc[1, "eval_vs_round0"] == pytest.approx(table.loc[1, "eval_reward"] - table.loc[0, "eval_reward"])
 
 

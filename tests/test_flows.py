@@ -29,8 +29,15 @@ def test_round_caching_follows_file_contents(tiny_model_dir, tmp_path):
     run_dir, job = new_run(tiny_model_dir, tmp_path)
     paths = RunPaths(run_dir)
     first = round_flow(str(run_dir), "run", 1, job)
-    assert executed(first) == {"sample-candidates", "score-with-oracle", "build-pairs", "store-round",
-                               "replay-select", "update-policies", "evaluate"}
+    assert executed(first) == {
+        "sample-candidates",
+        "score-with-oracle",
+        "build-pairs",
+        "store-round",
+        "replay-select",
+        "update-policies",
+        "evaluate",
+    }
     _assert_round_artifacts(round_index=1)
     # Same round again: nothing executes.
     assert executed(round_flow(str(run_dir), "run", 1, job)) == set()
@@ -59,8 +66,10 @@ def _assert_round_artifacts(round_index: int) -> None:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     with get_client(sync_client=True) as client:
-        by_key = {key: client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-                  for key in ("round-metrics-run", "round-summary-run")}  # keys carry the run's name
+        by_key = {
+            key: client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+            for key in ("round-metrics-run", "round-summary-run")
+        }  # keys carry the run's name
     table, summary = by_key["round-metrics-run"], by_key["round-summary-run"]
     assert table and table[-1].type == "table" and f"round {round_index}" in table[-1].description
     rows = json.loads(table[-1].data) if isinstance(table[-1].data, str) else table[-1].data
@@ -76,8 +85,14 @@ def test_changed_train_item_reruns_every_downstream_stage(tiny_model_dir, tmp_pa
     items[0]["data"] = json.dumps({**json.loads(items[0]["data"]), "topic": "a brand new topic"})
     pq.write_table(pq.read_table(paths.items).from_pylist(items, pq.read_table(paths.items).schema), paths.items)
     assert executed(round_flow(str(run_dir), "run", 1, job)) == {
-        "sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-        "update-policies", "evaluate"}
+        "sample-candidates",
+        "score-with-oracle",
+        "build-pairs",
+        "store-round",
+        "replay-select",
+        "update-policies",
+        "evaluate",
+    }
 
 
 def test_transient_oracle_failure_is_retried(tiny_model_dir, tmp_path, monkeypatch):
@@ -152,11 +167,19 @@ def test_deployments_register_with_utc_cron_and_typed_parameters():
         assert "config" in schema["properties"]
         text = json.dumps(schema)
         assert "preference_replay_mode" in text and "dpo_beta" in text
-        client.create_flow_run_from_deployment(train_id, parameters={"config": {
-            "trainer": "madpo_iter", "task": "toy", "agent_model": "tiny-random", "run_name": "ok"}})
+        client.create_flow_run_from_deployment(
+            train_id,
+            parameters={
+                "config": {"trainer": "madpo_iter", "task": "toy", "agent_model": "tiny-random", "run_name": "ok"}
+            },
+        )
         with pytest.raises(Exception, match="(?i)validation"):
-            client.create_flow_run_from_deployment(train_id, parameters={"config": {
-                "trainer": "madpo_iter", "task": "toy", "agent_model": "tiny-random", "dpo_beta": "high"}})
+            client.create_flow_run_from_deployment(
+                train_id,
+                parameters={
+                    "config": {"trainer": "madpo_iter", "task": "toy", "agent_model": "tiny-random", "dpo_beta": "high"}
+                },
+            )
 
 
 def test_round_without_pairs_skips_update(tiny_model_dir, tmp_path):

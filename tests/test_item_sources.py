@@ -49,8 +49,12 @@ def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     its config attributes are set as well as the variables."""
     home = tmp_path / "hf"
     cache = home / "datasets"
-    for key, value in {"HF_HOME": home, "HF_DATASETS_CACHE": cache, "HF_HUB_OFFLINE": "1",
-                       "HF_DATASETS_OFFLINE": "1"}.items():
+    for key, value in {
+        "HF_HOME": home,
+        "HF_DATASETS_CACHE": cache,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }.items():
         monkeypatch.setenv(key, str(value))
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
@@ -70,8 +74,13 @@ def cache_hub_dataset(cache: Path, repo_id: str, rows: list[dict], work: Path) -
 
     org, name = repo_id.split("/")
     source = write_jsonl(work / "hub-source.jsonl", rows)
-    builder = Json(dataset_name=name, config_name="default", hash="0123abcd", data_files={"train": [str(source)]},
-                   cache_dir=str(work / "build"))
+    builder = Json(
+        dataset_name=name,
+        config_name="default",
+        hash="0123abcd",
+        data_files={"train": [str(source)]},
+        cache_dir=str(work / "build"),
+    )
     builder.download_and_prepare()
     shutil.copytree(builder.cache_dir, cache / f"{org}___{name}" / "default" / "0.0.0" / "0123abcd")
 
@@ -92,8 +101,9 @@ def test_save_to_disk_folders_give_the_list_of_dicts_items_and_ids(tmp_path):
     assert [x["item_id"] for x in read_items(RunPaths(tmp_path / "a"), "train")] == ["q7", "q3", "q9"]
     # A DatasetDict folder: the split is chosen; the mapping form (YAML) is the same spec.
     dict_folder = tmp_path / "saved-dict"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:1]),
-                          "test": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(dict_folder))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(ROWS[:1]), "test": datasets.Dataset.from_list(ROWS)}
+    ).save_to_disk(str(dict_folder))
     as_mapping = {"path": str(dict_folder), "split": "test", "columns": RENAME, "id_column": "qid"}
     assert load_item_source(as_mapping, field="eval_dataset") == EXPECTED
 
@@ -101,8 +111,9 @@ def test_save_to_disk_folders_give_the_list_of_dicts_items_and_ids(tmp_path):
 def test_jsonl_files_through_load_dataset_give_the_list_of_dicts_items_and_ids(tmp_path):
     jsonl = write_jsonl(tmp_path / "items.jsonl", ROWS)
     by_file = load_item_source(DatasetSpec(path=str(jsonl), columns=RENAME, id_column="qid"), field="train_dataset")
-    by_builder = load_item_source(DatasetSpec(path="json", data_files=str(jsonl), columns=RENAME, id_column="qid"),
-                                  field="train_dataset")
+    by_builder = load_item_source(
+        DatasetSpec(path="json", data_files=str(jsonl), columns=RENAME, id_column="qid"), field="train_dataset"
+    )
     assert by_file == by_builder == EXPECTED
     assert stored(by_builder, tmp_path / "a") == stored(EXPECTED, tmp_path / "b")
 
@@ -120,8 +131,11 @@ def test_a_cached_hub_dataset_gives_the_list_of_dicts_items_and_ids(tmp_path, hf
 
 
 def test_without_an_id_column_every_source_gets_the_same_positional_ids(tmp_path):
-    rows = [{"topic": "rain", "item_id": None}, {"topic": "bees", "item_id": "custom-1"}, {"topic": "rain",
-                                                                                         "item_id": None}]
+    rows = [
+        {"topic": "rain", "item_id": None},
+        {"topic": "bees", "item_id": "custom-1"},
+        {"topic": "rain", "item_id": None},
+    ]
     listed = [{"topic": "rain"}, {"topic": "bees", "item_id": "custom-1"}, {"topic": "rain"}]
     folder = tmp_path / "saved"
     datasets.Dataset.from_list(rows).save_to_disk(str(folder))
@@ -149,13 +163,16 @@ def test_a_hub_dataset_missing_from_the_cache_is_one_error_before_anything_is_wr
 
 def test_spec_errors_name_the_field_and_what_to_fix(tmp_path):
     folder = tmp_path / "saved"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS),
-                          "test": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(folder))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(ROWS), "test": datasets.Dataset.from_list(ROWS)}
+    ).save_to_disk(str(folder))
     cases = [
         (DatasetSpec(path=str(folder)), r"train_dataset\.split: got None; give one of its splits: train, test"),
         (DatasetSpec(path=str(folder), split="dev"), r"train_dataset\.split: got 'dev'; no such split"),
-        (DatasetSpec(path=str(folder), split="train", columns={"prompt": "topic"}),
-         r"train_dataset\.columns: got \['prompt'\]; no such column .*qid, question, level"),
+        (
+            DatasetSpec(path=str(folder), split="train", columns={"prompt": "topic"}),
+            r"train_dataset\.columns: got \['prompt'\]; no such column .*qid, question, level",
+        ),
         (DatasetSpec(path=str(folder), split="train", id_column="id"), r"train_dataset\.id_column: got 'id'"),
         (DatasetSpec(path="json"), r"train_dataset\.data_files: got None; required with the builder 'json'"),
         (DatasetSpec(path="json", data_files="hf://datasets/org/x/a.jsonl"), r"only local data files"),
@@ -193,15 +210,21 @@ def test_items_parquet_records_the_source_and_fingerprint_of_each_split(tmp_path
     write_items(paths, train, evals)
     sources = read_items_sources(paths.items)
     assert sources["train"] == {
-        "source": {"kind": "datasets", "loader": "load_from_disk",
-                   "spec": {"path": str(folder), "columns": {"question": "topic"}, "id_column": "qid"}},
+        "source": {
+            "kind": "datasets",
+            "loader": "load_from_disk",
+            "spec": {"path": str(folder), "columns": {"question": "topic"}, "id_column": "qid"},
+        },
         "fingerprint": "datasets:" + datasets.load_from_disk(str(folder))._fingerprint,
         "num_items": 3,
     }
     # Not loaded through datasets: sha256 of the stored JSON lines, worked out here from the literal text.
     lines = '{"topic": "rain"}\n{"item_id": "b", "topic": "bees"}\n'
-    assert sources["eval"] == {"source": {"kind": "python"}, "fingerprint": "sha256:"
-                               + hashlib.sha256(lines.encode()).hexdigest(), "num_items": 2}
+    assert sources["eval"] == {
+        "source": {"kind": "python"},
+        "fingerprint": "sha256:" + hashlib.sha256(lines.encode()).hexdigest(),
+        "num_items": 2,
+    }
     # The rows are unchanged by the metadata.
     assert read_items(paths, "eval") == [{"topic": "rain", "item_id": "eval-00000"}, {"topic": "bees", "item_id": "b"}]
 
@@ -227,9 +250,15 @@ def test_task_items_file_items_and_the_eval_fallback_record_their_source(tiny_mo
     train, evals = load_run_items(job, no_evals, train_items=str(jsonl))
     write_items(paths, train, evals)
     sources = read_items_sources(paths.items)
-    assert sources["eval"] == sources["train"] == {
-        "source": {"kind": "file", "path": str(jsonl)}, "num_items": 1,
-        "fingerprint": "sha256:" + hashlib.sha256(b'{"topic": "rain"}\n').hexdigest()}
+    assert (
+        sources["eval"]
+        == sources["train"]
+        == {
+            "source": {"kind": "file", "path": str(jsonl)},
+            "num_items": 1,
+            "fingerprint": "sha256:" + hashlib.sha256(b'{"topic": "rain"}\n').hexdigest(),
+        }
+    )
 
 
 def test_items_parquet_without_sources_is_named(tmp_path):
@@ -242,11 +271,17 @@ def test_items_parquet_without_sources_is_named(tmp_path):
 # --------------------------------------------------------------------------- the YAML form
 def test_a_yaml_mapping_is_a_dataset_spec_through_the_whole_start(tiny_model_dir, tmp_path):
     jsonl = write_jsonl(tmp_path / "items.jsonl", ROWS)
-    job = parse_job({"trainer": "madpo_iter", "agent_model": str(tiny_model_dir), "run_name": "r",
-                     "output_dir": str(tmp_path / "runs"),
-                     "train_dataset": {"path": "json", "data_files": str(jsonl), "columns": RENAME, "id_column": "qid"},
-                     "formatters": ["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
-                     "reward_func": "pbrl.tasks.toy:toy_reward"})
+    job = parse_job(
+        {
+            "trainer": "madpo_iter",
+            "agent_model": str(tiny_model_dir),
+            "run_name": "r",
+            "output_dir": str(tmp_path / "runs"),
+            "train_dataset": {"path": "json", "data_files": str(jsonl), "columns": RENAME, "id_column": "qid"},
+            "formatters": ["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
+            "reward_func": "pbrl.tasks.toy:toy_reward",
+        }
+    )
     assert job.train_dataset == DatasetSpec(path="json", data_files=str(jsonl), columns=RENAME, id_column="qid")
     # run.json stores it as a mapping and reads it back as the same spec (resume compares them).
     assert parse_job(job.model_dump(mode="json")).train_dataset == job.train_dataset

@@ -44,10 +44,18 @@ def _row(item: str, reward: float, failure: str | None = None) -> dict:
 
 
 def test_held_out_pairs_are_each_items_best_and_worst_draw_outside_the_tie_tolerance(learning):
-    rows = [_row("a", 1.0), _row("a", 2.5), _row("a", 2.0),   # best 2.5, worst 1.0: a pair
-            _row("b", 1.00), _row("b", 1.04),                   # 0.04 apart, within the tolerance 0.05: none
-            _row("c", 0.2), _row("c", 3.0, failure="oracle"),   # the failed draw never counts: one draw, none
-            _row("d", 0.5), _row("d", 0.0, failure="oracle"), _row("d", 0.7)]
+    rows = [
+        _row("a", 1.0),
+        _row("a", 2.5),
+        _row("a", 2.0),  # best 2.5, worst 1.0: a pair
+        _row("b", 1.00),
+        _row("b", 1.04),  # 0.04 apart, within the tolerance 0.05: none
+        _row("c", 0.2),
+        _row("c", 3.0, failure="oracle"),  # the failed draw never counts: one draw, none
+        _row("d", 0.5),
+        _row("d", 0.0, failure="oracle"),
+        _row("d", 0.7),
+    ]
     pairs = learning.held_out_pairs(rows, tie_tolerance=0.05)
     assert [(w["item_id"], w["reward"], lo["reward"]) for w, lo in pairs] == [("a", 2.5, 1.0), ("d", 0.7, 0.5)]
     assert learning.held_out_pairs(rows, tie_tolerance=1.5) == []  # a: 1.5 apart is not more than 1.5
@@ -61,12 +69,29 @@ def test_a_run_of_the_script_on_the_tiny_model_reports_its_runs_numbers(learning
     runs = tmp_path / "runs"  # the script's run folders (kept with --keep), inside the test's own folder
     runs.mkdir()
     monkeypatch.setattr(learning, "tempfile", SimpleNamespace(mkdtemp=lambda prefix: str(runs)))
-    monkeypatch.setattr(sys, "argv", [
-        "learning.py", "--quick", "--model", "tiny-random", "--keep",
-        "--set", "task_options={num_train_items: 4, num_eval_items: 4}", "--set", "eval_num_samples=4",
-        "--set", "eval_samples_per_item=3", "--set", "eval_batch_size=12", "--set", "max_new_tokens=8",
-        "--set", "num_iterations=1",
-    ])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "learning.py",
+            "--quick",
+            "--model",
+            "tiny-random",
+            "--keep",
+            "--set",
+            "task_options={num_train_items: 4, num_eval_items: 4}",
+            "--set",
+            "eval_num_samples=4",
+            "--set",
+            "eval_samples_per_item=3",
+            "--set",
+            "eval_batch_size=12",
+            "--set",
+            "max_new_tokens=8",
+            "--set",
+            "num_iterations=1",
+        ],
+    )
     assert learning.main() == 0
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "results" / "learning-humaneval_docs-tiny-random-quick.json").read_text())

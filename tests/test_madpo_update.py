@@ -57,8 +57,9 @@ def test_every_trainable_parameter_of_every_agent_moves_and_every_margin_rises(t
 
 
 def test_lora_moves_adapters_and_never_base_weights(tiny_model_dir, tmp_path):
-    agents = policies(tiny_model_dir, lora=LoraSettings(r=4, target_modules=("q_proj", "v_proj")),
-                      adapter_root=tmp_path)
+    agents = policies(
+        tiny_model_dir, lora=LoraSettings(r=4, target_modules=("q_proj", "v_proj")), adapter_root=tmp_path
+    )
     before = [snapshot(p) for p in agents]
     # lora_B starts at zero, so lora_A's first gradient is exactly zero (dL/dA = B^T ... = 0): A moves from
     # the second update on. Two updates, then every adapter weight has moved and no base weight has.
@@ -89,8 +90,11 @@ def test_nan_margin_skips_the_step_and_leaves_state_bitwise(tiny_model_dir, monk
     madpo_step(agents, batch(), beta=0.1, max_grad_norm=1.0)  # optimizer state now exists
     before = [snapshot(p) for p in agents]
     opt_before = [
-        {k: {s: v.clone() if torch.is_tensor(v) else v for s, v in st.items()}
-         for k, st in p.optimizer.state_dict()["state"].items()} for p in agents
+        {
+            k: {s: v.clone() if torch.is_tensor(v) else v for s, v in st.items()}
+            for k, st in p.optimizer.state_dict()["state"].items()
+        }
+        for p in agents
     ]
     real = madpo.agent_margins
 
@@ -116,8 +120,9 @@ def test_gradient_weight_is_the_joint_margins_for_every_agent(tiny_model_dir):
     beta = 0.5
     agents = []
     for seed in (0, 1):
-        model = load_policy(tiny_model_dir, checkpoint_dir=None, lora=None, device="cpu", dtype="float32",
-                            trainable=True)
+        model = load_policy(
+            tiny_model_dir, checkpoint_dir=None, lora=None, device="cpu", dtype="float32", trainable=True
+        )
         with torch.no_grad():
             gen = torch.Generator().manual_seed(seed)
             for p in model.parameters():

@@ -25,12 +25,25 @@ pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]
 ROOT = Path(__file__).resolve().parents[1]
 ITER_YAML = ROOT / "flows" / "configs" / "tiny-marlhf-iter.yaml"
 BASE_YAML = ROOT / "flows" / "configs" / "tiny-marlhf.yaml"
-ROUND_STAGES = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-                "fit-reward-model", "update-policies", "evaluate"]
+ROUND_STAGES = [
+    "sample-candidates",
+    "score-with-oracle",
+    "build-pairs",
+    "store-round",
+    "replay-select",
+    "fit-reward-model",
+    "update-policies",
+    "evaluate",
+]
 
 
-MARLHF_ARTIFACTS = ("rounds/*/*.parquet", "replay/iteration_*.json", "rounds/*/reward_model/**/*.safetensors",
-                    "rounds/*/reward_model/reward_model.json", "checkpoints/round_*/agent_*/*.safetensors")
+MARLHF_ARTIFACTS = (
+    "rounds/*/*.parquet",
+    "replay/iteration_*.json",
+    "rounds/*/reward_model/**/*.safetensors",
+    "rounds/*/reward_model/reward_model.json",
+    "checkpoints/round_*/agent_*/*.safetensors",
+)
 
 
 def test_cli_trains_two_rounds_with_a_complete_run_folder_then_reruns_cached(tmp_path):
@@ -42,13 +55,30 @@ def test_cli_trains_two_rounds_with_a_complete_run_folder_then_reruns_cached(tmp
         for stage in ROUND_STAGES:
             assert paths.manifest(r, stage).is_file(), (r, stage)
         rd = paths.round_dir(r)
-        for name in ("candidates.parquet", "scores.parquet", "pairs.parquet", "pair_joint_ids.parquet",
-                     "selected_pairs.parquet", "rollouts.parquet", "eval.parquet", "reward_model/head.safetensors"):
+        for name in (
+            "candidates.parquet",
+            "scores.parquet",
+            "pairs.parquet",
+            "pair_joint_ids.parquet",
+            "selected_pairs.parquet",
+            "rollouts.parquet",
+            "eval.parquet",
+            "reward_model/head.safetensors",
+        ):
             assert (rd / name).is_file(), (r, name)
         assert (paths.round_checkpoint(r) / "trainer_state.json").is_file()
     metrics = set(metrics_frame(run_dir)["metric"])
-    for name in ("rm/loss", "rm/accuracy", "rm/margin_mean", "rm/heldout_accuracy", "rl/reward_mean",
-                 "rl/advantage_std", "rl/kl_mean", "eval/turn_1/reward_mean", "time/fit-reward-model_seconds"):
+    for name in (
+        "rm/loss",
+        "rm/accuracy",
+        "rm/margin_mean",
+        "rm/heldout_accuracy",
+        "rl/reward_mean",
+        "rl/advantage_std",
+        "rl/kl_mean",
+        "eval/turn_1/reward_mean",
+        "time/fit-reward-model_seconds",
+    ):
         assert name in metrics, name
     evaluate = json.loads(paths.manifest(2, "evaluate").read_text())
     assert "reward_model" not in json.dumps(evaluate["inputs"])  # evaluation scores with the task reward
@@ -83,8 +113,15 @@ def test_sigkill_in_fit_reward_model_then_resume_matches_uninterrupted_run(tmp_p
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     script = tmp_path / "kill.py"
     script.write_text(KILL_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(ITER_YAML), str(tmp_path)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(ITER_YAML), str(tmp_path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     killed = tmp_path / "killed"
     paths = RunPaths(killed)
@@ -99,8 +136,9 @@ def test_sigkill_in_fit_reward_model_then_resume_matches_uninterrupted_run(tmp_p
 
 def test_base_trainer_api_with_reference_kl(tmp_path):
     run, config = split_job(load_job(BASE_YAML))
-    result = MARLHFTrainer(config, task=run.task, agent_model=run.agent_model, run_name="base",
-                           output_dir=str(tmp_path)).train()
+    result = MARLHFTrainer(
+        config, task=run.task, agent_model=run.agent_model, run_name="base", output_dir=str(tmp_path)
+    ).train()
     paths = RunPaths(result.run_dir)
     update = json.loads(paths.manifest(1, "update-policies").read_text())
     assert update["details"]["updated"] and update["metrics"]["rl/kl_mean"] >= 0

@@ -127,13 +127,15 @@ def _update(run_dir: Path, job, tmp: Path, **options):
     return manifest, weights
 
 
-def test_accumulation_and_checkpointing_give_the_same_update_through_the_stage(selected, tmp_path: Path,
-                                                                               tiny_model_dir: Path) -> None:
+def test_accumulation_and_checkpointing_give_the_same_update_through_the_stage(
+    selected, tmp_path: Path, tiny_model_dir: Path
+) -> None:
     run_dir, job = selected
     plain, plain_w = _update(run_dir, job, tmp_path / "plain")
     assert plain.counts["pairs"] >= 2 and plain.counts["steps"] >= 1
-    options, options_w = _update(run_dir, job, tmp_path / "options", gradient_accumulation_steps=4,
-                                 gradient_checkpointing=True)
+    options, options_w = _update(
+        run_dir, job, tmp_path / "options", gradient_accumulation_steps=4, gradient_checkpointing=True
+    )
     assert options.counts == plain.counts
     for name in ("madpo/loss", "madpo/margin_agent_0", "madpo/margin_agent_1"):
         assert options.metrics[name] == pytest.approx(plain.metrics[name], abs=1e-5), name

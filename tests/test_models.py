@@ -104,9 +104,7 @@ def test_missing_hub_id_says_nothing_is_downloaded(tmp_path: Path, monkeypatch: 
         models.resolve_model_source("./nope", field="reward_model_name")
 
 
-def test_hub_id_in_local_cache_loads_offline(
-    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_hub_id_in_local_cache_loads_offline(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import constants
 
     repo = tmp_path / "models--someone--tiny"
@@ -116,9 +114,7 @@ def test_hub_id_in_local_cache_loads_offline(
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
 
     def no_hub(*args: object, **kwargs: object) -> None:
-        raise AssertionError(
-            f"hub request for {args}"
-        )  # transformers asks the hub even with local_files_only
+        raise AssertionError(f"hub request for {args}")  # transformers asks the hub even with local_files_only
 
     monkeypatch.setattr(transformers.utils.hub, "hf_hub_download", no_hub)
     assert models.resolve_model_source("someone/tiny") == repo / "snapshots" / ("a" * 40)
@@ -126,9 +122,7 @@ def test_hub_id_in_local_cache_loads_offline(
 
 
 def test_unknown_packaged_name_lists_the_packaged_ones(tmp_path: Path) -> None:
-    with pytest.raises(
-        KeyError, match="unknown packaged model 'gpt-5'; packaged models: smollm2-135m-instruct"
-    ):
+    with pytest.raises(KeyError, match="unknown packaged model 'gpt-5'; packaged models: smollm2-135m-instruct"):
         packaged.prepare_packaged_model("gpt-5", tmp_path)
 
 
@@ -150,9 +144,7 @@ def test_lora_trains_only_adapter(tiny: Path) -> None:
     assert len(trainable) == 16 and all("lora_" in n for n in trainable)
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     assert len(frozen) == 2 * 9 + 2  # 7 linear + 2 norms per layer; embedding (tied) + final norm
-    assert not any(
-        p.requires_grad for p in models.load_model(tiny, lora=LoraSettings(r=4), seed=0).parameters()
-    )
+    assert not any(p.requires_grad for p in models.load_model(tiny, lora=LoraSettings(r=4), seed=0).parameters())
     with pytest.raises(ValueError, match="needs a seed"):
         models.load_model(tiny, lora=LoraSettings(r=4))
 
@@ -170,10 +162,25 @@ def test_lora_target_modules_unknown_names_found_from_the_config_alone(tiny: Pat
         assert models.check_lora_target_modules(source, ("q_proj", "k_proj", "v_proj", "o_proj")) == []
     assert torch.equal(torch.get_rng_state(), rng)
     # peft's rule: the full dotted name or a dotted suffix of a Linear/Embedding; the tiny model has 2 layers.
-    names = ["self_attn.q_proj", "model.layers.0.mlp.up_proj", "layers.1.self_attn.o_proj", "gate_proj",
-             "down_proj", "lm_head", "embed_tokens", "layers.2.self_attn.q_proj", "mlp", "proj", "input_layernorm"]
+    names = [
+        "self_attn.q_proj",
+        "model.layers.0.mlp.up_proj",
+        "layers.1.self_attn.o_proj",
+        "gate_proj",
+        "down_proj",
+        "lm_head",
+        "embed_tokens",
+        "layers.2.self_attn.q_proj",
+        "mlp",
+        "proj",
+        "input_layernorm",
+    ]
     assert models.check_lora_target_modules(tiny, names) == [
-        "layers.2.self_attn.q_proj", "mlp", "proj", "input_layernorm"]
+        "layers.2.self_attn.q_proj",
+        "mlp",
+        "proj",
+        "input_layernorm",
+    ]
 
 
 def test_init_lora_adapter_is_seeded_and_leaves_global_rng(tiny: Path, tmp_path: Path) -> None:
@@ -424,9 +431,7 @@ def test_two_processes_convert_once(tmp_path: Path) -> None:
         )
     )
     start_at = str(time.time() + 6.0)  # both processes have imported torch by then
-    procs = [
-        subprocess.Popen([sys.executable, str(script), start_at], stdout=subprocess.PIPE) for _ in range(2)
-    ]
+    procs = [subprocess.Popen([sys.executable, str(script), start_at], stdout=subprocess.PIPE) for _ in range(2)]
     outputs = [p.communicate(timeout=120)[0].decode().strip() for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     assert outputs == [str(tmp_path / "model")] * 2
@@ -437,8 +442,10 @@ def test_two_processes_convert_once(tmp_path: Path) -> None:
 def test_list_packaged_models(tmp_path: Path) -> None:
     folder = tmp_path / "models" / "smollm2-135m-instruct"
     tiny = tmp_path / "models" / "tiny-random"
-    assert packaged.list_packaged_models(tmp_path) == [("smollm2-135m-instruct", False, folder),
-                                                       ("tiny-random", False, tiny)]
+    assert packaged.list_packaged_models(tmp_path) == [
+        ("smollm2-135m-instruct", False, folder),
+        ("tiny-random", False, tiny),
+    ]
     folder.mkdir(parents=True)
     (folder / "pbrl-model.json").write_text(json.dumps({"format": 1, "source_sha256": "0" * 64}))
     assert packaged.list_packaged_models(tmp_path)[0] == ("smollm2-135m-instruct", True, folder)

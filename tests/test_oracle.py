@@ -20,8 +20,13 @@ def test_called_once_per_batch_with_optional_keywords():
         calls.append((list(a), list(b), prompts, batch_items))
         return [len(x) + len(y) for x, y in zip(a, b, strict=True)]
 
-    out = score_batch(reward, lambda r: r / 2, [["x", "yy"], ["zzz", ""]], prompts=[["p1", "q1"], ["p2", "q2"]],
-                      batch_items=[{"i": 1}, {"i": 2}])
+    out = score_batch(
+        reward,
+        lambda r: r / 2,
+        [["x", "yy"], ["zzz", ""]],
+        prompts=[["p1", "q1"], ["p2", "q2"]],
+        batch_items=[{"i": 1}, {"i": 2}],
+    )
     assert [(s.raw, s.reward) for s in out] == [(4.0, 2.0), (2.0, 1.0)]
     assert len(calls) == 1 and calls[0][2] == [["p1", "q1"], ["p2", "q2"]] and calls[0][3] == [{"i": 1}, {"i": 2}]
 
@@ -64,8 +69,9 @@ def test_reward_func_returning_a_numpy_array_is_unpacked():
 def test_processor_may_return_numpy_numbers_but_not_bools_or_arrays():
     import numpy as np
 
-    out = score_batch(lambda a, b: [1.0, 2.0, 3.0], lambda r: np.float32(r / 4) if r < 3 else np.bool_(True),
-                      [["x"] * 3, ["y"] * 3])
+    out = score_batch(
+        lambda a, b: [1.0, 2.0, 3.0], lambda r: np.float32(r / 4) if r < 3 else np.bool_(True), [["x"] * 3, ["y"] * 3]
+    )
     assert [(s.raw, s.reward) for s in out[:2]] == [(1.0, 0.25), (2.0, 0.5)]
     assert not out[2].ok and "is a bool" in out[2].failure and out[2].raw == 3.0
     bad = score_batch(lambda a, b: [np.array([1.0, 2.0])], None, [["x"], ["y"]])
@@ -83,10 +89,14 @@ def test_a_raising_batch_is_split_to_find_the_failing_response():
     assert "KeyError" in out[1].failure
 
 
-@pytest.mark.parametrize("exc", [TransientError("rate limited"),
-                                 httpx.ReadTimeout("slow judge"),
-                                 httpx.HTTPStatusError("503", request=httpx.Request("POST", "http://x"),
-                                                       response=httpx.Response(503))])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        TransientError("rate limited"),
+        httpx.ReadTimeout("slow judge"),
+        httpx.HTTPStatusError("503", request=httpx.Request("POST", "http://x"), response=httpx.Response(503)),
+    ],
+)
 def test_transient_errors_propagate_for_retry(exc):
     def reward(a, b):
         raise exc

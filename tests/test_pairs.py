@@ -100,12 +100,15 @@ def test_base_pairs_skip_missing_candidates():
     assert base_view(pairs) == [(2, 0), (2, 5), (5, 0)]
 
 
-@pytest.mark.parametrize("mode, cut, expected", [
-    ("reward_gap", 3, BASE_REWARD_GAP_ORDER[:3]),
-    ("reward_gap", None, BASE_REWARD_GAP_ORDER),
-    ("reward_gap", 50, BASE_REWARD_GAP_ORDER),
-    ("all", None, BASE_CANDIDATE_ORDER),
-])
+@pytest.mark.parametrize(
+    "mode, cut, expected",
+    [
+        ("reward_gap", 3, BASE_REWARD_GAP_ORDER[:3]),
+        ("reward_gap", None, BASE_REWARD_GAP_ORDER),
+        ("reward_gap", 50, BASE_REWARD_GAP_ORDER),
+        ("all", None, BASE_CANDIDATE_ORDER),
+    ],
+)
 def test_base_selection_order_and_cut(mode, cut, expected):
     pairs = base_candidate_pairs(BASE_SCORES, tie_tolerance=TOL)
     shuffled = [pairs[i] for i in (8, 3, 0, 5, 1, 7, 2, 6, 4)]  # the input order must not matter
@@ -177,12 +180,15 @@ def test_iterative_missing_indices_are_skipped():
     assert iter_view(pairs) == [("C", 0), ("C", 3)]
 
 
-@pytest.mark.parametrize("mode, cut, expected", [
-    ("comparator_reward", 2, ITER_COMPARATOR_REWARD_ORDER[:2]),
-    ("comparator_reward", None, ITER_COMPARATOR_REWARD_ORDER),
-    ("reward_gap", 4, ITER_REWARD_GAP_ORDER[:4]),
-    ("all", None, ITER_CANDIDATE_ORDER),
-])
+@pytest.mark.parametrize(
+    "mode, cut, expected",
+    [
+        ("comparator_reward", 2, ITER_COMPARATOR_REWARD_ORDER[:2]),
+        ("comparator_reward", None, ITER_COMPARATOR_REWARD_ORDER),
+        ("reward_gap", 4, ITER_REWARD_GAP_ORDER[:4]),
+        ("all", None, ITER_CANDIDATE_ORDER),
+    ],
+)
 def test_iterative_selection_order_and_cut(mode, cut, expected):
     pairs = iterative_candidate_pairs(TARGET, COMPARATOR, tie_tolerance=TOL)
     chosen = select_pairs(pairs[::-1], pair_selection=mode, pairs_per_sample=cut, rng=rng())

@@ -84,20 +84,26 @@ def test_lambda_decay_with_lambda_zero_keeps_only_the_newest_round():
     assert dataset_weights(eligible, mode="lambda_decay", lam=0.0).tolist() == [0.0, 0.0, 1.0]
     # λ = 0.5, ages 2, 1, 0 (oldest -> newest): 1/7, 2/7, 4/7.
     assert dataset_weights(eligible, mode="lambda_decay", lam=0.5).tolist() == pytest.approx([1 / 7, 2 / 7, 4 / 7])
-    with pytest.raises(ValueError, match=r"^preference_replay_lambda: lambda_decay needs a value in \[0, 1\]; "
-                                         r"got None$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^preference_replay_lambda: lambda_decay needs a value in \[0, 1\]; "
+        r"got None$",
+    ):
         dataset_weights(eligible, mode="lambda_decay", lam=None)
     with pytest.raises(ValueError, match=rf"^preference_replay_mode: got 'td'; allowed: {MODES}$"):
         dataset_weights(eligible, mode="td", lam=None)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("current_pairs", "sizes", "expected"), [
-    (1, [3], 1),  # the current round's pair count, even 1
-    (0, [3, 5, 0], 5),  # else the newest non-empty dataset's size
-    (0, [3, 1], 1),
-    (0, [3, 4, 5], 5),
-    (0, [], 0),
-])
+@pytest.mark.parametrize(
+    ("current_pairs", "sizes", "expected"),
+    [
+        (1, [3], 1),  # the current round's pair count, even 1
+        (0, [3, 5, 0], 5),  # else the newest non-empty dataset's size
+        (0, [3, 1], 1),
+        (0, [3, 4, 5], 5),
+        (0, [], 0),
+    ],
+)
 def test_default_sample_size(current_pairs, sizes, expected):
     eligible = [ReplayDataset(i + 1, n) for i, n in enumerate(sizes)]
     assert default_sample_size(sample_size=None, current_pairs=current_pairs, eligible=eligible) == expected
@@ -141,20 +147,28 @@ def _problems(**kwargs) -> list[tuple[str, object, str]]:
 def test_replay_problems_name_every_field_value_and_rule():
     """One validator per rule: the config rules and select_replay both ask replay_problems."""
     assert _problems(mode="td-lambda", k=None, lam=None, sample_size=None) == [
-        ("preference_replay_mode", "td-lambda", f"allowed: {MODES}")]
+        ("preference_replay_mode", "td-lambda", f"allowed: {MODES}")
+    ]
     assert _problems(mode="nearest_k", k=0, lam=0.5, sample_size=0) == [
         ("preference_replay_k", 0, "required (>= 1) with preference_replay_mode='nearest_k'"),
         ("preference_replay_lambda", 0.5, "allowed only with preference_replay_mode='lambda_decay'; set it to None"),
-        ("preference_replay_sample_size", 0, "must be an integer >= 1 or None")]
+        ("preference_replay_sample_size", 0, "must be an integer >= 1 or None"),
+    ]
     assert _problems(mode="current", k=2, lam=None, sample_size=3) == [
         ("preference_replay_k", 2, "must be None or 1 with preference_replay_mode='current'"),
-        ("preference_replay_sample_size", 3, "must be None with preference_replay_mode='current' (the round's "
-         "pairs are used as they are)")]
+        (
+            "preference_replay_sample_size",
+            3,
+            "must be None with preference_replay_mode='current' (the round's pairs are used as they are)",
+        ),
+    ]
     assert _problems(mode="all_history", k=3, lam=None, sample_size=None) == [
-        ("preference_replay_k", 3, "must be None with preference_replay_mode='all_history'")]
+        ("preference_replay_k", 3, "must be None with preference_replay_mode='all_history'")
+    ]
     for lam in (None, 1.5, -0.1, True):
         assert _problems(mode="lambda_decay", k=None, lam=lam, sample_size=None) == [
-            ("preference_replay_lambda", lam, "required, in [0, 1], with preference_replay_mode='lambda_decay'")]
+            ("preference_replay_lambda", lam, "required, in [0, 1], with preference_replay_mode='lambda_decay'")
+        ]
     assert _problems(mode="current", k=True, lam=None, sample_size=None)[0][0] == "preference_replay_k"
     # The boundaries are accepted.
     assert _problems(mode="nearest_k", k=1, lam=None, sample_size=1) == []
@@ -165,8 +179,11 @@ def test_replay_problems_name_every_field_value_and_rule():
 
 # ---------------------------------------------------------------- pairs
 def test_pair_errors_name_the_candidate_and_the_rule():
-    with pytest.raises(ValueError, match=r"^comparator candidate 3: score nan is not a finite number; the oracle "
-                                         r"must drop such candidates before pairs are built$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^comparator candidate 3: score nan is not a finite number; the oracle "
+        r"must drop such candidates before pairs are built$",
+    ):
         Pair(CandidateRef("target", 1), CandidateRef("comparator", 3), 1.0, math.nan)
     with pytest.raises(ValueError, match="must score higher"):
         Pair(CandidateRef("target", 1), CandidateRef("target", 2), 0.5, 0.5)
@@ -210,13 +227,19 @@ def test_token_ids_at_both_ends_of_the_vocabulary_are_scored(tiny):
 def test_out_of_vocabulary_ids_are_listed_first_five_with_the_row(tiny):
     vocab = tiny.get_input_embeddings().num_embeddings
     bad = list(range(vocab, vocab + 6))
-    with pytest.raises(ValueError, match=rf"^completion_ids\[1\] holds token ids outside \[0, {vocab}\): "
-                                         rf"\[{', '.join(str(i) for i in bad[:5])}\]$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^completion_ids\[1\] holds token ids outside \[0, {vocab}\): "
+        rf"\[{', '.join(str(i) for i in bad[:5])}\]$",
+    ):
         sequence_logprobs(tiny, [[5], [6]], [[7], bad], pad_token_id=0)
     with pytest.raises(ValueError, match=rf"^prompt_ids\[0\] holds token ids outside \[0, {vocab}\): \[-1\]$"):
         sequence_logprobs(tiny, [[-1]], [[7]], pad_token_id=0)
-    with pytest.raises(ValueError, match=r"^prompt_ids has 2 rows but completion_ids has 1; pass one completion "
-                                         r"per prompt$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^prompt_ids has 2 rows but completion_ids has 1; pass one completion "
+        r"per prompt$",
+    ):
         sequence_logprobs(tiny, [[5], [6]], [[7]], pad_token_id=0)
 
 
@@ -271,8 +294,9 @@ def test_each_pair_weighs_agent_gradients_by_its_own_joint_margin(tiny_model_dir
     expected = sum(beta / 2 / (1 + math.exp(beta * joint[j])) * m0[j][1] for j in range(2))
 
     before = _flat(agents[0].model)
-    stats = madpo_step(agents, PairBatch([PROMPTS, PROMPTS], [WINNERS, w1], [LOSERS, l1]), beta=beta,
-                       max_grad_norm=None)
+    stats = madpo_step(
+        agents, PairBatch([PROMPTS, PROMPTS], [WINNERS, w1], [LOSERS, l1]), beta=beta, max_grad_norm=None
+    )
     assert torch.allclose(_flat(agents[0].model) - before, expected, rtol=1e-3, atol=5e-6)
     assert stats.accuracy == pytest.approx(sum(d > 0 for d in joint) / 2)
     assert stats.loss == pytest.approx(sum(math.log1p(math.exp(-beta * d)) for d in joint) / 2, rel=1e-5)
@@ -282,8 +306,9 @@ def test_each_pair_weighs_agent_gradients_by_its_own_joint_margin(tiny_model_dir
 def test_agent_with_only_identical_pairs_stays_and_the_next_agent_still_moves(tiny_model_dir):
     agents = [_policy(tiny_model_dir, 30, lr=1e-2), _policy(tiny_model_dir, 31, lr=1e-2)]
     before = [_flat(a.model) for a in agents]
-    stats = madpo_step(agents, PairBatch([PROMPTS, PROMPTS], [WINNERS, WINNERS], [WINNERS, LOSERS]), beta=0.1,
-                       max_grad_norm=1.0)
+    stats = madpo_step(
+        agents, PairBatch([PROMPTS, PROMPTS], [WINNERS, WINNERS], [WINNERS, LOSERS]), beta=0.1, max_grad_norm=1.0
+    )
     assert stats.skipped == (False, False)  # nothing to learn is not a skipped (failed) step
     assert torch.equal(_flat(agents[0].model), before[0])
     assert not torch.equal(_flat(agents[1].model), before[1])
@@ -294,8 +319,9 @@ def test_non_finite_gradient_skips_only_that_agent(tiny_model_dir):
     before = [_flat(a.model) for a in agents]
     # Agent 0's loss is finite, but one of its gradients becomes infinite.
     next(agents[0].model.parameters()).register_hook(lambda g: g * math.inf)
-    stats = madpo_step(agents, PairBatch([PROMPTS, PROMPTS], [WINNERS, WINNERS], [LOSERS, LOSERS]), beta=0.1,
-                       max_grad_norm=1.0)
+    stats = madpo_step(
+        agents, PairBatch([PROMPTS, PROMPTS], [WINNERS, WINNERS], [LOSERS, LOSERS]), beta=0.1, max_grad_norm=1.0
+    )
     assert stats.skipped == (True, False)
     assert torch.equal(_flat(agents[0].model), before[0])
     assert not torch.equal(_flat(agents[1].model), before[1])
@@ -322,8 +348,9 @@ def test_micro_batches_accumulate_past_a_trainable_parameter_the_loss_never_reac
         return torch.cat([p.detach().flatten().clone() for n, p in model.named_parameters() if n != "unused"]).double()
 
     before = used()
-    stats = madpo_step([agent], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=beta, max_grad_norm=None,
-                       micro_batch_size=1)
+    stats = madpo_step(
+        [agent], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=beta, max_grad_norm=None, micro_batch_size=1
+    )
     assert stats.skipped == (False,)
     assert torch.allclose(used() - before, expected, rtol=1e-3, atol=5e-6)
     assert torch.equal(model.unused.detach(), torch.ones(3)) and model.unused.grad is None
@@ -372,8 +399,14 @@ def test_micro_batch_margins_use_each_micro_batchs_dropout_seed(tiny_model_dir, 
 
     def expected(policy, seed):
         with torch.no_grad():
-            return torch.cat([agent_margins(policy, PROMPTS[k:k + 1], WINNERS[k:k + 1], LOSERS[k:k + 1],
-                                            micro_seed(seed, k)) for k in range(2)])
+            return torch.cat(
+                [
+                    agent_margins(
+                        policy, PROMPTS[k : k + 1], WINNERS[k : k + 1], LOSERS[k : k + 1], micro_seed(seed, k)
+                    )
+                    for k in range(2)
+                ]
+            )
 
     want = [expected(a, s) for a, s in zip(agents, seeds, strict=True)]
     with torch.no_grad():
@@ -382,13 +415,20 @@ def test_micro_batch_margins_use_each_micro_batchs_dropout_seed(tiny_model_dir, 
     batch = PairBatch([PROMPTS, PROMPTS], [WINNERS, WINNERS], [LOSERS, LOSERS])
     stats = madpo_step(agents, batch, beta=0.1, max_grad_norm=1.0, seeds=seeds, micro_batch_size=1)
     assert torch.allclose(stats.margins, torch.stack(want, dim=1).float(), atol=1e-5)
-    one = madpo_step(agents[:1], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=0.1, max_grad_norm=1.0,
-                     seeds=seeds[:1], micro_batch_size=1)
+    one = madpo_step(
+        agents[:1],
+        PairBatch([PROMPTS], [WINNERS], [LOSERS]),
+        beta=0.1,
+        max_grad_norm=1.0,
+        seeds=seeds[:1],
+        micro_batch_size=1,
+    )
     assert torch.allclose(one.margins[:, 0], want[0].float(), atol=1e-5)
     with pytest.raises(ValueError) as info:
         madpo_step(agents, batch, beta=0.1, max_grad_norm=1.0)
-    assert str(info.value) == ("seeds: a policy has dropout (lora_dropout > 0), so its training forwards need one "
-                               "dropout seed per agent")
+    assert str(info.value) == (
+        "seeds: a policy has dropout (lora_dropout > 0), so its training forwards need one dropout seed per agent"
+    )
 
 
 def test_accumulation_sums_every_micro_batch_skips_identical_pairs_and_clips(tiny_model_dir):
@@ -416,8 +456,13 @@ def test_accumulation_sums_every_micro_batch_skips_identical_pairs_and_clips(tin
     for max_grad_norm in (None, norm / 10):
         policy = agent()
         before = used(policy.model)
-        stats = madpo_step([policy], PairBatch([prompts], [winners], [losers]), beta=beta,
-                           max_grad_norm=max_grad_norm, micro_batch_size=1)
+        stats = madpo_step(
+            [policy],
+            PairBatch([prompts], [winners], [losers]),
+            beta=beta,
+            max_grad_norm=max_grad_norm,
+            micro_batch_size=1,
+        )
         moved = used(policy.model) - before
         assert stats.skipped == (False,) and policy.model.unused.grad is None
         scale = 1.0 if max_grad_norm is None else max_grad_norm / (norm + 1e-6)  # clip_grad_norm_'s factor
@@ -433,8 +478,9 @@ def test_fp16_accumulated_step_goes_through_the_loss_scaler(tiny_model_dir):
     policy.precision = make_precision("fp16", "cpu")
     policy.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**120)
     before = _flat(policy.model)
-    stats = madpo_step([policy], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=0.1, max_grad_norm=1.0,
-                       micro_batch_size=1)
+    stats = madpo_step(
+        [policy], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=0.1, max_grad_norm=1.0, micro_batch_size=1
+    )
     assert stats.skipped == (True,) and policy.precision.scaler.get_scale() == 2.0**119
     assert torch.equal(_flat(policy.model), before)
 
@@ -473,8 +519,9 @@ def test_margins_under_activation_checkpointing_score_rows_in_one_padded_pass(ti
     policy.model.gradient_checkpointing_enable()
     got = agent_margins(policy, PROMPTS, WINNERS, LOSERS, seed=0)
     with torch.no_grad():
-        want = (sequence_logprobs(policy.model, PROMPTS, WINNERS, pad_token_id=0)
-                - sequence_logprobs(policy.model, PROMPTS, LOSERS, pad_token_id=0))
+        want = sequence_logprobs(policy.model, PROMPTS, WINNERS, pad_token_id=0) - sequence_logprobs(
+            policy.model, PROMPTS, LOSERS, pad_token_id=0
+        )
     assert torch.allclose(got.detach().double(), want, atol=1e-5)
 
 
@@ -492,8 +539,9 @@ def test_a_non_finite_earlier_micro_batch_skips_the_whole_step(tiny_model_dir, m
     monkeypatch.setattr(madpo, "agent_margins", poisoned)
     policy = _policy(tiny_model_dir, 30, lr=1e-2)
     before = _flat(policy.model)
-    stats = madpo_step([policy], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=0.1, max_grad_norm=1.0,
-                       micro_batch_size=1)
+    stats = madpo_step(
+        [policy], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=0.1, max_grad_norm=1.0, micro_batch_size=1
+    )
     assert stats.skipped == (True,) and torch.equal(_flat(policy.model), before)
 
 
@@ -510,8 +558,9 @@ def test_fp16_accumulation_unscales_each_earlier_micro_batch_once(tiny_model_dir
     policy = _policy(tiny_model_dir, 30)
     policy.precision = make_precision("fp16", "cpu")
     before = _flat(policy.model)
-    stats = madpo_step([policy], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=beta, max_grad_norm=None,
-                       micro_batch_size=1)
+    stats = madpo_step(
+        [policy], PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=beta, max_grad_norm=None, micro_batch_size=1
+    )
     moved = _flat(policy.model) - before
     assert stats.skipped == (False,)
     scale = float(expected.abs().max())

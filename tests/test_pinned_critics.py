@@ -60,8 +60,11 @@ def test_iac_metrics_hand_values():
     cs.losses = [[0.5, math.nan, 1.5], [math.inf]]
     cs.skipped = [1, 2]
     got = cs.metrics()
-    assert set(got) == {f"critic/{m}{s}" for m in ("value_loss", "explained_variance", "value_mean", "skipped_steps")
-                        for s in ("_agent_0", "_agent_1", "")}
+    assert set(got) == {
+        f"critic/{m}{s}"
+        for m in ("value_loss", "explained_variance", "value_mean", "skipped_steps")
+        for s in ("_agent_0", "_agent_1", "")
+    }
     assert got["critic/value_loss_agent_0"] == pytest.approx(1.0, abs=1e-12)  # mean of the finite 0.5, 1.5
     assert math.isnan(got["critic/value_loss_agent_1"])  # no finite loss
     # critic 0: Var(R) = 1, R − V = (0, 1), Var = 0.25 → 0.75; critic 1: R = (0, 2, 4), Var 8/3; R − V = (0, 2, 1),
@@ -89,8 +92,15 @@ def test_maac_metrics_have_no_suffix_and_a_critic_that_saw_nothing_is_nan():
     assert got["critic/skipped_steps"] == 0.0
     cs.seen, cs.losses, cs.skipped = [(0, 2.0, 1.0), (0, 4.0, 5.0)], [[0.25, 0.75]], [4]
     got = cs.metrics()  # R = (1, 5): Var 4; R − V = (−1, 1): Var 1 → 0.75
-    assert got == pytest.approx({"critic/value_loss": 0.5, "critic/explained_variance": 0.75,
-                                 "critic/value_mean": 3.0, "critic/skipped_steps": 4.0}, abs=1e-12)
+    assert got == pytest.approx(
+        {
+            "critic/value_loss": 0.5,
+            "critic/explained_variance": 0.75,
+            "critic/value_mean": 3.0,
+            "critic/skipped_steps": 4.0,
+        },
+        abs=1e-12,
+    )
 
 
 def test_iac_metrics_of_critics_that_saw_nothing_are_nan_without_warnings():
@@ -108,10 +118,12 @@ def test_critic_json_records_the_spec_in_its_documented_keys(tiny_model_dir, tmp
     spec = CriticSpec("separate", str(tiny_model_dir), LoraSettings(r=2), 8)
     save_critic(new_critic(spec, seed=0, learning_rate=1e-3, pad_token_id=0), tmp_path / "critic_0")
     assert json.loads((tmp_path / "critic_0" / "critic.json").read_text()) == {
-        "kind": "separate", "source": str(tiny_model_dir), "head_hidden_dim": 8,
-        "lora": {"r": 2, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}}
-    plain = new_critic(CriticSpec("separate", str(tiny_model_dir), None, 8), seed=0, learning_rate=1e-3,
-                       pad_token_id=0)
+        "kind": "separate",
+        "source": str(tiny_model_dir),
+        "head_hidden_dim": 8,
+        "lora": {"r": 2, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+    }
+    plain = new_critic(CriticSpec("separate", str(tiny_model_dir), None, 8), seed=0, learning_rate=1e-3, pad_token_id=0)
     with pytest.raises(ArtifactError, match="critic.json: written for critic"):
         restore_critic(plain, tmp_path / "critic_0")  # a LoRA critic's folder is not a full-weights critic's
 
@@ -119,8 +131,9 @@ def test_critic_json_records_the_spec_in_its_documented_keys(tiny_model_dir, tmp
 def test_a_weights_file_with_other_names_is_refused_naming_three_of_each(tiny_model_dir, tmp_path):
     from safetensors.torch import save_file
 
-    critic = new_critic(CriticSpec("separate", str(tiny_model_dir), None, 8), seed=0, learning_rate=1e-3,
-                        pad_token_id=0)
+    critic = new_critic(
+        CriticSpec("separate", str(tiny_model_dir), None, 8), seed=0, learning_rate=1e-3, pad_token_id=0
+    )
     folder = tmp_path / "critic_0"
     save_critic(critic, folder)
     trained = sorted(n for n, p in critic.model.named_parameters() if p.requires_grad)
@@ -129,8 +142,10 @@ def test_a_weights_file_with_other_names_is_refused_naming_three_of_each(tiny_mo
     save_file({f"extra_{k}": torch.zeros(1) for k in range(5)}, weights)  # no trained weight, five others
     with pytest.raises(ArtifactError) as info:
         restore_critic(critic, folder)
-    assert str(info.value) == (f"{weights}: holds other weights than the critic trains (missing {trained[:3]}, "
-                               "extra ['extra_0', 'extra_1', 'extra_2'])")
+    assert str(info.value) == (
+        f"{weights}: holds other weights than the critic trains (missing {trained[:3]}, "
+        "extra ['extra_0', 'extra_1', 'extra_2'])"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- value loss and step
@@ -138,8 +153,9 @@ ROWS = [[2, 17, 40, 5], [2, 18, 50, 5, 9]]
 
 
 def _separate(model_dir, seed: int = 0, width: int | None = None):
-    return new_critic(CriticSpec("separate", str(model_dir), None, width), seed=seed, learning_rate=1e-3,
-                      pad_token_id=0)
+    return new_critic(
+        CriticSpec("separate", str(model_dir), None, width), seed=seed, learning_rate=1e-3, pad_token_id=0
+    )
 
 
 def test_the_value_clip_holds_below_as_well():
@@ -156,16 +172,31 @@ def test_critic_step_outcomes(tiny_model_dir):
     assert math.isnan(loss) and outcome == "no_rows"
     old = torch.zeros(2, dtype=torch.float64)
     # R = 1e200: (V − R)² overflows float64 → the loss is inf and nothing steps
-    loss, outcome = critic_step(critic, ROWS, torch.full((2,), 1e200, dtype=torch.float64), old, value_loss_coef=0.6,
-                                clip_range=None, max_grad_norm=None)
+    loss, outcome = critic_step(
+        critic,
+        ROWS,
+        torch.full((2,), 1e200, dtype=torch.float64),
+        old,
+        value_loss_coef=0.6,
+        clip_range=None,
+        max_grad_norm=None,
+    )
     assert loss == math.inf and outcome == "skipped"
     # R = 1e39: the loss (≈ 1e78) is finite in float64, but dL/dV ≈ 6e38 overflows the float32 values: skipped
-    loss, outcome = critic_step(critic, ROWS, torch.full((2,), 1e39, dtype=torch.float64), old, value_loss_coef=0.6,
-                                clip_range=None, max_grad_norm=None)
+    loss, outcome = critic_step(
+        critic,
+        ROWS,
+        torch.full((2,), 1e39, dtype=torch.float64),
+        old,
+        value_loss_coef=0.6,
+        clip_range=None,
+        max_grad_norm=None,
+    )
     assert math.isfinite(loss) and loss > 1e77 and outcome == "skipped"
     assert all(torch.equal(p, b) for p, b in zip(critic.parameters, before, strict=True)) and not critic.optimizer.state
-    loss, outcome = critic_step(critic, ROWS, torch.ones(2, dtype=torch.float64), old, value_loss_coef=0.6,
-                                clip_range=None, max_grad_norm=None)
+    loss, outcome = critic_step(
+        critic, ROWS, torch.ones(2, dtype=torch.float64), old, value_loss_coef=0.6, clip_range=None, max_grad_norm=None
+    )
     assert outcome == "updated" and critic.optimizer.state
 
 
@@ -179,8 +210,13 @@ def test_new_critic_builds_the_specs_head_and_adamw_without_weight_decay(tiny_mo
     assert type(_separate(tiny_model_dir).model.head).__name__ == "Linear"  # no width: one linear layer
     from pbrl.models.loading import load_model
 
-    on_policy = new_critic(CriticSpec("value_head", None, None, 8), seed=0, learning_rate=1e-3,
-                           policy=load_model(tiny_model_dir, trainable=True), pad_token_id=0)
+    on_policy = new_critic(
+        CriticSpec("value_head", None, None, 8),
+        seed=0,
+        learning_rate=1e-3,
+        policy=load_model(tiny_model_dir, trainable=True),
+        pad_token_id=0,
+    )
     assert [type(m).__name__ for m in on_policy.model.head] == ["Linear", "Tanh", "Linear"]
     assert on_policy.model.head[0].out_features == 8
 
@@ -219,9 +255,18 @@ def test_evaluate_builds_rows_from_the_backend_type_and_max_length(tiny_model_di
     template = JointTemplate.build(load_tokenizer(tiny_model_dir), 2)
     prompts = [[[2, 17, 40, 5]], [[2, 18, 50, 5]]]  # [agent][row]
     completions = [[[70, 71, 3]], [[80, 3]]]
-    joint_q = [*template.header, *template.prompt_markers[0], *prompts[0][0], *template.response_markers[0],
-               *completions[0][0], *template.separator, *template.prompt_markers[1], *prompts[1][0],
-               *template.response_markers[1], *completions[1][0]]
+    joint_q = [
+        *template.header,
+        *template.prompt_markers[0],
+        *prompts[0][0],
+        *template.response_markers[0],
+        *completions[0][0],
+        *template.separator,
+        *template.prompt_markers[1],
+        *prompts[1][0],
+        *template.response_markers[1],
+        *completions[1][0],
+    ]
     critic = _separate(tiny_model_dir)
     got = CriticSet("maac", "q", [critic], template=template).evaluate(prompts, completions)
     assert got.rows == [[joint_q]] and got.ok.tolist() == [True]

@@ -1,6 +1,7 @@
 """MADPO's learning step pinned by its direction and its coupling (SPEC §5.5), on the tiny model.
 
-Wrong versions of ``pbrl.learning.madpo.madpo_agents_step`` that these tests make fail (re-check by applying each to a copy
+Wrong versions of ``pbrl.learning.madpo.madpo_agents_step`` that these tests make fail (re-check by applying each to
+a copy
 of the repository and running this module):
 
 1. Each agent's loss on the negated margins, ``madpo_agent_loss(-own[i], -others, beta)`` (it then raises
@@ -34,8 +35,10 @@ PROMPTS = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]
 
 
 def reference_margins(model, prompts, winners, losers) -> list[float]:
-    return [logprob_alone(model, p, w) - logprob_alone(model, p, lo)
-            for p, w, lo in zip(prompts, winners, losers, strict=True)]
+    return [
+        logprob_alone(model, p, w) - logprob_alone(model, p, lo)
+        for p, w, lo in zip(prompts, winners, losers, strict=True)
+    ]
 
 
 def load(model_dir, seed: int, optimizer: str = "adamw", lr: float = 1e-3) -> TrainablePolicy:
@@ -46,8 +49,7 @@ def load(model_dir, seed: int, optimizer: str = "adamw", lr: float = 1e-3) -> Tr
         for p in model.parameters():
             p.add_(0.01 * torch.randn(p.shape, generator=gen))
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = (torch.optim.AdamW(params, lr=lr, weight_decay=0.0) if optimizer == "adamw"
-           else torch.optim.SGD(params, lr=lr))
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0) if optimizer == "adamw" else torch.optim.SGD(params, lr=lr)
     return TrainablePolicy(model, opt, pad_token_id=0)
 
 
@@ -87,8 +89,11 @@ def _agent_zero_update(model_dir, agent1_winner: list[int], agent1_loser: list[i
     """One plain-SGD (lr 1) step on one pair; returns agent 0's parameter change (= −gradient) as one vector."""
     agents = [load(model_dir, seed=20, optimizer="sgd", lr=1.0), load(model_dir, seed=21, optimizer="sgd", lr=1.0)]
     before = torch.cat([p.detach().flatten().clone() for p in agents[0].model.parameters()]).double()
-    batch = PairBatch(prompt_ids=[PROMPTS[:1], PROMPTS[:1]], winner_ids=[[[70, 71, 72, 3]], [agent1_winner]],
-                      loser_ids=[[[90, 91, 3]], [agent1_loser]])
+    batch = PairBatch(
+        prompt_ids=[PROMPTS[:1], PROMPTS[:1]],
+        winner_ids=[[[70, 71, 72, 3]], [agent1_winner]],
+        loser_ids=[[[90, 91, 3]], [agent1_loser]],
+    )
     madpo_step(agents, batch, beta=beta, max_grad_norm=None)
     after = torch.cat([p.detach().flatten() for p in agents[0].model.parameters()]).double()
     return after - before
@@ -135,18 +140,22 @@ def test_agent_zeros_gradient_scales_with_agent_ones_margin_by_the_sigmoid_facto
     assert torch.allclose(step_a, beta * sigma(-beta * d0) * grad, rtol=1e-3, atol=5e-6)
 
 
-@pytest.mark.parametrize(("concurrent", "num_agents", "order"), [
-    (True, 2, ["margins 0", "margins 1", "gather", "update 0", "update 1", "gather"]),
-    # In process agent 0 skips phase 1: its update's own margins are its "others" term for the later agents.
-    (False, 2, ["margins 1", "gather", "update 0", "gather", "update 1", "gather"]),
-    (None, 2, ["margins 1", "gather", "update 0", "gather", "update 1", "gather"]),  # in process is the default
-    (False, 3, ["margins 1", "margins 2", "gather", "update 0", "gather", "update 1", "update 2", "gather"]),
-    # One agent has no others: no graph-free pass, concurrent or not.
-    (True, 1, ["update 0", "gather"]),
-    (False, 1, ["update 0", "gather"]),
-])
-def test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise(tiny_model_dir, tmp_path, concurrent, num_agents,
-                                                               order):
+@pytest.mark.parametrize(
+    ("concurrent", "num_agents", "order"),
+    [
+        (True, 2, ["margins 0", "margins 1", "gather", "update 0", "update 1", "gather"]),
+        # In process agent 0 skips phase 1: its update's own margins are its "others" term for the later agents.
+        (False, 2, ["margins 1", "gather", "update 0", "gather", "update 1", "gather"]),
+        (None, 2, ["margins 1", "gather", "update 0", "gather", "update 1", "gather"]),  # in process is the default
+        (False, 3, ["margins 1", "margins 2", "gather", "update 0", "gather", "update 1", "update 2", "gather"]),
+        # One agent has no others: no graph-free pass, concurrent or not.
+        (True, 1, ["update 0", "gather"]),
+        (False, 1, ["update 0", "gather"]),
+    ],
+)
+def test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise(
+    tiny_model_dir, tmp_path, concurrent, num_agents, order
+):
     """:func:`pbrl.learning.madpo.madpo_agents_step` over agents whose calls return handles (as Ray actors' do) asks the
     agents of a phase before gathering; its parameters, AdamW state and statistics equal, bit for bit, the
     two-phase ``madpo_step`` written out here: every agent's detached margins, then each agent's update in turn
@@ -165,10 +174,16 @@ def test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise(tiny_model
     )
 
     prompts = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50], [2, 40, 41, 42, 3, 2, 50]]
-    winners = [[[70, 71, 72, 3], [80, 81, 3], [75, 3]], [[71, 3], [82, 83, 84, 3], [76, 77, 3]],
-               [[73, 3], [85, 3], [78, 79, 3]]][:num_agents]
-    losers = [[[90, 91, 3], [100, 101, 102, 103, 104], [95, 96, 3]], [[92, 3], [105, 3], [76, 77, 3]],
-              [[93, 94, 3], [106, 3], [97, 3]]][:num_agents]
+    winners = [
+        [[70, 71, 72, 3], [80, 81, 3], [75, 3]],
+        [[71, 3], [82, 83, 84, 3], [76, 77, 3]],
+        [[73, 3], [85, 3], [78, 79, 3]],
+    ][:num_agents]
+    losers = [
+        [[90, 91, 3], [100, 101, 102, 103, 104], [95, 96, 3]],
+        [[92, 3], [105, 3], [76, 77, 3]],
+        [[93, 94, 3], [106, 3], [97, 3]],
+    ][:num_agents]
     batch = PairBatch(prompt_ids=[prompts] * num_agents, winner_ids=winners, loser_ids=losers)
     lora = LoraSettings(r=4, dropout=0.1)  # dropout on: the seeds choose the masks
     reference = tiny_policies(tiny_model_dir, lora, adapter_root=tmp_path / "a", n=num_agents)
@@ -193,14 +208,26 @@ def test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise(tiny_model
         parts = micro_batches(batch.size, 2)  # two micro-batches: [0, 2) and [2, 3)
         args = [(batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i]) for i in range(num_agents)]
         margins = torch.stack([_detached_margins(p, *args[i], seeds[i], parts) for i, p in enumerate(reference)], 1)
-        others = [sum((margins[:, j] for j in range(num_agents) if j != i), torch.zeros(batch.size))
-                  for i in range(num_agents)]
-        skipped = [_agent_update(p, *args[i], others[i], seeds[i], parts, beta=0.1, max_grad_norm=1.0)[1]
-                   for i, p in enumerate(reference)]
+        others = [
+            sum((margins[:, j] for j in range(num_agents) if j != i), torch.zeros(batch.size))
+            for i in range(num_agents)
+        ]
+        skipped = [
+            _agent_update(p, *args[i], others[i], seeds[i], parts, beta=0.1, max_grad_norm=1.0)[1]
+            for i, p in enumerate(reference)
+        ]
         events.clear()
         mode = {} if concurrent is None else {"concurrent": concurrent}
-        stats = madpo_agents_step([Deferred(p) for p in remote], batch, beta=0.1, max_grad_norm=1.0, seeds=seeds,
-                                  micro_batch_size=2, gather=gather, **mode)
+        stats = madpo_agents_step(
+            [Deferred(p) for p in remote],
+            batch,
+            beta=0.1,
+            max_grad_norm=1.0,
+            seeds=seeds,
+            micro_batch_size=2,
+            gather=gather,
+            **mode,
+        )
         assert events == order
         assert torch.equal(stats.margins, margins) and stats.skipped == tuple(skipped) == (False,) * num_agents
         assert stats.loss == float(madpo_loss(margins, 0.1).mean())

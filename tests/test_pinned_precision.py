@@ -49,8 +49,10 @@ def test_make_precision_values():
     assert (state["growth_factor"], state["backoff_factor"], state["growth_interval"]) == (2.0, 0.5, 2000)
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and not torch.cuda.is_bf16_supported(),
-                    reason="this GPU lacks bfloat16: the clause under test applies")
+@pytest.mark.skipif(
+    torch.cuda.is_available() and not torch.cuda.is_bf16_supported(),
+    reason="this GPU lacks bfloat16: the clause under test applies",
+)
 def test_the_bfloat16_support_clause_needs_cuda_bf16_and_an_unsupporting_gpu():
     # Without CUDA (autocast then disables itself with a warning) or with a bf16-capable GPU: no problem, for
     # either mode; the "no bfloat16 support" answer is only for bf16 on a present GPU that lacks it.
@@ -154,13 +156,20 @@ def test_fp16_accumulation_keeps_gradients_that_would_underflow_unscaled(tiny_mo
     from tests.helpers import madpo_step
 
     beta = 1e-8
-    batch = PairBatch([[[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]], [[[70, 71, 72, 3], [80, 81, 3]]],
-                      [[[90, 91, 3], [100, 101, 102, 103, 104]]])
+    batch = PairBatch(
+        [[[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50]]],
+        [[[70, 71, 72, 3], [80, 81, 3]]],
+        [[[90, 91, 3], [100, 101, 102, 103, 104]]],
+    )
 
     def update(mode: str | None) -> torch.Tensor:
         model = load_policy(tiny_model_dir, checkpoint_dir=None, lora=None, dtype="float32", trainable=True)
-        policy = TrainablePolicy(model, torch.optim.SGD(trainable_parameters(model), lr=1 / beta), pad_token_id=0,
-                                 precision=None if mode is None else make_precision(mode, "cpu"))
+        policy = TrainablePolicy(
+            model,
+            torch.optim.SGD(trainable_parameters(model), lr=1 / beta),
+            pad_token_id=0,
+            precision=None if mode is None else make_precision(mode, "cpu"),
+        )
         before = [p.detach().clone() for p in model.parameters()]
         madpo_step([policy], batch, beta=beta, max_grad_norm=None, micro_batch_size=1)
         return torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)])

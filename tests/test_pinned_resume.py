@@ -73,8 +73,15 @@ def eos_heavy_model(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 def overrides(tmp_path: Path, model: Path, run_name: str) -> list[str]:
-    return [f"output_dir={tmp_path}", f"run_name={run_name}", f"agent_model={model}", "num_iterations=3",
-            "comparator_policy=history", "comparator_history_k=1", "max_new_tokens=6"]
+    return [
+        f"output_dir={tmp_path}",
+        f"run_name={run_name}",
+        f"agent_model={model}",
+        "num_iterations=3",
+        "comparator_policy=history",
+        "comparator_history_k=1",
+        "max_new_tokens=6",
+    ]
 
 
 KILL_SCRIPT = textwrap.dedent("""
@@ -106,9 +113,15 @@ def test_kill_after_round_two_update_then_resume_matches_uninterrupted_run(eos_h
     script = tmp_path / "kill.py"
     script.write_text(KILL_SCRIPT)
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
-    proc = subprocess.run([sys.executable, str(script), str(ITER_YAML), *overrides(tmp_path, eos_heavy_model,
-                                                                                   "killed")],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(ITER_YAML), *overrides(tmp_path, eos_heavy_model, "killed")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == -9, proc.stderr[-3000:]
     paths = RunPaths(tmp_path / "killed")
     # Killed after round 2's update: its checkpoint and AdamW state are on disk, round 3 is not.
@@ -122,8 +135,10 @@ def test_kill_after_round_two_update_then_resume_matches_uninterrupted_run(eos_h
     assert (2, "update-policies") not in ran and (3, "update-policies") in ran and (2, "evaluate") in ran
     assert {r for r, _ in ran} == {2, 3}
 
-    killed, fresh = (run_artifacts(tmp_path / "killed", trainer_state=True),
-                     run_artifacts(fresh_run, trainer_state=True))
+    killed, fresh = (
+        run_artifacts(tmp_path / "killed", trainer_state=True),
+        run_artifacts(fresh_run, trainer_state=True),
+    )
     assert "checkpoints/round_0003/agent_1/optimizer.pt" in killed and "rounds/0003/eval.parquet" in killed
     assert_same_artifacts(killed, fresh)
     # AdamW step counts run on across the kill: round 3's state counts every step of rounds 1-3.
@@ -139,12 +154,20 @@ def test_run_rejects_empty_completions_and_history_compares_with_older_policy(fr
     for r in (1, 2, 3):
         cands = read_rows(paths.candidates(r), CANDIDATES)
         blank = {(c["item_id"], c["side"], c["candidate_index"]) for c in cands if not c["completion"].strip()}
-        scores = {(s["item_id"], s["side"], s["candidate_index"]): s["reward"]
-                  for s in read_rows(paths.scores(r), SCORES) if s["failure"] is None}
+        scores = {
+            (s["item_id"], s["side"], s["candidate_index"]): s["reward"]
+            for s in read_rows(paths.scores(r), SCORES)
+            if s["failure"] is None
+        }
         # By hand: index-matched comparisons whose scores differ and that involve a blank joint response.
-        expected = sum(1 for (item, side, k), v in scores.items() if side == "target"
-                       and (item, "comparator", k) in scores and abs(v - scores[(item, "comparator", k)]) > 1e-9
-                       and ((item, "target", k) in blank or (item, "comparator", k) in blank))
+        expected = sum(
+            1
+            for (item, side, k), v in scores.items()
+            if side == "target"
+            and (item, "comparator", k) in scores
+            and abs(v - scores[(item, "comparator", k)]) > 1e-9
+            and ((item, "target", k) in blank or (item, "comparator", k) in blank)
+        )
         manifest = read_json(paths.manifest(r, "build-pairs"))
         assert manifest["counts"]["rejected_empty"] == expected, r
         total_rejected += expected
@@ -154,6 +177,8 @@ def test_run_rejects_empty_completions_and_history_compares_with_older_policy(fr
     assert total_rejected >= 3  # the model writes empty completions often enough to pin the rule
     # history, k = 1: round r compares with C_max(0, r-2): the initial policy in rounds 1-2, C_1 in round 3.
     sides = {r: read_json(paths.manifest(r, "sample-candidates"))["details"]["sides"] for r in (1, 2, 3)}
-    assert sides == {1: {"target": "checkpoints/initial", "comparator": "checkpoints/initial"},
-                     2: {"target": "checkpoints/round_0001", "comparator": "checkpoints/initial"},
-                     3: {"target": "checkpoints/round_0002", "comparator": "checkpoints/round_0001"}}
+    assert sides == {
+        1: {"target": "checkpoints/initial", "comparator": "checkpoints/initial"},
+        2: {"target": "checkpoints/round_0001", "comparator": "checkpoints/initial"},
+        3: {"target": "checkpoints/round_0002", "comparator": "checkpoints/round_0001"},
+    }

@@ -64,21 +64,43 @@ def test_pair_joint_rows_cut_both_sides_and_drop_a_pair_when_either_side_does_no
         # winner 6 + 5 response + 5 prompt = 16 tokens (cut 4), loser 6 + 2 + 5 = 13 (cut 1)
         {"pair_id": "p-both", "prompt_ids": PROMPTS, "winner_ids": [[30, 31], [40, 41, 42]], "loser_ids": [[32], [43]]},
         # loser's markers and responses alone are 6 + 7 = 13 > 12: the pair goes, though the winner fits
-        {"pair_id": "p-loser", "prompt_ids": PROMPTS, "winner_ids": [[30], [40]],
-         "loser_ids": [[30, 31, 32, 33], [40, 41, 42]]},
+        {
+            "pair_id": "p-loser",
+            "prompt_ids": PROMPTS,
+            "winner_ids": [[30], [40]],
+            "loser_ids": [[30, 31, 32, 33], [40, 41, 42]],
+        },
         # the winner does not fit, the loser does
-        {"pair_id": "p-winner", "prompt_ids": PROMPTS, "winner_ids": [[30, 31, 32, 33], [40, 41, 42]],
-         "loser_ids": [[30], [40]]},
+        {
+            "pair_id": "p-winner",
+            "prompt_ids": PROMPTS,
+            "winner_ids": [[30, 31, 32, 33], [40, 41, 42]],
+            "loser_ids": [[30], [40]],
+        },
     ]
     rows = pair_joint_rows(pairs, T, 12)
-    assert rows[0] == {"pair_id": "p-both", "winner_joint_ids": [1, 2, 4, 30, 31, 6, 3, 21, 5, 40, 41, 42],
-                       "loser_joint_ids": [1, 2, 11, 12, 4, 32, 6, 3, 20, 21, 5, 43],
-                       "prompt_tokens_cut": 4 + 1, "dropped": None}
+    assert rows[0] == {
+        "pair_id": "p-both",
+        "winner_joint_ids": [1, 2, 4, 30, 31, 6, 3, 21, 5, 40, 41, 42],
+        "loser_joint_ids": [1, 2, 11, 12, 4, 32, 6, 3, 20, 21, 5, 43],
+        "prompt_tokens_cut": 4 + 1,
+        "dropped": None,
+    }
     # winner of p-loser: 6 + 2 + 5 = 13 tokens, one prompt token cut; a dropped side cuts nothing
-    assert rows[1] == {"pair_id": "p-loser", "winner_joint_ids": None, "loser_joint_ids": None,
-                       "prompt_tokens_cut": 1, "dropped": DROP_TOO_LONG}
-    assert rows[2] == {"pair_id": "p-winner", "winner_joint_ids": None, "loser_joint_ids": None,
-                       "prompt_tokens_cut": 1, "dropped": DROP_TOO_LONG}
+    assert rows[1] == {
+        "pair_id": "p-loser",
+        "winner_joint_ids": None,
+        "loser_joint_ids": None,
+        "prompt_tokens_cut": 1,
+        "dropped": DROP_TOO_LONG,
+    }
+    assert rows[2] == {
+        "pair_id": "p-winner",
+        "winner_joint_ids": None,
+        "loser_joint_ids": None,
+        "prompt_tokens_cut": 1,
+        "dropped": DROP_TOO_LONG,
+    }
     uncut = pair_joint_rows(pairs[:1], T, None)[0]
     assert uncut["winner_joint_ids"] == [1, 2, 10, 11, 12, 4, 30, 31, 6, 3, 20, 21, 5, 40, 41, 42]
     assert uncut["prompt_tokens_cut"] == 0 and uncut["dropped"] is None
@@ -105,9 +127,11 @@ def test_joint_template_for_refuses_another_vocabulary_and_names_the_field(tiny_
     other = str(build_tiny_model(tmp_path / "other", seed=5))
     with pytest.raises(ValueError) as info:
         joint_template_for(str(tiny_model_dir), [str(tiny_model_dir), other])
-    assert str(info.value) == (f"reward_model_name: '{tiny_model_dir}' has another vocabulary than agent 1's model; "
-                               "the joint reward model reads the agents' token ids, so give a backbone with the "
-                               "agents' tokenizer")
+    assert str(info.value) == (
+        f"reward_model_name: '{tiny_model_dir}' has another vocabulary than agent 1's model; "
+        "the joint reward model reads the agents' token ids, so give a backbone with the "
+        "agents' tokenizer"
+    )
     with pytest.raises(ConfigError) as info:
         joint_template_for(str(tmp_path / "missing" / "rm"), [str(tiny_model_dir)])
     assert [p.field for p in info.value.problems] == ["reward_model_name"]
@@ -122,6 +146,7 @@ class AddsBos:
     def __call__(self, text, add_special_tokens=True):
         class Out:
             input_ids = ([7] if add_special_tokens else []) + [ord(ch) % 50 + 100 for ch in text]
+
         return Out()
 
 
@@ -155,8 +180,7 @@ def test_newest_reward_model_is_the_newest_fitted_round_before(tmp_path):
     paths = RunPaths(tmp_path / "run")
     for r, fitted in ((1, True), (2, False), (3, True)):
         details = {"fitted": fitted, "reward_model": f"rounds/000{r}/reward_model"} if fitted else {"fitted": False}
-        write_manifest(paths, StageManifest(stage="fit-reward-model", round_index=r, config_hash="h",
-                                            details=details))
+        write_manifest(paths, StageManifest(stage="fit-reward-model", round_index=r, config_hash="h", details=details))
     assert newest_reward_model(paths, 1) is None
     assert newest_reward_model(paths, 2) == (1, tmp_path / "run" / "rounds/0001/reward_model")
     assert newest_reward_model(paths, 3) == (1, tmp_path / "run" / "rounds/0001/reward_model")  # round 2 unfitted
@@ -226,18 +250,33 @@ def test_fit_counts_steps_and_moves_the_winner_up_by_adams_first_step():
     """θ = 0: every margin is 0, L = log 2 per pair and dL/dθ = −σ(0)·(x_w − x_l) = −(x_w − x_l)/2 (mean over
     the batch). AdamW's first step: θ ← θ(1 − lr·0.01) − lr·g/(|g| + 1e-8) = +lr for any g < 0 well above 1e-8."""
     model = Linear()
-    got = fit_bradley_terry(model, [([2], [1]), ([3], [1]), ([5], [2])], epochs=1, batch_size=3,
-                            learning_rate=0.1, seed=0, max_grad_norm=None)
+    got = fit_bradley_terry(
+        model,
+        [([2], [1]), ([3], [1]), ([5], [2])],
+        epochs=1,
+        batch_size=3,
+        learning_rate=0.1,
+        seed=0,
+        max_grad_norm=None,
+    )
     assert got == {"steps": 1, "skipped_steps": 0}
     assert model.theta.item() == pytest.approx(0.1, rel=1e-6)
     assert model.calls == [6]  # winners and losers of a batch in one forward
     swapped = Linear()  # the same pairs with winner and loser exchanged move θ the other way
-    fit_bradley_terry(swapped, [([1], [2]), ([1], [3]), ([2], [5])], epochs=1, batch_size=3, learning_rate=0.1,
-                      seed=0, max_grad_norm=None)
+    fit_bradley_terry(
+        swapped,
+        [([1], [2]), ([1], [3]), ([2], [5])],
+        epochs=1,
+        batch_size=3,
+        learning_rate=0.1,
+        seed=0,
+        max_grad_norm=None,
+    )
     assert swapped.theta.item() == pytest.approx(-0.1, rel=1e-6)
     counted = Linear()
-    got = fit_bradley_terry(counted, [([2], [1])] * 5, epochs=3, batch_size=2, learning_rate=0.1, seed=0,
-                            max_grad_norm=None)
+    got = fit_bradley_terry(
+        counted, [([2], [1])] * 5, epochs=3, batch_size=2, learning_rate=0.1, seed=0, max_grad_norm=None
+    )
     assert got == {"steps": 3 * 3, "skipped_steps": 0} and counted.calls == [4, 4, 2] * 3
 
 
@@ -265,8 +304,15 @@ def test_fit_skips_a_non_finite_loss_and_a_non_finite_gradient_and_goes_on():
     assert clipped.a.item() == pytest.approx(step, rel=1e-6)
 
     twice = TwoWeights()  # two non-finite losses in a row: each is counted (the count adds, it is not set)
-    got = fit_bradley_terry(twice, [([math.nan], [0.0]), ([0.0], [math.nan])], epochs=1, batch_size=1,
-                            learning_rate=0.1, seed=0, max_grad_norm=None)
+    got = fit_bradley_terry(
+        twice,
+        [([math.nan], [0.0]), ([0.0], [math.nan])],
+        epochs=1,
+        batch_size=1,
+        learning_rate=0.1,
+        seed=0,
+        max_grad_norm=None,
+    )
     assert got == {"steps": 2, "skipped_steps": 2} and (twice.a.item(), twice.b.item()) == (0.0, 0.0)
 
 
@@ -338,8 +384,12 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
     spec = RewardModelSpec(str(tiny_model_dir), lora=LoraSettings(r=2, target_modules=("q_proj",)))
     save_reward_model(new_reward_model(spec, seed=0), spec, tmp_path / "rm", max_length=64)
     assert json.loads((tmp_path / "rm" / "reward_model.json").read_text()) == {
-        "template": "joint-v1", "source": str(tiny_model_dir), "trained": "lora",
-        "lora": {"r": 2, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj"]}, "max_length": 64}
+        "template": "joint-v1",
+        "source": str(tiny_model_dir),
+        "trained": "lora",
+        "lora": {"r": 2, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj"]},
+        "max_length": 64,
+    }
     old = tmp_path / "old"
     old.mkdir()
     (old / "reward_model.json").write_text(json.dumps({"template": "joint-v0", "source": str(tiny_model_dir)}))
@@ -348,8 +398,9 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
     assert str(info.value) == f"{old / 'reward_model.json'}: template 'joint-v0', expected 'joint-v1'"
     gone = tmp_path / "gone"
     gone.mkdir()
-    (gone / "reward_model.json").write_text(json.dumps({"template": "joint-v1", "source": str(tmp_path / "no"),
-                                                         "trained": "head"}))
+    (gone / "reward_model.json").write_text(
+        json.dumps({"template": "joint-v1", "source": str(tmp_path / "no"), "trained": "head"})
+    )
     with pytest.raises(ConfigError) as info:
         load_reward_model(gone)
     assert [p.field for p in info.value.problems] == ["reward_model_name"]
@@ -388,8 +439,9 @@ def test_new_reward_model_builds_the_configured_adapter_in_float32_and_names_the
 
     from pbrl.models.lora import LoraSettings
 
-    spec = RewardModelSpec(str(tiny_model_dir), lora=LoraSettings(r=2, alpha=4, dropout=0.1,
-                                                                  target_modules=("q_proj",)))
+    spec = RewardModelSpec(
+        str(tiny_model_dir), lora=LoraSettings(r=2, alpha=4, dropout=0.1, target_modules=("q_proj",))
+    )
     config = new_reward_model(spec, seed=0).backbone.peft_config["default"]
     assert (config.r, config.lora_alpha, config.lora_dropout) == (2, 4, 0.1)
     assert set(config.target_modules) == {"q_proj"}

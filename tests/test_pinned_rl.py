@@ -35,13 +35,18 @@ def _row(agent: int, reward: float | None, kl: float, advantage: float | None) -
 def test_rl_metrics_hand_worked_values_and_names():
     result = RLResult(
         rollouts=[
-            _row(0, 1.0, 0.5, 1.0), _row(1, 10.0, 1.5, 3.0),  # agent 1's reward column is never read
-            _row(0, 4.0, 0.0, -1.0), _row(1, 40.0, 2.0, None),
-            _row(0, None, 0.25, None), _row(1, None, 0.75, None),  # a dropped joint response: no reward
+            _row(0, 1.0, 0.5, 1.0),
+            _row(1, 10.0, 1.5, 3.0),  # agent 1's reward column is never read
+            _row(0, 4.0, 0.0, -1.0),
+            _row(1, 40.0, 2.0, None),
+            _row(0, None, 0.25, None),
+            _row(1, None, 0.75, None),  # a dropped joint response: no reward
         ],
         steps=2,
-        step_metrics=[{"rl/loss_agent_0": 0.2, "rl/loss_agent_1": 0.4, "rl/reward_mean": 100.0},
-                      {"rl/loss_agent_0": 0.6, "rl/loss_agent_1": 0.8, "rl/reward_mean": 50.0}],
+        step_metrics=[
+            {"rl/loss_agent_0": 0.2, "rl/loss_agent_1": 0.4, "rl/reward_mean": 100.0},
+            {"rl/loss_agent_0": 0.6, "rl/loss_agent_1": 0.8, "rl/reward_mean": 50.0},
+        ],
         skipped=[1, 2],
         dropped_groups=3,
     )
@@ -66,8 +71,16 @@ def test_rl_metrics_of_an_empty_pass_are_nan_and_zero_counts():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no mean or std of an empty list ("Mean of empty slice")
         got = rl_metrics(RLResult(skipped=[0]), 1)
-    assert set(got) == {"rl/reward_mean", "rl/advantage_std", "rl/kl_mean", "rl/loss", "rl/skipped_steps",
-                        "rl/dropped_groups", "rl/kl_mean_agent_0", "rl/skipped_steps_agent_0"}
+    assert set(got) == {
+        "rl/reward_mean",
+        "rl/advantage_std",
+        "rl/kl_mean",
+        "rl/loss",
+        "rl/skipped_steps",
+        "rl/dropped_groups",
+        "rl/kl_mean_agent_0",
+        "rl/skipped_steps_agent_0",
+    }
     for name in ("rl/reward_mean", "rl/advantage_std", "rl/kl_mean", "rl/loss", "rl/kl_mean_agent_0"):
         assert math.isnan(got[name]), name
     assert (got["rl/skipped_steps"], got["rl/dropped_groups"], got["rl/skipped_steps_agent_0"]) == (0.0, 0.0, 0.0)
@@ -128,9 +141,16 @@ class Recorder:
         from pbrl.generation.sampling import Generation
 
         self.samples.append((agent, [list(r) for r in rows], list(items), epoch))
-        return [Generation([100 + 10 * agent + r % G + 50 * epoch, 3], f"a{agent} r{r} e{epoch}",
-                           "eos" if agent == 0 else "length", 1000 * epoch + 10 * agent + r, 3)
-                for r in range(len(rows))]
+        return [
+            Generation(
+                [100 + 10 * agent + r % G + 50 * epoch, 3],
+                f"a{agent} r{r} e{epoch}",
+                "eos" if agent == 0 else "length",
+                1000 * epoch + 10 * agent + r,
+                3,
+            )
+            for r in range(len(rows))
+        ]
 
     @staticmethod
     def score(prompts, completions):
@@ -166,19 +186,30 @@ def test_run_rl_pins_order_sampling_kl_advantages_counts_metrics_and_rollouts(ti
     initial = [_policy(tiny_model_dir).model for _ in range(2)]  # the same weights, never stepped
     references = [_moved_reference(tiny_model_dir, seed) for seed in (1, 2)]
     rec = Recorder()
-    settings = RLSettings(epochs=2, batch_size=2, num_generations=G, backend="magrpo", normalize=False,
-                          kl_coef=0.5, max_grad_norm=1e-12)
-    result = run_rl(policies, [[_prompt(i, j) for j in range(3)] for i in range(2)], ITEMS, settings,
-                    sample=rec.sample, score=rec.score, references=references, order_seed=0,
-                    dropout_seed=rec.dropout_seed)
+    settings = RLSettings(
+        epochs=2, batch_size=2, num_generations=G, backend="magrpo", normalize=False, kl_coef=0.5, max_grad_norm=1e-12
+    )
+    result = run_rl(
+        policies,
+        [[_prompt(i, j) for j in range(3)] for i in range(2)],
+        ITEMS,
+        settings,
+        sample=rec.sample,
+        score=rec.score,
+        references=references,
+        order_seed=0,
+        dropout_seed=rec.dropout_seed,
+    )
 
     chunks, epochs = [[2, 0], [1], [2, 1], [0]], [0, 0, 1, 1]
     assert result.steps == 4 and result.batch_sizes == [4, 2, 4, 2]
     assert result.skipped == [1, 1] and result.dropped_groups == 2
     assert rec.seeds == [(i, s) for s in range(4) for i in range(2)]
-    assert rec.samples == [(i, [_prompt(i, j) for j in chunk for _ in range(G)],
-                            [ITEMS[j] for j in chunk for _ in range(G)], epoch)
-                           for chunk, epoch in zip(chunks, epochs, strict=True) for i in range(2)]
+    assert rec.samples == [
+        (i, [_prompt(i, j) for j in chunk for _ in range(G)], [ITEMS[j] for j in chunk for _ in range(G)], epoch)
+        for chunk, epoch in zip(chunks, epochs, strict=True)
+        for i in range(2)
+    ]
 
     rows = result.rollouts
     assert len(rows) == sum(len(c) for c in chunks) * G * 2
@@ -215,14 +246,26 @@ def test_run_rl_pins_order_sampling_kl_advantages_counts_metrics_and_rollouts(ti
     last = next(r for r in rows if (r["step"], r["item_id"], r["generation_index"], r["agent_index"]) == (3, "a", 1, 1))
     c0, c1 = 100 + 1 + 50, 100 + 10 + 1 + 50
     expected = {
-        "epoch": 1, "step": 3, "item_id": "a", "generation_index": 1, "agent_index": 1, "prompt_ids": [2, 18, 40],
-        "completion_ids": [c1, 3], "completion": "a1 r1 e1", "finish_reason": "length", "seed": 1011,
-        "joint_ids": [0, 1, 1], "reward": (c0 + c1 + 0) / 7}
+        "epoch": 1,
+        "step": 3,
+        "item_id": "a",
+        "generation_index": 1,
+        "agent_index": 1,
+        "prompt_ids": [2, 18, 40],
+        "completion_ids": [c1, 3],
+        "completion": "a1 r1 e1",
+        "finish_reason": "length",
+        "seed": 1011,
+        "joint_ids": [0, 1, 1],
+        "reward": (c0 + c1 + 0) / 7,
+    }
     assert {k: last.get(k, "missing") for k in expected} == expected  # (kl and advantage: checked above)
 
     # Step metrics: the mean reward of the kept joint responses, NaN for none; each agent's loss.
-    kept = {s: [r["reward"] for r in rows if r["step"] == s and r["agent_index"] == 0 and r["advantage"] is not None]
-            for s in range(4)}
+    kept = {
+        s: [r["reward"] for r in rows if r["step"] == s and r["agent_index"] == 0 and r["advantage"] is not None]
+        for s in range(4)
+    }
     assert [set(m) for m in result.step_metrics] == [{"rl/reward_mean", "rl/loss_agent_0", "rl/loss_agent_1"}] * 4
     assert math.isnan(result.step_metrics[0]["rl/reward_mean"]) and math.isnan(result.step_metrics[1]["rl/reward_mean"])
     for s in (2, 3):
@@ -232,15 +275,18 @@ def test_run_rl_pins_order_sampling_kl_advantages_counts_metrics_and_rollouts(ti
     # −mean_j A_j log π(a_j): at step 3 the policy has barely moved from the initial one (clipped steps).
     for i in range(2):
         step3 = [r for r in rows if r["step"] == 3 and r["agent_index"] == i]
-        pol, mask = completion_token_logprobs(initial[i], [r["prompt_ids"] for r in step3],
-                                              [r["completion_ids"] for r in step3], pad_token_id=0)
+        pol, mask = completion_token_logprobs(
+            initial[i], [r["prompt_ids"] for r in step3], [r["completion_ids"] for r in step3], pad_token_id=0
+        )
         logps = pol.sum(-1).tolist()
         expected = -sum(r["advantage"] * lp for r, lp in zip(step3, logps, strict=True)) / len(step3)
         assert result.step_metrics[3][f"rl/loss_agent_{i}"] == pytest.approx(expected, rel=1e-3)
     # The clipped steps moved every policy, by far less than an unclipped Adam step (lr = 1e-2) would.
     for policy, start in zip(policies, initial, strict=True):
-        moved = max(float((p - q).detach().abs().max()) for p, q in zip(policy.model.parameters(), start.parameters(),
-                                                               strict=True))
+        moved = max(
+            float((p - q).detach().abs().max())
+            for p, q in zip(policy.model.parameters(), start.parameters(), strict=True)
+        )
         assert 0 < moved < 1e-4
 
 
@@ -251,20 +297,40 @@ def test_run_rl_zero_kl_coefficient_and_normalization(tiny_model_dir):
     policies = [_policy(tiny_model_dir) for _ in range(2)]
     references = [_moved_reference(tiny_model_dir, seed) for seed in (1, 2)]
     rec = Recorder()
-    settings = RLSettings(epochs=1, batch_size=1, num_generations=G, backend="magrpo", normalize=False,
-                          kl_coef=0.0, max_grad_norm=1.0)
-    result = run_rl(policies, [[_prompt(i, 0)] for i in range(2)], ["a"], settings, sample=rec.sample,
-                    score=rec.score, references=references, order_seed=0, dropout_seed=rec.dropout_seed)
+    settings = RLSettings(
+        epochs=1, batch_size=1, num_generations=G, backend="magrpo", normalize=False, kl_coef=0.0, max_grad_norm=1.0
+    )
+    result = run_rl(
+        policies,
+        [[_prompt(i, 0)] for i in range(2)],
+        ["a"],
+        settings,
+        sample=rec.sample,
+        score=rec.score,
+        references=references,
+        order_seed=0,
+        dropout_seed=rec.dropout_seed,
+    )
     rewards = [(100 + 100 + 10) / 7, (101 + 111) / 7]  # generation 0 and 1 of item a, epoch 0
     mean = (rewards[0] + rewards[1]) / 2
     for r in result.rollouts:
         assert r["kl"] > 1e-3
         assert r["advantage"] == pytest.approx(rewards[r["generation_index"]] - mean, rel=0, abs=1e-12)
     # advantage_normalization: two samples, mean ± d, population std d: advantages −1 and +1 exactly.
-    normalized = RLSettings(epochs=1, batch_size=1, num_generations=G, backend="magrpo", normalize=True,
-                            kl_coef=0.0, max_grad_norm=1.0)
-    result = run_rl(policies, [[_prompt(i, 0)] for i in range(2)], ["a"], normalized, sample=rec.sample,
-                    score=rec.score, references=None, order_seed=0, dropout_seed=rec.dropout_seed)
+    normalized = RLSettings(
+        epochs=1, batch_size=1, num_generations=G, backend="magrpo", normalize=True, kl_coef=0.0, max_grad_norm=1.0
+    )
+    result = run_rl(
+        policies,
+        [[_prompt(i, 0)] for i in range(2)],
+        ["a"],
+        normalized,
+        sample=rec.sample,
+        score=rec.score,
+        references=None,
+        order_seed=0,
+        dropout_seed=rec.dropout_seed,
+    )
     assert [r["advantage"] for r in result.rollouts] == pytest.approx([-1.0, -1.0, 1.0, 1.0], abs=1e-12)
 
 
@@ -292,14 +358,22 @@ def _precision_policy(model_dir, mode):
     from pbrl.models.precision import make_precision
 
     model = load_model(model_dir, trainable=True)
-    return TrainablePolicy(model, torch.optim.AdamW(trainable_parameters(model), lr=1e-3, weight_decay=0.0), 0,
-                           precision=make_precision(mode, "cpu"))
+    return TrainablePolicy(
+        model,
+        torch.optim.AdamW(trainable_parameters(model), lr=1e-3, weight_decay=0.0),
+        0,
+        precision=make_precision(mode, "cpu"),
+    )
 
 
 @pytest.mark.parametrize("seed", [None, 3])
 def test_rl_agent_step_runs_its_forward_under_the_policys_autocast(tiny_model_dir, seed):
-    losses = {mode: rl_agent_step(_precision_policy(tiny_model_dir, mode), PROMPTS, COMPLETIONS, ADVANTAGES,
-                                  max_grad_norm=1.0, seed=seed)[0] for mode in ("no", "bf16")}
+    losses = {
+        mode: rl_agent_step(
+            _precision_policy(tiny_model_dir, mode), PROMPTS, COMPLETIONS, ADVANTAGES, max_grad_norm=1.0, seed=seed
+        )[0]
+        for mode in ("no", "bf16")
+    }
     # bfloat16 matmuls (8 significant bits) move a few-nat loss by well over float32 rounding, yet stay close.
     assert losses["bf16"] != losses["no"] and abs(losses["bf16"] - losses["no"]) < 0.05 * abs(losses["no"])
 
@@ -330,8 +404,10 @@ class _StubCritics:
 
         self.evaluated.append((prompts, completions))
         rows = self.item_of_row
-        values = torch.tensor([[self.VALUES[x] + 0.1 * i + 0.01 * (r % 2) for r, x in enumerate(rows)]
-                               for i in range(2)], dtype=torch.float64)  # (a, n)
+        values = torch.tensor(
+            [[self.VALUES[x] + 0.1 * i + 0.01 * (r % 2) for r, x in enumerate(rows)] for i in range(2)],
+            dtype=torch.float64,
+        )  # (a, n)
         return CriticBatch(rows=[[None] * len(rows)], values=values, ok=torch.tensor([x != "c" for x in rows]))
 
     def update(self, batch, returns, valid):
@@ -359,14 +435,27 @@ def _actor_critic_pass(tiny_model_dir, *, normalize: bool):
     def score(prompts, completions):
         # Joint response r: R = (first token of agent 0 + first token of agent 1) / 100, so 2.1 for generation 0
         # and 2.12 for generation 1; item "a"'s generation 1 cannot be scored (its whole group is left out).
-        return [(None, None) if (item_of_row[r], r % 2) == ("a", 1) else ((c[0][0] + c[1][0]) / 100, [1])
-                for r, c in enumerate(completions)]
+        return [
+            (None, None) if (item_of_row[r], r % 2) == ("a", 1) else ((c[0][0] + c[1][0]) / 100, [1])
+            for r, c in enumerate(completions)
+        ]
 
     prompts = [[[2, 17], [2, 18], [2, 19]], [[2, 27], [2, 28], [2, 29]]]  # [agent][item]
-    settings = RLSettings(epochs=1, batch_size=3, num_generations=2, backend="iac", normalize=normalize,
-                          kl_coef=None, max_grad_norm=1.0)
-    result = run_rl([policy(), policy()], prompts, ["a", "b", "c"], settings, sample=sample, score=score,
-                    references=None, order_seed=0, dropout_seed=lambda agent, step: None, critics=critics)
+    settings = RLSettings(
+        epochs=1, batch_size=3, num_generations=2, backend="iac", normalize=normalize, kl_coef=None, max_grad_norm=1.0
+    )
+    result = run_rl(
+        [policy(), policy()],
+        prompts,
+        ["a", "b", "c"],
+        settings,
+        sample=sample,
+        score=score,
+        references=None,
+        order_seed=0,
+        dropout_seed=lambda agent, step: None,
+        critics=critics,
+    )
     return result, critics, prompts
 
 
@@ -378,11 +467,11 @@ def test_actor_critic_pass_hand_values(tiny_model_dir):
     rows = critics.item_of_row  # the item of each row of the step, in the step's seeded order
     assert sorted(rows) == ["a", "a", "b", "b", "c", "c"]
     # The critics saw [agent][row] prompts and completions, every row of the step.
-    (seen_prompts, seen_completions), = critics.evaluated
+    ((seen_prompts, seen_completions),) = critics.evaluated
     index = {"a": 0, "b": 1, "c": 2}
     assert seen_prompts == [[prompts[i][index[x]] for x in rows] for i in range(2)]
     assert seen_completions == [[[100 + 10 * i + r % 2, 3] for r in range(6)] for i in range(2)]
-    (batch, returns, valid), = critics.updated
+    ((batch, returns, valid),) = critics.updated
     assert valid.tolist() == [x == "b" for x in rows]
     expected_returns = [0.0 if (x, r % 2) == ("a", 1) else 2.1 + 0.02 * (r % 2) for r, x in enumerate(rows)]
     assert returns.shape == (2, 6)
@@ -414,14 +503,40 @@ def test_run_rl_names_the_backend_that_needs_or_refuses_critics():
     from pbrl.learning.rl import RLSettings, run_rl
 
     def settings(backend):
-        return RLSettings(epochs=1, batch_size=1, num_generations=2, backend=backend, normalize=False,
-                          kl_coef=None, max_grad_norm=None)
+        return RLSettings(
+            epochs=1,
+            batch_size=1,
+            num_generations=2,
+            backend=backend,
+            normalize=False,
+            kl_coef=None,
+            max_grad_norm=None,
+        )
 
     with pytest.raises(ValueError) as info:
-        run_rl([], [], [], settings("maac"), sample=None, score=None, references=None, order_seed=0,
-               dropout_seed=lambda a, s: None)
+        run_rl(
+            [],
+            [],
+            [],
+            settings("maac"),
+            sample=None,
+            score=None,
+            references=None,
+            order_seed=0,
+            dropout_seed=lambda a, s: None,
+        )
     assert str(info.value) == "rl_algorithm: 'maac' needs critics"
     with pytest.raises(ValueError) as info:
-        run_rl([], [], [], settings("magrpo"), sample=None, score=None, references=None, order_seed=0,
-               dropout_seed=lambda a, s: None, critics=_StubCritics([]))
+        run_rl(
+            [],
+            [],
+            [],
+            settings("magrpo"),
+            sample=None,
+            score=None,
+            references=None,
+            order_seed=0,
+            dropout_seed=lambda a, s: None,
+            critics=_StubCritics([]),
+        )
     assert str(info.value) == "rl_algorithm: 'magrpo' takes no critics"

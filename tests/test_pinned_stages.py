@@ -55,15 +55,23 @@ def run_stages(run_dir, job, names, round_index=1):
 def index_gaps(scores: list[dict]) -> dict[tuple[str, int], float]:
     """(item, candidate index) -> target reward − comparator reward, for indices scored on both sides."""
     by = {(s["item_id"], s["side"], s["candidate_index"]): s["reward"] for s in scores if s["failure"] is None}
-    return {(i, k): by[(i, "target", k)] - by[(i, "comparator", k)]
-            for (i, side, k) in by if side == "target" and (i, "comparator", k) in by}
+    return {
+        (i, k): by[(i, "target", k)] - by[(i, "comparator", k)]
+        for (i, side, k) in by
+        if side == "target" and (i, "comparator", k) in by
+    }
 
 
 @pytest.fixture(scope="module")
 def scored(tiny_model_dir, tmp_path_factory):
     """Round 1 sampled and scored, every pair kept (``all``), 4 candidates per side."""
-    run_dir, job = new_run(tiny_model_dir, tmp_path_factory.mktemp("runs"), pair_selection="all",
-                           preference_pairs_per_sample=None, preference_num_candidates=4)
+    run_dir, job = new_run(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("runs"),
+        pair_selection="all",
+        preference_pairs_per_sample=None,
+        preference_num_candidates=4,
+    )
     run_stages(run_dir, job, ["sample-candidates", "score-with-oracle"])
     return run_dir, job
 
@@ -96,10 +104,22 @@ def test_base_trainer_build_pairs_applies_the_configured_tie_tolerance(tiny_mode
     from pbrl.config import parse_job
     from pbrl.run.folder import prepare_run
 
-    job = parse_job({"trainer": "madpo", "task": "toy", "task_options": {"num_items": 4},
-                     "agent_model": str(tiny_model_dir), "run_name": "base", "output_dir": str(tmp_path),
-                     "preference_num_candidates": 4, "pair_selection": "all", "preference_pairs_per_sample": None,
-                     "max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0})
+    job = parse_job(
+        {
+            "trainer": "madpo",
+            "task": "toy",
+            "task_options": {"num_items": 4},
+            "agent_model": str(tiny_model_dir),
+            "run_name": "base",
+            "output_dir": str(tmp_path),
+            "preference_num_candidates": 4,
+            "pair_selection": "all",
+            "preference_pairs_per_sample": None,
+            "max_new_tokens": 8,
+            "temperature": 1.0,
+            "top_p": 1.0,
+        }
+    )
     run_dir = prepare_run(job, resume=False)
     run_stages(run_dir, job, ["sample-candidates", "score-with-oracle"])
     paths = RunPaths(run_dir)
@@ -115,8 +135,10 @@ def test_base_trainer_build_pairs_applies_the_configured_tie_tolerance(tiny_mode
 
     STAGE_MODULES["build-pairs"].run(run_dir, 1, job.model_copy(update={"tie_tolerance": tolerance}))
     pairs = read_rows(paths.pairs(1), PAIRS)
-    got = {(p["item_id"], min(p["winner_index"], p["loser_index"]), max(p["winner_index"], p["loser_index"]))
-           for p in pairs}
+    got = {
+        (p["item_id"], min(p["winner_index"], p["loser_index"]), max(p["winner_index"], p["loser_index"]))
+        for p in pairs
+    }
     assert got == expected and len(pairs) == len(expected)
 
 
@@ -150,9 +172,15 @@ def test_build_pairs_rejects_every_pair_with_an_empty_or_blank_completion(scored
 
 def test_reward_processor_orders_pairs_and_fills_the_pair_record(tiny_model_dir, tmp_path):
     """Processed = 10 − 3·raw reverses the raw order: the pair's winner has the *lower* raw reward."""
-    run_dir, job = new_run(tiny_model_dir, tmp_path, reward_processor="tests.test_pinned_stages:affine_processor",
-                           pair_selection="all", preference_pairs_per_sample=None, preference_num_candidates=4,
-                           train_batch_size=64)
+    run_dir, job = new_run(
+        tiny_model_dir,
+        tmp_path,
+        reward_processor="tests.test_pinned_stages:affine_processor",
+        pair_selection="all",
+        preference_pairs_per_sample=None,
+        preference_num_candidates=4,
+        train_batch_size=64,
+    )
     manifests = run_stages(run_dir, job, COLLECT + LEARN)
     paths = RunPaths(run_dir)
     scores = read_rows(paths.scores(1), SCORES)
@@ -194,8 +222,9 @@ def test_comparators_sample_the_checkpoint_they_name(tiny_model_dir, tmp_path):
     The reference for C_0 is a second run whose round 1 had no pairs, hence no update (its round 2 samples the
     initial policy on both sides), with the same seed: seeds depend on (seed, round, side, agent, item, index).
     """
-    run_dir, job = new_run(tiny_model_dir, tmp_path / "a", comparator_policy="history", comparator_history_k=1,
-                           agent_learning_rate=5e-2)
+    run_dir, job = new_run(
+        tiny_model_dir, tmp_path / "a", comparator_policy="history", comparator_history_k=1, agent_learning_rate=5e-2
+    )
     run_stages(run_dir, job, COLLECT + LEARN)
     paths = RunPaths(run_dir)
     assert paths.round_checkpoint(1).is_dir()
@@ -203,14 +232,23 @@ def test_comparators_sample_the_checkpoint_they_name(tiny_model_dir, tmp_path):
     def round_two(run, variant_job) -> dict[str, dict]:
         manifest = STAGE_MODULES["sample-candidates"].run(run, 2, variant_job)
         rows = read_rows(RunPaths(run).candidates(2), CANDIDATES)
-        return {"manifest": manifest.details["sides"],
-                **{side: {(r["item_id"], r["candidate_index"], r["agent_index"]): r["completion_ids"]
-                          for r in rows if r["side"] == side} for side in ("target", "comparator")}}
+        return {
+            "manifest": manifest.details["sides"],
+            **{
+                side: {
+                    (r["item_id"], r["candidate_index"], r["agent_index"]): r["completion_ids"]
+                    for r in rows
+                    if r["side"] == side
+                }
+                for side in ("target", "comparator")
+            },
+        }
 
     history = round_two(run_dir, job)
     current = round_two(run_dir, job.model_copy(update={"comparator_policy": "current", "comparator_history_k": None}))
-    copy = round_two(run_dir, job.model_copy(update={"comparator_policy": "current_copy",
-                                                     "comparator_history_k": None}))
+    copy = round_two(
+        run_dir, job.model_copy(update={"comparator_policy": "current_copy", "comparator_history_k": None})
+    )
     # Every toy score lies in [0, 1], so a tie tolerance of 10 leaves round 1 without pairs or update.
     other_dir, other_job = new_run(tiny_model_dir, tmp_path / "b", comparator_policy="current", tie_tolerance=10.0)
     assert run_stages(other_dir, other_job, COLLECT + LEARN)["update-policies"].counts["pairs"] == 0
@@ -225,8 +263,11 @@ def test_comparators_sample_the_checkpoint_they_name(tiny_model_dir, tmp_path):
     assert history["manifest"] == {"target": "checkpoints/round_0001", "comparator": "checkpoints/initial"}
     # current_copy: the same weights as current (a frozen copy), on the comparator stream.
     assert copy["comparator"] == current["comparator"] and copy["target"] == current["target"]
-    assert copy["manifest"] == current["manifest"] == {"target": "checkpoints/round_0001",
-                                                       "comparator": "checkpoints/round_0001"}
+    assert (
+        copy["manifest"]
+        == current["manifest"]
+        == {"target": "checkpoints/round_0001", "comparator": "checkpoints/round_0001"}
+    )
 
 
 def _brute_margin(model, prompt: list[int], winner: list[int], loser: list[int]) -> float:
@@ -244,9 +285,11 @@ def _load(model, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def _batch(pairs: list[dict]) -> PairBatch:
-    return PairBatch(prompt_ids=[[p["prompt_ids"][a] for p in pairs] for a in range(2)],
-                     winner_ids=[[p["winner_ids"][a] for p in pairs] for a in range(2)],
-                     loser_ids=[[p["loser_ids"][a] for p in pairs] for a in range(2)])
+    return PairBatch(
+        prompt_ids=[[p["prompt_ids"][a] for p in pairs] for a in range(2)],
+        winner_ids=[[p["winner_ids"][a] for p in pairs] for a in range(2)],
+        loser_ids=[[p["loser_ids"][a] for p in pairs] for a in range(2)],
+    )
 
 
 def _weights_after(model_dir, state_dicts, batches, lr: float, fresh_before: int | None = None):
@@ -271,8 +314,14 @@ def test_second_round_continues_adamw_from_the_first_rounds_state(tiny_model_dir
     """Each round is one full batch, so round 2's update is one step: it must equal the uninterrupted AdamW
     continuation (one optimizer over both rounds) and differ from a fresh optimizer's first step."""
     lr = 1e-2
-    run_dir, job = new_run(tiny_model_dir, tmp_path, train_batch_size=64, agent_learning_rate=lr, num_iterations=2,
-                           comparator_policy="current")
+    run_dir, job = new_run(
+        tiny_model_dir,
+        tmp_path,
+        train_batch_size=64,
+        agent_learning_rate=lr,
+        num_iterations=2,
+        comparator_policy="current",
+    )
     paths = RunPaths(run_dir)
     manifests = {r: run_stages(run_dir, job, COLLECT + LEARN, round_index=r) for r in (1, 2)}
     rounds = []
@@ -314,11 +363,14 @@ def test_second_round_continues_adamw_from_the_first_rounds_state(tiny_model_dir
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
         _load(model, after_one[a])
         models.append(model)
-    joint = [sum(_brute_margin(models[a], p["prompt_ids"][a], p["winner_ids"][a], p["loser_ids"][a])
-                 for a in range(2)) for p in rounds[1]]
+    joint = [
+        sum(_brute_margin(models[a], p["prompt_ids"][a], p["winner_ids"][a], p["loser_ids"][a]) for a in range(2))
+        for p in rounds[1]
+    ]
     metrics = manifests[2]["update-policies"].metrics
     assert metrics["madpo/loss"] == pytest.approx(
-        sum(-math.log(1 / (1 + math.exp(-0.1 * d))) for d in joint) / len(joint), rel=1e-5)
+        sum(-math.log(1 / (1 + math.exp(-0.1 * d))) for d in joint) / len(joint), rel=1e-5
+    )
     assert metrics["madpo/accuracy"] == pytest.approx(sum(d > 0 for d in joint) / len(joint), abs=1e-12)
     assert metrics["madpo/margin_mean"] == pytest.approx(sum(joint) / len(joint), rel=1e-4, abs=1e-5)
     agent_0 = [_brute_margin(models[0], p["prompt_ids"][0], p["winner_ids"][0], p["loser_ids"][0]) for p in rounds[1]]

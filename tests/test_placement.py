@@ -30,9 +30,15 @@ LOSERS = [[90, 91, 3], [100, 101, 102, 103, 104]]
 
 @pytest.mark.parametrize(
     ("devices", "parallel", "expected"),
-    [(["cuda:0", "cuda:1"], "none", "cuda:0"), (["cuda:0", "cuda:1"], "mp", ["cuda:0", "cuda:1"]),
-     ("cuda:1", "none", "cuda:1"), ("cuda:1", "mp", "cuda:1"), (None, "none", None), ("auto", "none", "auto"),
-     ("auto", "mp", "auto")],
+    [
+        (["cuda:0", "cuda:1"], "none", "cuda:0"),
+        (["cuda:0", "cuda:1"], "mp", ["cuda:0", "cuda:1"]),
+        ("cuda:1", "none", "cuda:1"),
+        ("cuda:1", "mp", "cuda:1"),
+        (None, "none", None),
+        ("auto", "none", "auto"),
+        ("auto", "mp", "auto"),
+    ],
 )
 def test_placement_spec(devices, parallel, expected):
     assert placement_spec(devices, parallel) == expected
@@ -45,7 +51,11 @@ def test_auto_survives_device_resolution():
 
 def test_max_memory_keys_and_main_device():
     assert normalize_max_memory({"0": "1GiB", "cpu": 5, 1: "2GB", "disk": "1TB"}) == {
-        0: "1GiB", "cpu": 5, 1: "2GB", "disk": "1TB"}
+        0: "1GiB",
+        "cpu": 5,
+        1: "2GB",
+        "disk": "1TB",
+    }
     assert normalize_max_memory(None) is None
     assert main_device({"model.embed_tokens": "cpu", "model.layers": 1, "lm_head": 0}) == "cuda:1"
     assert main_device({"model": "cpu", "lm_head": "disk"}) == "cpu"
@@ -66,7 +76,11 @@ def test_resident_modules(meta_model):
     assert resident_modules(meta_model, trainable=True, lora_targets=None) == {""}  # full fine-tuning: all
     assert resident_modules(meta_model, trainable=False, lora_targets=None) == {"model.embed_tokens", "lm_head"}
     assert resident_modules(meta_model, trainable=True, lora_targets=("q_proj",)) == {
-        "model.embed_tokens", "lm_head", "model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj"}
+        "model.embed_tokens",
+        "lm_head",
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.1.self_attn.q_proj",
+    }
 
 
 def test_keep_resident_splits_an_offloaded_block_around_the_adapted_module(meta_model):
@@ -104,8 +118,14 @@ def test_full_fine_tuning_refuses_to_offload_trainable_weights(tiny_model_dir):
 
 
 def _lora_policy(model_dir, adapter, device):
-    model = load_model(model_dir, device=device, lora=LORA, adapter_dir=adapter, trainable=True,
-                       max_memory=TINY_BUDGET if device == "auto" else None)
+    model = load_model(
+        model_dir,
+        device=device,
+        lora=LORA,
+        adapter_dir=adapter,
+        trainable=True,
+        max_memory=TINY_BUDGET if device == "auto" else None,
+    )
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-2, weight_decay=0.0)
     return TrainablePolicy(model, optimizer, pad_token_id=0)
 
@@ -144,8 +164,14 @@ def test_auto_placement_through_a_round_matches_the_cpu_run(tiny_model_dir, tmp_
     for placement in ({"agent_devices": "cpu"}, {"agent_devices": "auto", "max_memory": TINY_BUDGET}):
         name = placement["agent_devices"]
         run_dir, job = new_run(tiny_model_dir, tmp_path / name, lora_r=4, agent_learning_rate=1e-2, **placement)
-        for stage in ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-                      "update-policies"):
+        for stage in (
+            "sample-candidates",
+            "score-with-oracle",
+            "build-pairs",
+            "store-round",
+            "replay-select",
+            "update-policies",
+        ):
             manifest = STAGE_MODULES[stage].run(run_dir, 1, job)
         assert manifest.counts["steps"] >= 1
         paths = RunPaths(run_dir)

@@ -20,13 +20,28 @@ from pbrl.run.settings import policy_source
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 
-ROUND = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-         "update-policies", "evaluate"]
+ROUND = [
+    "sample-candidates",
+    "score-with-oracle",
+    "build-pairs",
+    "store-round",
+    "replay-select",
+    "update-policies",
+    "evaluate",
+]
 
 
 def update_manifest(paths: RunPaths, round_index: int, checkpoint: str, updated: bool) -> None:
-    write_manifest(paths, StageManifest(stage="update-policies", round_index=round_index, config_hash="h",
-                                        code_version="v", details={"checkpoint": checkpoint, "updated": updated}))
+    write_manifest(
+        paths,
+        StageManifest(
+            stage="update-policies",
+            round_index=round_index,
+            config_hash="h",
+            code_version="v",
+            details={"checkpoint": checkpoint, "updated": updated},
+        ),
+    )
 
 
 def complete_checkpoint(paths: RunPaths, round_index: int) -> None:
@@ -96,12 +111,26 @@ def test_rerun_of_a_round_with_zero_pairs_uses_the_previous_policy_everywhere(ti
 
 
 def test_policy_source_from_job_reads_the_agent_fields():
-    job = parse_job({"trainer": "madpo_iter", "task": "toy", "agents": ["m0", "m1", "m2"], "num_agents": 3,
-                     "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "lora_target_modules": ["q_proj"],
-                     "torch_dtype": "bfloat16", "agent_devices": ["cpu"]})
+    job = parse_job(
+        {
+            "trainer": "madpo_iter",
+            "task": "toy",
+            "agents": ["m0", "m1", "m2"],
+            "num_agents": 3,
+            "lora_r": 4,
+            "lora_alpha": 8,
+            "lora_dropout": 0.1,
+            "lora_target_modules": ["q_proj"],
+            "torch_dtype": "bfloat16",
+            "agent_devices": ["cpu"],
+        }
+    )
     assert policy_source(job) == PolicySource(
-        models=("m0", "m1", "m2"), lora=LoraSettings(r=4, alpha=8, dropout=0.1, target_modules=("q_proj",)),
-        dtype="bfloat16", devices="cpu")  # parallel_training 'none' (default): every agent on the first device
+        models=("m0", "m1", "m2"),
+        lora=LoraSettings(r=4, alpha=8, dropout=0.1, target_modules=("q_proj",)),
+        dtype="bfloat16",
+        devices="cpu",
+    )  # parallel_training 'none' (default): every agent on the first device
     job = parse_job({"trainer": "madpo", "task": "toy", "agent_model": "m", "num_agents": 2})
     assert policy_source(job) == PolicySource(models=("m", "m"), lora=None, dtype="float32", devices=None)
 

@@ -25,8 +25,9 @@ LOSERS = [[90, 91, 3], [100, 101, 102, 103, 104]]
 BATCH = PairBatch(prompt_ids=[PROMPTS, PROMPTS], winner_ids=[WINNERS, WINNERS], loser_ids=[LOSERS, LOSERS])
 
 
-def agents(model_dir, *, dtype: str, lr: float, lora: LoraSettings | None = None, adapter_root=None
-           ) -> list[TrainablePolicy]:
+def agents(
+    model_dir, *, dtype: str, lr: float, lora: LoraSettings | None = None, adapter_root=None
+) -> list[TrainablePolicy]:
     out = []
     for i in range(2):
         adapter = init_lora_adapter(model_dir, lora, adapter_root / f"agent_{i}", seed=i) if lora else None
@@ -181,12 +182,19 @@ def test_lora_dropout_through_update_policies(tiny_model_dir, tmp_path):
     from stages import STAGE_MODULES
     from tests.helpers import new_run
 
-    stages = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-              "update-policies"]
+    stages = [
+        "sample-candidates",
+        "score-with-oracle",
+        "build-pairs",
+        "store-round",
+        "replay-select",
+        "update-policies",
+    ]
     adapters, pairs = {}, {}
     for dropout in (0.0, 0.5):
-        run_dir, job = new_run(tiny_model_dir, tmp_path / str(dropout), lora_r=4, lora_dropout=dropout,
-                               agent_learning_rate=1e-2)
+        run_dir, job = new_run(
+            tiny_model_dir, tmp_path / str(dropout), lora_r=4, lora_dropout=dropout, agent_learning_rate=1e-2
+        )
         for name in stages:
             STAGE_MODULES[name].run(run_dir, 1, job)
         paths = RunPaths(run_dir)

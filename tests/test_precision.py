@@ -104,8 +104,7 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale():
     weight = layer.weight.detach().clone()
     with autocast(precision):
         loss = layer(torch.ones(2, 4)).float().sum()
-    assert backward_and_step(optimizer, loss, list(layer.parameters()), max_grad_norm=1.0,
-                             precision=precision) is False
+    assert backward_and_step(optimizer, loss, list(layer.parameters()), max_grad_norm=1.0, precision=precision) is False
     assert torch.equal(layer.weight, weight) and not optimizer.state
     assert precision.scaler.get_scale() == 2.0**119
     # A scale that fits steps: the unscaled gradient of sum(W·1 + b) over 2 rows w.r.t. W is all 2; Adam's first step
@@ -175,8 +174,14 @@ def test_mixed_precision_through_update_policies_writes_the_scaler_and_float32_w
     from tests.helpers import new_run
 
     run_dir, job = new_run(tiny_model_dir, tmp_path, mixed_precision="fp16", agent_learning_rate=1e-2)
-    for name in ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-                 "update-policies"):
+    for name in (
+        "sample-candidates",
+        "score-with-oracle",
+        "build-pairs",
+        "store-round",
+        "replay-select",
+        "update-policies",
+    ):
         manifest = STAGE_MODULES[name].run(run_dir, 1, job)
     assert manifest.counts["steps"] >= 1 and manifest.counts["skipped_steps"] == 0
     agent_dir = RunPaths(run_dir).round_checkpoint(1) / "agent_0"

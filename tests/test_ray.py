@@ -117,8 +117,10 @@ def test_a_shard_asks_ray_for_one_gpu_per_distinct_cuda_device():
     assert shard_resources(job()) == {"num_cpus": 1}  # no device named: CPU (Ray hides every GPU)
     assert shard_resources(job(agent_devices="cuda:0")) == {"num_cpus": 1, "num_gpus": 1}
     assert shard_resources(job(agent_devices="[cuda:0, cuda:1]")) == {"num_cpus": 1, "num_gpus": 2}
-    assert shard_resources(job(agent_devices="[cuda:0, cuda:0]", comparator_devices="cuda:1")) == \
-        {"num_cpus": 1, "num_gpus": 2}
+    assert shard_resources(job(agent_devices="[cuda:0, cuda:0]", comparator_devices="cuda:1")) == {
+        "num_cpus": 1,
+        "num_gpus": 2,
+    }
     assert shard_resources(job(agent_devices="cpu")) == {"num_cpus": 1}
 
 
@@ -126,14 +128,22 @@ def test_an_agent_actor_asks_ray_for_its_own_gpu_or_a_share_of_one():
     from pbrl.distributed.ray_agents import agent_resources
 
     def job(devices=None):
-        return policy_source(load_job(ITER_YAML, ["output_dir=/tmp/x", *([f"agent_devices={devices}"] if devices else [])]))
+        return policy_source(
+            load_job(ITER_YAML, ["output_dir=/tmp/x", *([f"agent_devices={devices}"] if devices else [])])
+        )
 
     assert agent_resources(job("cpu")) == [{"num_cpus": 1}, {"num_cpus": 1}]
     assert agent_resources(job("auto")) == [{"num_cpus": 1}, {"num_cpus": 1}]  # accelerate's placement: no GPU
     # parallel_training 'none' (the default) puts both agents on the first device, as the in-process run does
     assert agent_resources(job("[cuda:0, cuda:1]")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2
-    assert agent_resources(policy_source(load_job(ITER_YAML, ["output_dir=/tmp/x", "agent_devices=[cuda:0, cuda:1]",
-                                                              "parallel_training=mp"]))) == [{"num_cpus": 1, "num_gpus": 1}] * 2
+    assert (
+        agent_resources(
+            policy_source(
+                load_job(ITER_YAML, ["output_dir=/tmp/x", "agent_devices=[cuda:0, cuda:1]", "parallel_training=mp"])
+            )
+        )
+        == [{"num_cpus": 1, "num_gpus": 1}] * 2
+    )
     assert agent_resources(job("cuda:0")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2  # both agents on one GPU
     assert agent_resources(job("[cuda, cuda:0]")) == [{"num_cpus": 1, "num_gpus": 0.5}] * 2
 
@@ -159,8 +169,11 @@ def local_ray(tmp_path_factory):
     import ray
 
     faults = tmp_path_factory.mktemp("faults")
-    env = {"PYTHONPATH": str(ROOT), "PBRL_TEST_CALL_LOG": str(faults / "calls.jsonl"),
-           "PBRL_TEST_KILL_MARKER": str(faults / "killed")}
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "PBRL_TEST_CALL_LOG": str(faults / "calls.jsonl"),
+        "PBRL_TEST_KILL_MARKER": str(faults / "killed"),
+    }
     ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env})
     yield faults
     ray.shutdown()
@@ -186,8 +199,9 @@ def test_ray_run_is_byte_identical_to_local_and_a_killed_shard_alone_is_retried(
     # update-policies ran one Ray actor per agent (the local run in process), to the same weights and AdamW state
     # (run_artifacts compares every optimizer.pt tensor exactly; the files' zip names differ, by design)
     for r in (1, 2):
-        assert read_json(ray_dir / f"rounds/000{r}/update-policies.manifest.json")["details"]["agents_on"] == \
-            "ray_actors"
+        assert (
+            read_json(ray_dir / f"rounds/000{r}/update-policies.manifest.json")["details"]["agents_on"] == "ray_actors"
+        )
         assert "agents_on" not in read_json(local_dir / f"rounds/000{r}/update-policies.manifest.json")["details"]
     assert len(list(ray_dir.glob("checkpoints/round_*/agent_*/optimizer.pt"))) == 4
 

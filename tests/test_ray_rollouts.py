@@ -46,20 +46,33 @@ def test_a_step_splits_into_whole_items_and_the_last_shard_takes_the_rest():
 
 def test_a_worker_holds_every_agent_and_asks_for_one_gpu_per_distinct_cuda_device():
     def job(devices=None, **over):
-        return load_job(MARLHF_YAML, ["output_dir=/tmp/x", *([f"agent_devices={devices}"] if devices else []),
-                                      *(f"{k}={v}" for k, v in over.items())])
+        return load_job(
+            MARLHF_YAML,
+            [
+                "output_dir=/tmp/x",
+                *([f"agent_devices={devices}"] if devices else []),
+                *(f"{k}={v}" for k, v in over.items()),
+            ],
+        )
 
     assert worker_devices(policy_source(job("cpu"))) == (["cpu", "cpu"], 0)
     assert worker_devices(policy_source(job("cuda:2"))) == (["cuda:0", "cuda:0"], 1)  # the worker's first (only) GPU
-    assert worker_devices(policy_source(job("[cuda:3, cuda:1]", parallel_training="mp"))) == (["cuda:1", "cuda:0"], 2)  # by name
+    assert worker_devices(policy_source(job("[cuda:3, cuda:1]", parallel_training="mp"))) == (
+        ["cuda:1", "cuda:0"],
+        2,
+    )  # by name
     assert worker_devices(policy_source(job("[cuda:3, cuda:1]"))) == (["cuda:0", "cuda:0"], 1)  # 'none': both on cuda:3
     # train_batch_size 4: the largest step has 4 items, so 4 shards of 1 (2 of 2); capped by what Ray has free
     assert pool_size(policy_source(job("cpu")), min(4, 8), 1, {"CPU": 2.0}) == 2
     assert pool_size(policy_source(job("cpu")), min(4, 8), 1, {"CPU": 16.0}) == 4
     assert pool_size(policy_source(job("cpu")), min(4, 8), 2, {"CPU": 16.0}) == 2
     assert pool_size(policy_source(job("cpu")), min(4, 3), 1, {"CPU": 16.0}) == 3  # fewer items than a batch
-    assert pool_size(policy_source(job("[cuda:0, cuda:1]", parallel_training="mp")), min(4, 8), 1, {"CPU": 16.0, "GPU": 5.0}) \
-        == 2  # 2 GPUs each: 2 workers fit in 5
+    assert (
+        pool_size(
+            policy_source(job("[cuda:0, cuda:1]", parallel_training="mp")), min(4, 8), 1, {"CPU": 16.0, "GPU": 5.0}
+        )
+        == 2
+    )  # 2 GPUs each: 2 workers fit in 5
     assert pool_size(policy_source(job("cpu")), min(4, 8), 1, {}) == 1  # nothing free now: one worker, which waits
 
 
@@ -89,8 +102,9 @@ def test_pushed_weights_make_a_fresh_copy_generate_the_moved_policys_tokens(tiny
 
     tokenizer, prompts, seeds = load_tokenizer(tiny_model_dir), [[2, 40, 41, 3]] * 4, [11, 12, 13, 14]
     sample = SamplingSettings(max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=None, batch_size=4)
-    tokens = [[g.completion_ids for g in generate(m, tokenizer, prompts, seeds, sample)]
-              for m in (moved, fresh, load())]
+    tokens = [
+        [g.completion_ids for g in generate(m, tokenizer, prompts, seeds, sample)] for m in (moved, fresh, load())
+    ]
     assert tokens[0] == tokens[1]
     assert tokens[0] != tokens[2]
 
@@ -119,24 +133,38 @@ class DyingOnce(RolloutWorker):
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_api")
 def test_ray_rollouts_are_byte_identical_to_local_and_a_killed_worker_redoes_its_shard(
-        tiny_model_dir, tmp_path, local_ray, monkeypatch):  # noqa: F811
+    tiny_model_dir,
+    tmp_path,
+    local_ray,  # noqa: F811
+    monkeypatch,
+):
     from flows.training import train_flow
     from pbrl.distributed import ray_rollouts
 
-    common = [f"output_dir={tmp_path}", f"agent_model={tiny_model_dir}", "lora_r=4", "task_options={num_items: 4}",
-              "eval_num_samples=2", "num_train_epochs=2"]
+    common = [
+        f"output_dir={tmp_path}",
+        f"agent_model={tiny_model_dir}",
+        "lora_r=4",
+        "task_options={num_items: 4}",
+        "eval_num_samples=2",
+        "num_train_epochs=2",
+    ]
     local_dir = Path(train_flow(load_job(MARLHF_YAML, [*common, "run_name=local"]))["run_dir"])
     monkeypatch.setattr(ray_rollouts, "RolloutWorker", DyingOnce)
-    ray_dir = Path(train_flow(load_job(MARLHF_YAML, [*common, "run_name=ray", "runner=ray", "shard_size=1"]))
-                   ["run_dir"])
+    ray_dir = Path(
+        train_flow(load_job(MARLHF_YAML, [*common, "run_name=ray", "runner=ray", "shard_size=1"]))["run_dir"]
+    )
 
     # 4 train items, train_batch_size 4, 2 epochs: 2 steps a round (the second one's rollouts need the weights
     # pushed after the first update), each 4 items = 4 shards of 1 item (2 rows) per agent, on 2 workers (the Ray
     # has 2 CPUs); the local run's manifest says nothing of Ray
     for r in (1, 2):
         details = read_json(ray_dir / f"rounds/000{r}/update-policies.manifest.json")["details"]
-        assert (details["rollouts_on"], details["rollout_workers"], details["rollout_shards_per_step"]) == \
-            ("ray_workers", 2, [4, 4])
+        assert (details["rollouts_on"], details["rollout_workers"], details["rollout_shards_per_step"]) == (
+            "ray_workers",
+            2,
+            [4, 4],
+        )
         assert "rollouts_on" not in read_json(local_dir / f"rounds/000{r}/update-policies.manifest.json")["details"]
     assert len(list(ray_dir.glob("rounds/000*/rollouts.parquet"))) == 2
 

@@ -42,39 +42,110 @@ runner = CliRunner()
 
 # The reference's options, transcribed from its dataclasses (madpo.py, marlhf.py, iterative.py).
 REFERENCE_MADPO = {
-    "num_train_epochs", "agent_learning_rate", "logging_steps", "num_agents", "collaboration_mode",
-    "parallel_training", "agent_devices", "max_new_tokens", "temperature", "top_p", "top_k", "num_turns", "discount",
-    "joint_mode", "early_termination_threshold", "external_prompt_passthrough", "eval_interval", "eval_num_samples",
-    "eval_batch_size", "rollout_buffer_size", "train_batch_size", "advantage_normalization", "advantage_mode",
-    "reference_kl_enabled", "reference_kl_coef", "reference_devices", "preference_num_candidates",
-    "preference_pairs_per_sample", "pair_selection", "dpo_beta", "use_environment_step", "environment_steps_per_pair",
+    "num_train_epochs",
+    "agent_learning_rate",
+    "logging_steps",
+    "num_agents",
+    "collaboration_mode",
+    "parallel_training",
+    "agent_devices",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "num_turns",
+    "discount",
+    "joint_mode",
+    "early_termination_threshold",
+    "external_prompt_passthrough",
+    "eval_interval",
+    "eval_num_samples",
+    "eval_batch_size",
+    "rollout_buffer_size",
+    "train_batch_size",
+    "advantage_normalization",
+    "advantage_mode",
+    "reference_kl_enabled",
+    "reference_kl_coef",
+    "reference_devices",
+    "preference_num_candidates",
+    "preference_pairs_per_sample",
+    "pair_selection",
+    "dpo_beta",
+    "use_environment_step",
+    "environment_steps_per_pair",
 }
 REFERENCE_MARLHF = REFERENCE_MADPO | {
-    "rl_algorithm", "num_generations", "reward_model_name", "reward_model_device", "reward_learning_rate",
-    "reward_num_train_epochs", "reward_train_batch_size", "reward_max_length", "reward_freeze_backbone",
-    "critic_model_name", "critic_learning_rate", "critic_devices", "use_separate_critic", "critic_type",
-    "value_loss_coef", "value_clip_range", "critic_value_head_hidden_dim", "value_head_hidden_dim",
+    "rl_algorithm",
+    "num_generations",
+    "reward_model_name",
+    "reward_model_device",
+    "reward_learning_rate",
+    "reward_num_train_epochs",
+    "reward_train_batch_size",
+    "reward_max_length",
+    "reward_freeze_backbone",
+    "critic_model_name",
+    "critic_learning_rate",
+    "critic_devices",
+    "use_separate_critic",
+    "critic_type",
+    "value_loss_coef",
+    "value_clip_range",
+    "critic_value_head_hidden_dim",
+    "value_head_hidden_dim",
 }
 ITERATIVE = {
-    "num_iterations", "preference_replay_mode", "preference_replay_k", "preference_replay_lambda",
-    "preference_replay_sample_size", "preference_replay_dir", "log_reward_distribution", "policy_checkpoint_dir",
-    "comparator_policy", "comparator_generation_mode", "comparator_centralized_agent_index", "comparator_model_name",
-    "comparator_agents", "comparator_devices", "comparator_num_candidates", "comparator_history_k",
-    "comparator_api_url", "comparator_api_format", "comparator_api_model", "comparator_api_max_n_per_request",
-    "comparator_api_timeout", "comparator_api_headers", "comparator_api_key", "comparator_api_key_env",
-    "comparator_api_key_header", "comparator_api_key_prefix", "comparator_api_response_field",
+    "num_iterations",
+    "preference_replay_mode",
+    "preference_replay_k",
+    "preference_replay_lambda",
+    "preference_replay_sample_size",
+    "preference_replay_dir",
+    "log_reward_distribution",
+    "policy_checkpoint_dir",
+    "comparator_policy",
+    "comparator_generation_mode",
+    "comparator_centralized_agent_index",
+    "comparator_model_name",
+    "comparator_agents",
+    "comparator_devices",
+    "comparator_num_candidates",
+    "comparator_history_k",
+    "comparator_api_url",
+    "comparator_api_format",
+    "comparator_api_model",
+    "comparator_api_max_n_per_request",
+    "comparator_api_timeout",
+    "comparator_api_headers",
+    "comparator_api_key",
+    "comparator_api_key_env",
+    "comparator_api_key_header",
+    "comparator_api_key_prefix",
+    "comparator_api_response_field",
     "comparator_api_extra_body",
 }
 REFERENCE_OPTIONS = {
-    "madpo": REFERENCE_MADPO, "madpo_iter": REFERENCE_MADPO | ITERATIVE, "marlhf": REFERENCE_MARLHF,
+    "madpo": REFERENCE_MADPO,
+    "madpo_iter": REFERENCE_MADPO | ITERATIVE,
+    "marlhf": REFERENCE_MARLHF,
     "marlhf_iter": REFERENCE_MARLHF | ITERATIVE | {"preference_scoring_reward"},
 }
 # The options that change nothing in pbrl for that trainer (one warning each), and the eval_interval notice.
-NO_EFFECT_MADPO = {"discount", "early_termination_threshold", "external_prompt_passthrough",
-                   "advantage_normalization", "advantage_mode"}
+NO_EFFECT_MADPO = {
+    "discount",
+    "early_termination_threshold",
+    "external_prompt_passthrough",
+    "advantage_normalization",
+    "advantage_mode",
+}
 NO_EFFECT_MARLHF = {"discount", "early_termination_threshold", "external_prompt_passthrough", "dpo_beta"}
-NO_EFFECT = {"madpo": NO_EFFECT_MADPO, "madpo_iter": NO_EFFECT_MADPO, "marlhf": NO_EFFECT_MARLHF,
-             "marlhf_iter": NO_EFFECT_MARLHF}
+NO_EFFECT = {
+    "madpo": NO_EFFECT_MADPO,
+    "madpo_iter": NO_EFFECT_MADPO,
+    "marlhf": NO_EFFECT_MARLHF,
+    "marlhf_iter": NO_EFFECT_MARLHF,
+}
 TRAINERS = tuple(REFERENCE_OPTIONS)
 
 
@@ -134,8 +205,13 @@ def test_pbrl_validate_says_ok_for_the_reference_yamls(trainer: str) -> None:
 def test_pbrl_validate_prints_the_warnings() -> None:
     # A real process: pytest's own warning capture would hide what a user sees.
     code = "import sys; from pbrl.cli import app; sys.argv = ['pbrl', 'validate', sys.argv[1]]; app()"
-    done = subprocess.run([sys.executable, "-c", code, str(DATA / "madpo_iter.yaml")], capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).parents[1])
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(DATA / "madpo_iter.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+    )
     assert done.returncode == 0, done.stderr
     assert "OK:" in done.stdout
     for name in NO_EFFECT_MADPO:
@@ -172,8 +248,9 @@ def test_logging_steps_gate_on_the_env_step_axis() -> None:
     assert rows == [{"env_step": 4.0, "madpo/loss": 0.7}, {"env_step": 10.0, "madpo/loss": 0.5}]
 
 
-def test_eval_batch_size_goes_to_the_evaluate_stage(tiny_model_dir: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_eval_batch_size_goes_to_the_evaluate_stage(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import stages.evaluate as evaluate
     from tests.helpers import new_run
 
@@ -213,8 +290,9 @@ def test_reward_histogram_hand_worked() -> None:
 
 
 def test_reward_distribution_record_metrics_and_plot(tmp_path: Path) -> None:
-    record = distribution_record(2, 0.0, 1.0, target=[0.1, 0.9], comparator=[0.5], selected_target=[0.9],
-                                 selected_comparator=[0.5])
+    record = distribution_record(
+        2, 0.0, 1.0, target=[0.1, 0.9], comparator=[0.5], selected_target=[0.9], selected_comparator=[0.5]
+    )
     assert record["num_bins"] == 16 and len(record["bin_edges"]) == 17 and record["bin_edges"][1] == 0.0625
     assert record["bin_centers"][0] == 0.03125
     assert record["candidate"]["target"]["counts"][1] == 1 and record["candidate"]["target"]["counts"][14] == 1
@@ -235,8 +313,12 @@ def test_log_reward_distribution_needs_a_declared_range(bad: Any) -> None:
 
 
 def test_policy_checkpoint_dir_export_uses_the_reference_names(tmp_path: Path) -> None:
-    assert [reference_label(r) for r in (0, 1, 2, 12)] == ["initial", "iteration_0000", "iteration_0001",
-                                                           "iteration_0011"]
+    assert [reference_label(r) for r in (0, 1, 2, 12)] == [
+        "initial",
+        "iteration_0000",
+        "iteration_0001",
+        "iteration_0011",
+    ]
     source = tmp_path / "checkpoints" / "round_0002"
     for i in range(2):
         (source / f"agent_{i}").mkdir(parents=True)
@@ -245,37 +327,57 @@ def test_policy_checkpoint_dir_export_uses_the_reference_names(tmp_path: Path) -
     dest = export_policy_checkpoint(source, tmp_path / "exports", 2, num_agents=2)
     assert dest == tmp_path / "exports" / "iteration_0001"
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
-        "agent_0/adapter_model.safetensors", "agent_1/adapter_model.safetensors"]  # no optimizer state
+        "agent_0/adapter_model.safetensors",
+        "agent_1/adapter_model.safetensors",
+    ]  # no optimizer state
     assert (dest / "agent_1" / "adapter_model.safetensors").read_bytes() == b"w1"
     with pytest.raises(FileNotFoundError, match="agent_2"):
         export_policy_checkpoint(source, tmp_path / "exports", 2, num_agents=3)
 
 
 def test_api_key_header_and_the_other_api_options_are_accepted() -> None:
-    job = parse_job(minimal("madpo_iter", comparator_policy="api", comparator_api_url="https://h/v1",
-                            comparator_api_key_env="MY_KEY", comparator_api_key_header="X-Api-Token",
-                            comparator_api_key_prefix="", comparator_api_max_n_per_request=2,
-                            comparator_api_headers={"X-Trace": "on"}, comparator_api_extra_body={"seed": 1}))
+    job = parse_job(
+        minimal(
+            "madpo_iter",
+            comparator_policy="api",
+            comparator_api_url="https://h/v1",
+            comparator_api_key_env="MY_KEY",
+            comparator_api_key_header="X-Api-Token",
+            comparator_api_key_prefix="",
+            comparator_api_max_n_per_request=2,
+            comparator_api_headers={"X-Trace": "on"},
+            comparator_api_extra_body={"seed": 1},
+        )
+    )
     assert (job.comparator_api_key_header, job.comparator_api_key_prefix) == ("X-Api-Token", "")
     assert parse_job(minimal("madpo_iter", comparator_api_key=None)).comparator_api_key_env is None  # null: no key
     assert problems_of(minimal("madpo_iter", comparator_api_key="sk-abc")) == ["comparator_api_key"]
     assert problems_of(minimal("madpo_iter", comparator_api_headers={"Authorization": "Bearer sk-abc"})) == [
-        "comparator_api_headers"]
+        "comparator_api_headers"
+    ]
 
 
-@pytest.mark.parametrize(("trainer", "option", "value"), [
-    ("madpo", "discount", 0.9), ("madpo", "early_termination_threshold", 0.5),
-    ("madpo", "external_prompt_passthrough", True), ("madpo", "advantage_normalization", False),
-    ("madpo_iter", "advantage_mode", "rloo"), ("marlhf", "dpo_beta", 0.2), ("marlhf_iter", "discount", 1.0),
-])
+@pytest.mark.parametrize(
+    ("trainer", "option", "value"),
+    [
+        ("madpo", "discount", 0.9),
+        ("madpo", "early_termination_threshold", 0.5),
+        ("madpo", "external_prompt_passthrough", True),
+        ("madpo", "advantage_normalization", False),
+        ("madpo_iter", "advantage_mode", "rloo"),
+        ("marlhf", "dpo_beta", 0.2),
+        ("marlhf_iter", "discount", 1.0),
+    ],
+)
 def test_no_effect_option_warns_once_saying_why(trainer: str, option: str, value: Any) -> None:
     messages = notices(minimal(trainer, **{option: value}))
     assert len(messages) == 1 and messages[0].startswith(f"{option}={value!r} has no effect in pbrl (")
     assert notices(minimal(trainer)) == []  # not given: no warning
 
 
-@pytest.mark.parametrize(("algorithm", "mode"), [("magrpo", "mean"), ("mareinforce", "raw"), ("maremax", "max"),
-                                                 ("marloo", "rloo")])
+@pytest.mark.parametrize(
+    ("algorithm", "mode"), [("magrpo", "mean"), ("mareinforce", "raw"), ("maremax", "max"), ("marloo", "rloo")]
+)
 def test_marlhf_advantage_mode_is_set_from_rl_algorithm(algorithm: str, mode: str) -> None:
     assert parse_job(minimal("marlhf", rl_algorithm=algorithm)).advantage_mode == mode
     assert parse_job(minimal("marlhf_iter", rl_algorithm=algorithm, advantage_mode=mode)).advantage_mode == mode
@@ -283,8 +385,10 @@ def test_marlhf_advantage_mode_is_set_from_rl_algorithm(algorithm: str, mode: st
 
 def test_a_replaced_advantage_mode_warns_and_actor_critic_keeps_its_own() -> None:
     messages = notices(minimal("marlhf", rl_algorithm="marloo", advantage_mode="max"))
-    assert messages == ["advantage_mode='max' is replaced by 'rloo': with rl_algorithm='marloo' the advantage mode "
-                        "follows the algorithm, as in the reference"]
+    assert messages == [
+        "advantage_mode='max' is replaced by 'rloo': with rl_algorithm='marloo' the advantage mode "
+        "follows the algorithm, as in the reference"
+    ]
     assert parse_job(minimal("marlhf", rl_algorithm="iac", advantage_mode="max")).advantage_mode == "max"
 
 
@@ -305,11 +409,13 @@ def test_item3_iterative_one_candidate_is_a_deliberate_difference() -> None:
 def test_item4_conditions_are_checked_where_they_apply() -> None:
     job = parse_job(minimal("madpo_iter", comparator_centralized_agent_index=5))  # decentralized: never read
     assert job.comparator_centralized_agent_index == 5
-    assert problems_of(minimal("madpo_iter", comparator_centralized_agent_index=5,
-                               comparator_generation_mode="centralized")) == ["comparator_centralized_agent_index"]
+    assert problems_of(
+        minimal("madpo_iter", comparator_centralized_agent_index=5, comparator_generation_mode="centralized")
+    ) == ["comparator_centralized_agent_index"]
     assert parse_job(minimal("madpo", reference_devices=["cpu"] * 3)).reference_devices == ["cpu"] * 3
     assert problems_of(minimal("madpo", reference_devices=["cpu"] * 3, reference_kl_enabled=True)) == [
-        "reference_devices"]
+        "reference_devices"
+    ]
 
 
 def test_item5_eval_interval_counts_rounds_and_warns_when_it_skips_every_trained_round() -> None:

@@ -16,15 +16,28 @@ from tests.helpers import new_run, tiny_job
 
 
 def _round(run_dir, job, r):
-    for stage in ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-                  "update-policies"):
+    for stage in (
+        "sample-candidates",
+        "score-with-oracle",
+        "build-pairs",
+        "store-round",
+        "replay-select",
+        "update-policies",
+    ):
         manifest = STAGE_MODULES[stage].run(run_dir, r, job)
     return manifest
 
 
 def test_env_step_axis_and_logging_gate_carry_across_rounds(tiny_model_dir, tmp_path):
-    run_dir, job = new_run(tiny_model_dir, tmp_path, train_batch_size=1, environment_steps_per_pair=3,
-                           logging_steps=5, num_iterations=2, policy_checkpoint_dir=str(tmp_path / "export"))
+    run_dir, job = new_run(
+        tiny_model_dir,
+        tmp_path,
+        train_batch_size=1,
+        environment_steps_per_pair=3,
+        logging_steps=5,
+        num_iterations=2,
+        policy_checkpoint_dir=str(tmp_path / "export"),
+    )
     first = _round(run_dir, job, 1)
     pairs = first.counts["pairs"]
     assert pairs >= 2
@@ -46,8 +59,14 @@ def test_env_step_axis_and_logging_gate_carry_across_rounds(tiny_model_dir, tmp_
     assert second.details["train_log"][0]["env_step"] - last >= 5
     # policy_checkpoint_dir: the reference's layout, 0-based iteration folders.
     exported = sorted(p.relative_to(tmp_path / "export").as_posix() for p in (tmp_path / "export").glob("*/agent_*"))
-    assert exported == ["initial/agent_0", "initial/agent_1", "iteration_0000/agent_0", "iteration_0000/agent_1",
-                        "iteration_0001/agent_0", "iteration_0001/agent_1"]
+    assert exported == [
+        "initial/agent_0",
+        "initial/agent_1",
+        "iteration_0000/agent_0",
+        "iteration_0000/agent_1",
+        "iteration_0001/agent_0",
+        "iteration_0001/agent_1",
+    ]
     assert not list((tmp_path / "export").rglob("optimizer.pt"))
 
 
@@ -61,10 +80,16 @@ def test_parallel_training_places_agents_as_the_reference_does(tiny_model_dir, t
 def test_reward_histograms_need_the_reward_range(tiny_model_dir, tmp_path):
     ok = tiny_job(tiny_model_dir, tmp_path, log_reward_distribution=True)
     preflight(ok)  # the toy task declares (0, 1)
-    unranged = tiny_job(tiny_model_dir, tmp_path, task=None, task_options={},
-                        train_dataset=str(_items(tmp_path)), log_reward_distribution=True,
-                        formatters=["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
-                        reward_func="pbrl.tasks.toy:toy_reward")
+    unranged = tiny_job(
+        tiny_model_dir,
+        tmp_path,
+        task=None,
+        task_options={},
+        train_dataset=str(_items(tmp_path)),
+        log_reward_distribution=True,
+        formatters=["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
+        reward_func="pbrl.tasks.toy:toy_reward",
+    )
     with pytest.raises(ConfigError, match=r"log_reward_distribution: got True; .*needs the reward range"):
         preflight(unranged)
 

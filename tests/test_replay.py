@@ -51,7 +51,10 @@ def test_empty_round_is_not_a_dataset():
     }
     # nearest_k=2 reaches back past the empty round 3 to round 2.
     assert rounds == {
-        "current": [4], "nearest_k": [2, 4], "all_history": [1, 2, 4], "lambda_decay": [1, 2, 4],
+        "current": [4],
+        "nearest_k": [2, 4],
+        "all_history": [1, 2, 4],
+        "lambda_decay": [1, 2, 4],
     }
 
 
@@ -69,11 +72,14 @@ def test_nearest_k_larger_than_history_takes_everything_non_empty():
     assert [d.round_index for d in eligible] == [1, 2, 4]
 
 
-@pytest.mark.parametrize("datasets, match", [
-    ([D(1, 3), D(2, 3), D(5, 1)], r"rounds \[5\] are newer than the current round 2"),
-    ([D(1, 3), D(1, 4), D(2, 1)], r"rounds \[1\] more than once"),
-    ([D(1, 3)], "round 2: its dataset must be stored"),
-])
+@pytest.mark.parametrize(
+    "datasets, match",
+    [
+        ([D(1, 3), D(2, 3), D(5, 1)], r"rounds \[5\] are newer than the current round 2"),
+        ([D(1, 3), D(1, 4), D(2, 1)], r"rounds \[1\] more than once"),
+        ([D(1, 3)], "round 2: its dataset must be stored"),
+    ],
+)
 def test_inconsistent_history_raises(datasets, match):
     with pytest.raises(ValueError, match=match):
         eligible_datasets(datasets, mode="all_history", current_round=2, k=None)
@@ -134,17 +140,18 @@ def test_default_sample_size_fallbacks():
 
 def test_empty_current_round_samples_the_newest_non_empty_size():
     history = [D(1, 4), D(2, 6), D(3, 0)]
-    selection = select_replay(history, mode="all_history", current_round=3, k=None, lam=None,
-                              sample_size=None, rng=rng())
+    selection = select_replay(
+        history, mode="all_history", current_round=3, k=None, lam=None, sample_size=None, rng=rng()
+    )
     assert selection.sample_size == 6 and len(selection.draws) == 6
     assert selection.eligible_rounds == [1, 2]
 
 
 def test_nothing_stored_gives_an_empty_selection():
-    selection = select_replay([D(1, 0), D(2, 0)], mode="all_history", current_round=2, k=None, lam=None,
-                              sample_size=8, rng=rng())
-    assert (selection.draws, selection.eligible_rounds, selection.weights, selection.sample_size) == (
-        [], [], [], 0)
+    selection = select_replay(
+        [D(1, 0), D(2, 0)], mode="all_history", current_round=2, k=None, lam=None, sample_size=8, rng=rng()
+    )
+    assert (selection.draws, selection.eligible_rounds, selection.weights, selection.sample_size) == ([], [], [], 0)
 
 
 # ---- sampling ------------------------------------------------------------------------------------------
@@ -175,12 +182,10 @@ def test_allocate_draws_counts_sum_to_n():
 
 
 def test_current_mode_is_the_current_round_in_stored_order():
-    selection = select_replay(HISTORY, mode="current", current_round=4, k=None, lam=None, sample_size=None,
-                              rng=rng())
+    selection = select_replay(HISTORY, mode="current", current_round=4, k=None, lam=None, sample_size=None, rng=rng())
     assert selection.draws == [ReplayDraw(4, 0)]
     history = [D(1, 3), D(2, 5)]
-    selection = select_replay(history, mode="current", current_round=2, k=1, lam=None, sample_size=None,
-                              rng=rng())
+    selection = select_replay(history, mode="current", current_round=2, k=1, lam=None, sample_size=None, rng=rng())
     assert selection.draws == [ReplayDraw(2, i) for i in range(5)]
     assert (selection.eligible_rounds, selection.weights, selection.sample_size) == ([2], [1.0], 5)
 
@@ -203,21 +208,21 @@ def test_same_seed_same_selection_other_seed_other_selection():
 
 
 def test_combined_draws_are_shuffled_across_datasets():
-    selection = select_replay([D(1, 50), D(2, 50)], mode="all_history", current_round=2, k=None, lam=None,
-                              sample_size=60, rng=rng())
+    selection = select_replay(
+        [D(1, 50), D(2, 50)], mode="all_history", current_round=2, k=None, lam=None, sample_size=60, rng=rng()
+    )
     sources = [d.source_round for d in selection.draws]
     assert sources != sorted(sources)  # not grouped by dataset (fixed seed: 60 draws, not a flaky check)
 
 
 def test_lambda_decay_shares_match_weights_over_many_draws():
     history = [D(1, 3), D(2, 50), D(3, 0), D(4, 7)]  # sizes differ on purpose; round 3 is empty
-    selection = select_replay(history, mode="lambda_decay", current_round=4, k=None, lam=0.5,
-                              sample_size=MANY, rng=rng())
+    selection = select_replay(
+        history, mode="lambda_decay", current_round=4, k=None, lam=0.5, sample_size=MANY, rng=rng()
+    )
     assert selection.eligible_rounds == [1, 2, 4]
     np.testing.assert_allclose(selection.weights, [1 / 7, 2 / 7, 4 / 7], rtol=0, atol=1e-15)
-    np.testing.assert_allclose(
-        shares(selection.draws, [1, 2, 4]), [1 / 7, 2 / 7, 4 / 7], rtol=0, atol=SHARE_TOL
-    )
+    np.testing.assert_allclose(shares(selection.draws, [1, 2, 4]), [1 / 7, 2 / 7, 4 / 7], rtol=0, atol=SHARE_TOL)
     # Inside each dataset every pair is used floor(c/n) or ceil(c/n) times.
     for source, size in [(1, 3), (2, 50), (4, 7)]:
         uses = Counter(d.pair_index for d in selection.draws if d.source_round == source)
@@ -226,8 +231,7 @@ def test_lambda_decay_shares_match_weights_over_many_draws():
 
 
 def test_nearest_k_shares_are_equal_whatever_the_sizes():
-    selection = select_replay(HISTORY, mode="nearest_k", current_round=4, k=2, lam=None, sample_size=MANY,
-                              rng=rng())
+    selection = select_replay(HISTORY, mode="nearest_k", current_round=4, k=2, lam=None, sample_size=MANY, rng=rng())
     assert selection.eligible_rounds == [2, 4]  # sizes 10 and 1
     np.testing.assert_allclose(shares(selection.draws, [2, 4]), [0.5, 0.5], rtol=0, atol=SHARE_TOL)
 
@@ -245,20 +249,23 @@ def test_lambda_one_equals_all_history_in_distribution():
 # ---- argument validation -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode, k, lam, sample_size, field", [
-    ("td-lambda", None, None, None, "preference_replay_mode"),
-    ("current", 2, None, None, "preference_replay_k"),
-    ("current", None, 0.5, None, "preference_replay_lambda"),
-    ("current", None, None, 8, "preference_replay_sample_size"),
-    ("nearest_k", None, None, None, "preference_replay_k"),
-    ("nearest_k", 0, None, None, "preference_replay_k"),
-    ("all_history", 2, None, None, "preference_replay_k"),
-    ("all_history", None, None, 0, "preference_replay_sample_size"),
-    ("lambda_decay", None, None, None, "preference_replay_lambda"),
-    ("lambda_decay", None, 1.5, None, "preference_replay_lambda"),
-    ("lambda_decay", None, -0.1, None, "preference_replay_lambda"),
-    ("lambda_decay", 3, 0.5, None, "preference_replay_k"),
-])
+@pytest.mark.parametrize(
+    "mode, k, lam, sample_size, field",
+    [
+        ("td-lambda", None, None, None, "preference_replay_mode"),
+        ("current", 2, None, None, "preference_replay_k"),
+        ("current", None, 0.5, None, "preference_replay_lambda"),
+        ("current", None, None, 8, "preference_replay_sample_size"),
+        ("nearest_k", None, None, None, "preference_replay_k"),
+        ("nearest_k", 0, None, None, "preference_replay_k"),
+        ("all_history", 2, None, None, "preference_replay_k"),
+        ("all_history", None, None, 0, "preference_replay_sample_size"),
+        ("lambda_decay", None, None, None, "preference_replay_lambda"),
+        ("lambda_decay", None, 1.5, None, "preference_replay_lambda"),
+        ("lambda_decay", None, -0.1, None, "preference_replay_lambda"),
+        ("lambda_decay", 3, 0.5, None, "preference_replay_k"),
+    ],
+)
 def test_invalid_arguments_raise_naming_the_field(mode, k, lam, sample_size, field):
     with pytest.raises(ValueError, match=field):
         select_replay(HISTORY, mode=mode, current_round=4, k=k, lam=lam, sample_size=sample_size, rng=rng())

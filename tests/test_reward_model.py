@@ -41,11 +41,14 @@ def test_joint_template_puts_roles_in_agent_order():
     assert joint_input_ids(T, PROMPTS, COMPLETIONS, 16).ids == FULL
 
 
-@pytest.mark.parametrize(("max_length", "expected", "cut"), [
-    (13, [1, 2, 4, 30, 31, 6, 3, 20, 21, 5, 40, 41, 42], 3),  # agent 1's prompt goes first, from its left
-    (12, [1, 2, 4, 30, 31, 6, 3, 21, 5, 40, 41, 42], 4),  # then agent 2's, from its left
-    (11, [1, 2, 4, 30, 31, 6, 3, 5, 40, 41, 42], 5),  # no prompt token left, every response token kept
-])
+@pytest.mark.parametrize(
+    ("max_length", "expected", "cut"),
+    [
+        (13, [1, 2, 4, 30, 31, 6, 3, 20, 21, 5, 40, 41, 42], 3),  # agent 1's prompt goes first, from its left
+        (12, [1, 2, 4, 30, 31, 6, 3, 21, 5, 40, 41, 42], 4),  # then agent 2's, from its left
+        (11, [1, 2, 4, 30, 31, 6, 3, 5, 40, 41, 42], 5),  # no prompt token left, every response token kept
+    ],
+)
 def test_over_max_length_cuts_prompts_and_keeps_every_response_token(max_length, expected, cut):
     joint = joint_input_ids(T, PROMPTS, COMPLETIONS, max_length)
     assert joint.ids == expected and joint.prompt_tokens_cut == cut and joint.reason is None
@@ -107,8 +110,9 @@ def _separable_pairs(template, n, seed):
     for _ in range(n):
         prompts = [[int(x) for x in rng.integers(5, 300, 4)] for _ in range(2)]
         body = [[int(x) for x in rng.integers(5, 300, 3)] for _ in range(2)]
-        pairs.append(tuple(joint_input_ids(template, prompts, [body[0], [*body[1], end]], None).ids
-                           for end in (200, 201)))
+        pairs.append(
+            tuple(joint_input_ids(template, prompts, [body[0], [*body[1], end]], None).ids for end in (200, 201))
+        )
     return pairs
 
 
@@ -128,14 +132,22 @@ def test_bradley_terry_fit_separates_a_separable_set_on_held_out_pairs(tiny_mode
 def test_freeze_backbone_trains_the_head_only(tiny_model_dir, template):
     model = new_reward_model(RewardModelSpec(str(tiny_model_dir), freeze_backbone=True), seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    fit_bradley_terry(model, _separable_pairs(template, 4, seed=1), epochs=1, batch_size=2, learning_rate=1e-2,
-                      seed=0, max_grad_norm=None)
+    fit_bradley_terry(
+        model,
+        _separable_pairs(template, 4, seed=1),
+        epochs=1,
+        batch_size=2,
+        learning_rate=1e-2,
+        seed=0,
+        max_grad_norm=None,
+    )
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert changed == {"head.weight", "head.bias"}
 
 
-@pytest.mark.parametrize("spec_kw", [{}, {"freeze_backbone": True}, {"lora": LoraSettings(r=2)}],
-                         ids=["full", "head", "lora"])
+@pytest.mark.parametrize(
+    "spec_kw", [{}, {"freeze_backbone": True}, {"lora": LoraSettings(r=2)}], ids=["full", "head", "lora"]
+)
 def test_saved_model_loads_safely_and_scores_the_same(tiny_model_dir, template, tmp_path, spec_kw):
     spec = RewardModelSpec(str(tiny_model_dir), **spec_kw)
     model = new_reward_model(spec, seed=0)
@@ -161,11 +173,25 @@ def test_other_vocabulary_is_refused(tiny_model_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- stages
-MARLHF = {"trainer": "marlhf_iter", "num_iterations": 1, "reward_num_train_epochs": 2,
-          "reward_train_batch_size": 2, "reward_learning_rate": 1e-3, "num_generations": 2, "train_batch_size": 2,
-          "reference_kl_enabled": True}
-STAGES = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-          "fit-reward-model", "update-policies"]
+MARLHF = {
+    "trainer": "marlhf_iter",
+    "num_iterations": 1,
+    "reward_num_train_epochs": 2,
+    "reward_train_batch_size": 2,
+    "reward_learning_rate": 1e-3,
+    "num_generations": 2,
+    "train_batch_size": 2,
+    "reference_kl_enabled": True,
+}
+STAGES = [
+    "sample-candidates",
+    "score-with-oracle",
+    "build-pairs",
+    "store-round",
+    "replay-select",
+    "fit-reward-model",
+    "update-policies",
+]
 
 
 @pytest.fixture(scope="module")
@@ -201,8 +227,9 @@ def test_ids_scored_at_fit_time_and_at_rl_time_are_identical(marlhf_round):
         by_joint.setdefault((r["step"], r["item_id"], r["generation_index"]), []).append(r)
     for rows in by_joint.values():
         rows.sort(key=lambda r: r["agent_index"])
-        ids = joint_input_ids(scorer.template, [r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows],
-                              job.reward_max_length).ids
+        ids = joint_input_ids(
+            scorer.template, [r["prompt_ids"] for r in rows], [r["completion_ids"] for r in rows], job.reward_max_length
+        ).ids
         assert all(r["joint_ids"] == ids for r in rows)
         alone = scorer.score([[r["prompt_ids"] for r in rows]], [[r["completion_ids"] for r in rows]])[0][0]
         assert all(r["reward"] == pytest.approx(alone, abs=1e-5) for r in rows)  # batched vs alone

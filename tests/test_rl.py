@@ -27,12 +27,15 @@ from pbrl.models.policies import TrainablePolicy, trainable_parameters
 R = torch.tensor([[1.0, 2.0, 3.0, 6.0]], dtype=torch.float64)
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("magrpo", [-2.0, -1.0, 0.0, 3.0]),  # mean 3
-    ("mareinforce", [1.0, 2.0, 3.0, 6.0]),
-    ("marloo", [1 - 11 / 3, 2 - 10 / 3, 3 - 9 / 3, 6 - 6 / 3]),  # minus the mean of the other three
-    ("maremax", [-5.0, -4.0, -3.0, 0.0]),  # max 6
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("magrpo", [-2.0, -1.0, 0.0, 3.0]),  # mean 3
+        ("mareinforce", [1.0, 2.0, 3.0, 6.0]),
+        ("marloo", [1 - 11 / 3, 2 - 10 / 3, 3 - 9 / 3, 6 - 6 / 3]),  # minus the mean of the other three
+        ("maremax", [-5.0, -4.0, -3.0, 0.0]),  # max 6
+    ],
+)
 def test_advantages_hand_worked(name, expected):
     assert advantage_backend(name)(R)[0].tolist() == pytest.approx(expected, abs=1e-12)
 
@@ -109,8 +112,11 @@ def test_kl_zero_for_the_same_policy_positive_otherwise_and_prompt_free(tiny, ti
     other = ReferencePolicy(moved, pad_token_id=0)
     kl = k3_kl(pol, other.token_logprobs(PROMPTS, COMPLETIONS)[0], mask)
     assert (kl > 0).all()
-    empty = k3_kl(*completion_token_logprobs(tiny, PROMPTS[:1], [[]], pad_token_id=0)[:1],
-                  other.token_logprobs(PROMPTS[:1], [[]])[0], torch.zeros((1, 0), dtype=torch.bool))
+    empty = k3_kl(
+        *completion_token_logprobs(tiny, PROMPTS[:1], [[]], pad_token_id=0)[:1],
+        other.token_logprobs(PROMPTS[:1], [[]])[0],
+        torch.zeros((1, 0), dtype=torch.bool),
+    )
     assert empty.tolist() == [0.0]  # a prompt alone carries no KL, however different the models are
 
 
@@ -137,8 +143,9 @@ def test_policy_step_raises_the_positive_advantage_completion(tiny_model_dir):
     prompts, completions = [PROMPTS[0]] * 2, COMPLETIONS
     before = sequence_logprobs(policy.model, prompts, completions, pad_token_id=0)
     for step in range(3):
-        _, outcome = rl_agent_step(policy, prompts, completions, torch.tensor([1.0, -1.0]), max_grad_norm=1.0,
-                                   seed=step)
+        _, outcome = rl_agent_step(
+            policy, prompts, completions, torch.tensor([1.0, -1.0]), max_grad_norm=1.0, seed=step
+        )
         assert outcome == "updated"
     after = sequence_logprobs(policy.model, prompts, completions, pad_token_id=0)
     assert after[0] > before[0] and after[1] < before[1]
@@ -166,13 +173,25 @@ def test_rl_loop_builds_joint_responses_by_index_and_shares_advantages(tiny_mode
 
     def score(prompts, completions):
         seen.extend(completions)
-        return [(None, None) if p[0][1] == 99 and c[0][0] == 101 else (float(c[0][0] + c[1][0]), [1])
-                for p, c in zip(prompts, completions, strict=True)]
+        return [
+            (None, None) if p[0][1] == 99 and c[0][0] == 101 else (float(c[0][0] + c[1][0]), [1])
+            for p, c in zip(prompts, completions, strict=True)
+        ]
 
-    settings = RLSettings(epochs=1, batch_size=2, num_generations=2, backend="magrpo", normalize=False,
-                          kl_coef=None, max_grad_norm=1.0)
-    result = run_rl(policies, [[[2, 17], [2, 99]], [[2, 18], [2, 99]]], ["a", "b"], settings, sample=sample,
-                    score=score, references=None, order_seed=0, dropout_seed=lambda agent, step: step)
+    settings = RLSettings(
+        epochs=1, batch_size=2, num_generations=2, backend="magrpo", normalize=False, kl_coef=None, max_grad_norm=1.0
+    )
+    result = run_rl(
+        policies,
+        [[[2, 17], [2, 99]], [[2, 18], [2, 99]]],
+        ["a", "b"],
+        settings,
+        sample=sample,
+        score=score,
+        references=None,
+        order_seed=0,
+        dropout_seed=lambda agent, step: step,
+    )
     assert all(c[0][0] - 100 == c[1][0] - 110 for c in seen)  # joint j = every agent's j-th sample
     rows = {(r["item_id"], r["generation_index"], r["agent_index"]): r for r in result.rollouts}
     # item a: rewards 210, 212 (mean 211) -> advantages -1, +1 for both agents
@@ -186,6 +205,8 @@ def test_group_backends_pass_the_run_start(tiny_model_dir, tmp_path):
     from pbrl.run.folder import prepare_run
     from tests.helpers import tiny_job
 
-    ok = prepare_run(tiny_job(tiny_model_dir, tmp_path, trainer="marlhf_iter", rl_algorithm="marloo",
-                              num_generations=2), resume=False)
+    ok = prepare_run(
+        tiny_job(tiny_model_dir, tmp_path, trainer="marlhf_iter", rl_algorithm="marloo", num_generations=2),
+        resume=False,
+    )
     assert (ok / "run.json").is_file()

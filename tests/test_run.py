@@ -27,20 +27,23 @@ def test_items_from_list_jsonl_parquet_and_dataset_agree(tmp_path):
     jsonl = tmp_path / "items.jsonl"
     jsonl.write_text("\n".join(json.dumps(x) for x in ITEMS) + "\n\n")
     parquet = tmp_path / "items.parquet"
-    pq.write_table(pa.Table.from_pylist([{"topic": x["topic"], "item_id": x.get("item_id")} for x in ITEMS]),
-                   parquet)
+    pq.write_table(pa.Table.from_pylist([{"topic": x["topic"], "item_id": x.get("item_id")} for x in ITEMS]), parquet)
     from_list = load_item_source(ITEMS, field="train_dataset")
     assert load_item_source(jsonl, field="train_dataset") == from_list
-    assert load_item_source(datasets.Dataset.from_list(
-        [{"topic": x["topic"], "item_id": x.get("item_id")} for x in ITEMS]), field="train_dataset") == [
-        {"topic": x["topic"], "item_id": x.get("item_id")} for x in ITEMS]
+    assert load_item_source(
+        datasets.Dataset.from_list([{"topic": x["topic"], "item_id": x.get("item_id")} for x in ITEMS]),
+        field="train_dataset",
+    ) == [{"topic": x["topic"], "item_id": x.get("item_id")} for x in ITEMS]
     assert [x["topic"] for x in load_item_source(parquet, field="train_dataset")] == ["rain", "bees", "tides"]
 
 
-@pytest.mark.parametrize(("content", "match"), [
-    ('{"topic": "a"}\n{not json\n', r"items.jsonl:2.*malformed JSON"),
-    ('{"topic": "a"}\n[1, 2]\n', r"train_dataset\[1\].*mapping"),
-])
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ('{"topic": "a"}\n{not json\n', r"items.jsonl:2.*malformed JSON"),
+        ('{"topic": "a"}\n[1, 2]\n', r"train_dataset\[1\].*mapping"),
+    ],
+)
 def test_bad_item_files_name_the_line_or_item(tmp_path, content, match):
     path = tmp_path / "items.jsonl"
     path.write_text(content)
@@ -59,17 +62,25 @@ def test_missing_and_unknown_item_files(tmp_path):
 def test_stable_item_ids_and_duplicates(tiny_model_dir, tmp_path):
     path = tmp_path / "items.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in ITEMS))
-    job = parse_job({"trainer": "madpo_iter", "agent_model": str(tiny_model_dir), "run_name": "r",
-                     "output_dir": str(tmp_path), "train_dataset": str(path),
-                     "formatters": ["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
-                     "reward_func": "pbrl.tasks.toy:toy_reward"})
+    job = parse_job(
+        {
+            "trainer": "madpo_iter",
+            "agent_model": str(tiny_model_dir),
+            "run_name": "r",
+            "output_dir": str(tmp_path),
+            "train_dataset": str(path),
+            "formatters": ["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
+            "reward_func": "pbrl.tasks.toy:toy_reward",
+        }
+    )
     run_dir = prepare_run(job, resume=False)
     assert [x["item_id"] for x in read_items(RunPaths(run_dir), "train")] == ["item-00000", "custom-1", "item-00002"]
     # No eval dataset: evaluation uses the train items under their own ids.
     assert [x["topic"] for x in read_items(RunPaths(run_dir), "eval")] == ["rain", "bees", "tides"]
     # The task from import paths samples and scores.
-    STAGE_MODULES["sample-candidates"].run(run_dir, 1, job.model_copy(update={"preference_num_candidates": 2,
-                                                                                "max_new_tokens": 4}))
+    STAGE_MODULES["sample-candidates"].run(
+        run_dir, 1, job.model_copy(update={"preference_num_candidates": 2, "max_new_tokens": 4})
+    )
     STAGE_MODULES["score-with-oracle"].run(run_dir, 1, job)
     assert len(read_rows(RunPaths(run_dir).scores(1), SCORES)) == 3 * 4
     dup = tmp_path / "dup.jsonl"
@@ -79,8 +90,15 @@ def test_stable_item_ids_and_duplicates(tiny_model_dir, tmp_path):
 
 
 def test_bad_import_paths_are_config_errors(tiny_model_dir, tmp_path):
-    job = tiny_job(tiny_model_dir, tmp_path, task=None, task_options={}, train_dataset=str(tmp_path / "x.jsonl"),
-                   formatters=["tests.helpers:short_prompt", "tests.helpers:nope"], reward_func="no.such:module")
+    job = tiny_job(
+        tiny_model_dir,
+        tmp_path,
+        task=None,
+        task_options={},
+        train_dataset=str(tmp_path / "x.jsonl"),
+        formatters=["tests.helpers:short_prompt", "tests.helpers:nope"],
+        reward_func="no.such:module",
+    )
     with pytest.raises(ConfigError) as err:
         resolve_task(job)
     text = str(err.value)
@@ -100,8 +118,14 @@ def test_run_json_holds_no_secret_and_resume_rules(tiny_model_dir, tmp_path, mon
 
 
 def test_preflight_reports_every_problem_before_anything_is_written(tiny_model_dir, tmp_path):
-    job = tiny_job(tiny_model_dir, tmp_path, agent_model=str(tmp_path / "no-model"), comparator_policy="history",
-                   task="no_such_task", task_options={})
+    job = tiny_job(
+        tiny_model_dir,
+        tmp_path,
+        agent_model=str(tmp_path / "no-model"),
+        comparator_policy="history",
+        task="no_such_task",
+        task_options={},
+    )
     with pytest.raises(ConfigError) as err:
         prepare_run(job, resume=False)
     text = str(err.value)
@@ -114,8 +138,17 @@ def test_cli_train_with_a_bad_model_fails_fast_without_traceback(tmp_path):
 
     from pbrl.cli import app
 
-    out = CliRunner().invoke(app, ["train", "flows/configs/tiny-madpo-iter.yaml", "--set", f"output_dir={tmp_path}",
-                                   "--set", "agent_model=/no/such/model"])
+    out = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "flows/configs/tiny-madpo-iter.yaml",
+            "--set",
+            f"output_dir={tmp_path}",
+            "--set",
+            "agent_model=/no/such/model",
+        ],
+    )
     assert out.exit_code == 2 and "agent_model" in out.output and "Traceback" not in out.output
     assert not any(tmp_path.iterdir())
 
@@ -157,9 +190,15 @@ def test_preflight_reads_the_items_and_names_each_unformattable_one(tiny_model_d
 
     path = tmp_path / "items.jsonl"
     path.write_text('{"topic": "rain"}\n{"subject": "bees"}\n{"topic": "tides", "item_id": "t"}\n')
-    job = tiny_job(tiny_model_dir, tmp_path, task=None, task_options={}, train_dataset=str(path),
-                   formatters=["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
-                   reward_func="pbrl.tasks.toy:toy_reward")
+    job = tiny_job(
+        tiny_model_dir,
+        tmp_path,
+        task=None,
+        task_options={},
+        train_dataset=str(path),
+        formatters=["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
+        reward_func="pbrl.tasks.toy:toy_reward",
+    )
     with pytest.raises(ConfigError) as info:
         preflight(job)
     assert [str(p) for p in info.value.problems] == [
@@ -174,9 +213,15 @@ def test_preflight_refuses_an_empty_dataset(tiny_model_dir, tmp_path):
 
     path = tmp_path / "empty.jsonl"
     path.write_text("\n")
-    job = tiny_job(tiny_model_dir, tmp_path, task=None, task_options={}, train_dataset=str(path),
-                   formatters=["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
-                   reward_func="pbrl.tasks.toy:toy_reward")
+    job = tiny_job(
+        tiny_model_dir,
+        tmp_path,
+        task=None,
+        task_options={},
+        train_dataset=str(path),
+        formatters=["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
+        reward_func="pbrl.tasks.toy:toy_reward",
+    )
     with pytest.raises(ConfigError, match=r"train_dataset: got '.*empty.jsonl'; no train items"):
         preflight(job)
 
@@ -189,9 +234,11 @@ def test_validate_reports_bad_items_without_starting_anything(tiny_model_dir, tm
     items = tmp_path / "items.jsonl"
     items.write_text('{"subject": "bees"}\n')
     config = tmp_path / "c.yaml"
-    config.write_text(f"trainer: madpo_iter\nagent_model: {tiny_model_dir}\ntrain_dataset: {items}\n"
-                      "formatters: [tests.helpers:short_prompt, tests.helpers:long_prompt]\n"
-                      "reward_func: pbrl.tasks.toy:toy_reward\n")
+    config.write_text(
+        f"trainer: madpo_iter\nagent_model: {tiny_model_dir}\ntrain_dataset: {items}\n"
+        "formatters: [tests.helpers:short_prompt, tests.helpers:long_prompt]\n"
+        "reward_func: pbrl.tasks.toy:toy_reward\n"
+    )
     out = CliRunner().invoke(app, ["validate", str(config)])
     assert out.exit_code == 2 and "train_dataset[0]" in out.output and "missing field 'topic'" in out.output
 
@@ -228,8 +275,10 @@ def test_unknown_lora_target_modules_are_refused_before_anything_is_written(tiny
         prepare_run(job, resume=False)
     assert list(tmp_path.iterdir()) == []
     config = tmp_path / "c.yaml"
-    config.write_text(f"trainer: madpo_iter\ntask: toy\nagent_model: {tiny_model_dir}\nlora_r: 4\n"
-                      f"lora_target_modules: {json.dumps(targets)}\noutput_dir: {tmp_path / 'runs'}\n")
+    config.write_text(
+        f"trainer: madpo_iter\ntask: toy\nagent_model: {tiny_model_dir}\nlora_r: 4\n"
+        f"lora_target_modules: {json.dumps(targets)}\noutput_dir: {tmp_path / 'runs'}\n"
+    )
     for command in (["validate", str(config)], ["train", str(config)]):
         out = CliRunner().invoke(app, command)
         assert out.exit_code == 2 and "lora_target_modules: got ['q_projx']" in out.output, out.output

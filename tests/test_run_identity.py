@@ -19,8 +19,15 @@ from pbrl.errors import ConfigError
 from pbrl.run.folder import open_job, run_dir_for, write_run_json
 from tests.helpers import new_run, tiny_job
 
-ROUND_STAGES = ("sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-                "update-policies", "evaluate")
+ROUND_STAGES = (
+    "sample-candidates",
+    "score-with-oracle",
+    "build-pairs",
+    "store-round",
+    "replay-select",
+    "update-policies",
+    "evaluate",
+)
 
 
 def manifest_bytes(run_dir: Path) -> dict[str, bytes]:

@@ -147,10 +147,7 @@ def test_a_row_does_not_depend_on_its_batch(model, tokenizer, prompts) -> None:
     # kernels' shapes), which could only matter if a row's uniform fell within ~1e-7 of a CDF boundary.
     rows = [prompts[i % 4] for i in range(8)]
     seeds = [2**62 + 17 * i for i in range(8)]
-    alone = [
-        generate(model, tokenizer, [p], [s], sampled(16, 1))[0]
-        for p, s in zip(rows, seeds, strict=False)
-    ]
+    alone = [generate(model, tokenizer, [p], [s], sampled(16, 1))[0] for p, s in zip(rows, seeds, strict=False)]
     whole = generate(model, tokenizer, rows, seeds, sampled(16, 8))
     chunked = generate(model, tokenizer, rows[::-1], seeds[::-1], sampled(16, 3))[::-1]
     assert [g.completion_ids for g in whole] == [g.completion_ids for g in alone]
@@ -166,9 +163,7 @@ def test_tokens_are_exactly_the_seeded_draws(model, tokenizer, prompts) -> None:
         for step in range(12):  # no cache, no padding: one full forward per token
             scores = model(torch.tensor([ids])).logits[:, -1].float()
             token = int(
-                draw_inverse_cdf(
-                    warpers(torch.tensor([ids]), scores), counter_uniforms(torch.tensor([seed]), step)
-                )
+                draw_inverse_cdf(warpers(torch.tensor([ids]), scores), counter_uniforms(torch.tensor([seed]), step))
             )
             expected.append(token)
             ids.append(token)
@@ -178,9 +173,7 @@ def test_tokens_are_exactly_the_seeded_draws(model, tokenizer, prompts) -> None:
 
 
 @pytest.mark.parametrize("pad_is_eos", [False, True])
-def test_eos_is_kept_and_ends_the_completion(
-    eos_model, tokenizer, tokenizer_pad_is_eos, prompts, pad_is_eos
-) -> None:
+def test_eos_is_kept_and_ends_the_completion(eos_model, tokenizer, tokenizer_pad_is_eos, prompts, pad_is_eos) -> None:
     tok = tokenizer_pad_is_eos if pad_is_eos else tokenizer
     rows = [prompts[i % 4] for i in range(24)]
     generations = generate(eos_model, tok, rows, list(range(24)), sampled(12, 8))

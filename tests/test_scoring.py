@@ -33,9 +33,7 @@ def _brute_force(model: LlamaForCausalLM, prompt: list[int], completion: list[in
     return sum(float(logprobs[len(prompt) - 1 + j, token]) for j, token in enumerate(completion))
 
 
-def _score(
-    model: LlamaForCausalLM, prompts: list[list[int]], completions: list[list[int]], **kw
-) -> torch.Tensor:
+def _score(model: LlamaForCausalLM, prompts: list[list[int]], completions: list[list[int]], **kw) -> torch.Tensor:
     with torch.no_grad():
         return sequence_logprobs(model, prompts, completions, **{"pad_token_id": PAD, **kw})
 
@@ -72,9 +70,7 @@ def test_last_completion_token_counts(model: LlamaForCausalLM) -> None:
     assert values[0] != values[1]
     # Only the last term differs: exactly log π(EOS | …) − log π(60 | …) at the same position.
     with torch.no_grad():
-        logprobs = torch.log_softmax(
-            model(torch.tensor([prompt + completion[:-1]])).logits[0, -1].double(), -1
-        )
+        logprobs = torch.log_softmax(model(torch.tensor([prompt + completion[:-1]])).logits[0, -1].double(), -1)
     torch.testing.assert_close(values[0] - values[1], logprobs[EOS] - logprobs[60], atol=ATOL, rtol=0)
 
 
@@ -154,9 +150,7 @@ def test_gradients_flow_with_grad_enabled(model: LlamaForCausalLM) -> None:
     assert values.requires_grad
     values.sum().backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
-    assert all(g is not None and g.abs().sum() > 0 for g in grads.values()), [
-        n for n, g in grads.items() if g is None
-    ]
+    assert all(g is not None and g.abs().sum() > 0 for g in grads.values()), [n for n, g in grads.items() if g is None]
     model.zero_grad()
     assert not _score(model, [[5]], [[6]]).requires_grad
 

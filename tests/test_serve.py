@@ -22,15 +22,25 @@ from pbrl.config import JOB_CLASSES
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize(("option", "group"), [
-    ("seed", "run"), ("reward_func", "run"),  # named exactly, before the reward_* pattern
-    ("agent_model", "agents"), ("lora_r", "agents"),
-    ("preference_num_candidates", "collection"), ("top_k", "collection"),
-    ("comparator_api_url", "comparator"), ("preference_replay_lambda", "replay"),
-    ("num_iterations", "training"), ("agent_learning_rate", "training"),
-    ("reward_learning_rate", "reward model and RL"), ("critic_type", "reward model and RL"),
-    ("eval_interval", "evaluation"), ("an_option_added_later", OTHER),
-])
+@pytest.mark.parametrize(
+    ("option", "group"),
+    [
+        ("seed", "run"),
+        ("reward_func", "run"),  # named exactly, before the reward_* pattern
+        ("agent_model", "agents"),
+        ("lora_r", "agents"),
+        ("preference_num_candidates", "collection"),
+        ("top_k", "collection"),
+        ("comparator_api_url", "comparator"),
+        ("preference_replay_lambda", "replay"),
+        ("num_iterations", "training"),
+        ("agent_learning_rate", "training"),
+        ("reward_learning_rate", "reward model and RL"),
+        ("critic_type", "reward model and RL"),
+        ("eval_interval", "evaluation"),
+        ("an_option_added_later", OTHER),
+    ],
+)
 def test_every_option_has_a_form_section(option, group):
     assert group_of(option) == group
 
@@ -42,8 +52,19 @@ def test_form_has_every_option_of_its_trainer_once_in_a_named_section(trainer):
     assert set(params) == options | {"resume"}
     assert [n for n in options if group_of(n) == OTHER] == [], "add these options to flows.ui.GROUPS"
     sections = [group_of(n) for n in params if n != "resume"]
-    assert sections == sorted(sections, key=["run", "agents", "collection", "comparator", "replay", "training",
-                                              "reward model and RL", "evaluation"].index)  # one block each
+    assert sections == sorted(
+        sections,
+        key=[
+            "run",
+            "agents",
+            "collection",
+            "comparator",
+            "replay",
+            "training",
+            "reward model and RL",
+            "evaluation",
+        ].index,
+    )  # one block each
 
 
 def test_iterative_and_base_forms_differ_as_their_trainers_do():
@@ -60,8 +81,13 @@ def test_form_schema_renders_each_option_as_a_typed_field():
     props = schema["properties"]
     assert schema.get("required", []) == []  # every field has its default
     assert props["num_iterations"] == {
-        "default": 6, "description": "Rounds of collect -> store -> replay -> learn.", "minimum": 1,
-        "position": props["num_iterations"]["position"], "title": "training: num_iterations", "type": "integer"}
+        "default": 6,
+        "description": "Rounds of collect -> store -> replay -> learn.",
+        "minimum": 1,
+        "position": props["num_iterations"]["position"],
+        "title": "training: num_iterations",
+        "type": "integer",
+    }
     assert props["preference_replay_mode"]["enum"] == ["current", "nearest_k", "all_history", "lambda_decay"]
     assert props["preference_replay_mode"]["default"] == "current"
     assert props["train_batch_size"]["anyOf"] == [{"minimum": 1, "type": "integer"}, {"type": "null"}]
@@ -72,12 +98,15 @@ def test_form_schema_renders_each_option_as_a_typed_field():
     assert props["seed"]["position"] < props["agent_model"]["position"] < props["comparator_policy"]["position"]
 
 
-@pytest.mark.parametrize(("kind", "run_name", "key"), [
-    ("round-metrics", "demo", "round-metrics-demo"),
-    ("round-summary", "tiny-madpo-iter", "round-summary-tiny-madpo-iter"),
-    ("round-report", "Run_1", "round-report-run-1-f3a089d7"),  # sha256("Run_1")[:8]
-    ("round-metrics", "tiny.v2", "round-metrics-tiny-v2-8d6910ff"),
-])
+@pytest.mark.parametrize(
+    ("kind", "run_name", "key"),
+    [
+        ("round-metrics", "demo", "round-metrics-demo"),
+        ("round-summary", "tiny-madpo-iter", "round-summary-tiny-madpo-iter"),
+        ("round-report", "Run_1", "round-report-run-1-f3a089d7"),  # sha256("Run_1")[:8]
+        ("round-metrics", "tiny.v2", "round-metrics-tiny-v2-8d6910ff"),
+    ],
+)
 def test_artifact_keys_name_the_run(kind, run_name, key):
     assert artifact_key(kind, run_name) == key
 
@@ -110,8 +139,14 @@ def test_deployments_register_with_forms_that_the_server_enforces():
     from tests.helpers import register_deployments
 
     ids = register_deployments()
-    assert set(ids) == {"pbrl-train/madpo", "pbrl-train/madpo-iter", "pbrl-train/marlhf", "pbrl-train/marlhf-iter",
-                        "pbrl-train/config-file", "pbrl-train/train"}
+    assert set(ids) == {
+        "pbrl-train/madpo",
+        "pbrl-train/madpo-iter",
+        "pbrl-train/marlhf",
+        "pbrl-train/marlhf-iter",
+        "pbrl-train/config-file",
+        "pbrl-train/train",
+    }
     with get_client(sync_client=True) as client:
         form = client.read_deployment(ids["pbrl-train/madpo-iter"])
         assert form.entrypoint.endswith("flows/ui.py:madpo_iter")
@@ -153,8 +188,9 @@ def test_trainer_form_rejects_broken_rules_with_the_messages_of_pbrl_validate(tm
     config = tmp_path / "form.yaml"
     config.write_text("trainer: madpo_iter\ntask: toy\npreference_replay_mode: nearest_k\n")
     expected = _validate_message(tmp_path, config, [])
-    state = TRAINER_FLOWS["madpo_iter"](task="toy", preference_replay_mode="nearest_k", output_dir=str(tmp_path),
-                                        return_state=True)
+    state = TRAINER_FLOWS["madpo_iter"](
+        task="toy", preference_replay_mode="nearest_k", output_dir=str(tmp_path), return_state=True
+    )
     assert state.is_failed()
     assert expected.splitlines()[1:] == [line for line in state.message.splitlines() if line.startswith("  - ")]
     assert list(tmp_path.iterdir()) == [config]  # nothing was created
@@ -168,19 +204,35 @@ def test_trainer_form_rejects_broken_rules_with_the_messages_of_pbrl_validate(tm
 def _files(run_dir: Path) -> dict[str, str]:
     """sha256 of every data file of a run (Parquet tables and safetensors weights), by relative path; not
     metrics.parquet, which holds each stage's wall-clock seconds."""
-    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run_dir.rglob("*")) if p.suffix in (".parquet", ".safetensors")
-            and p.name != "metrics.parquet"}
+    return {
+        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run_dir.rglob("*"))
+        if p.suffix in (".parquet", ".safetensors") and p.name != "metrics.parquet"
+    }
 
 
 @pytest.mark.flow
 @flow_tests
 def test_config_file_flow_gives_the_run_folder_of_pbrl_train(tiny_model_dir, tmp_path):
     config = "flows/configs/tiny-madpo.yaml"  # as a user types it; found in the checkout
-    small = [f"agent_model={tiny_model_dir}", "num_train_epochs=1", "max_new_tokens=6", "eval_num_samples=2",
-             "preference_num_candidates=3", "task_options={num_items: 3}"]
-    out = CliRunner().invoke(app, ["train", str(ROOT / config), "--set", f"output_dir={tmp_path / 'cli'}",
-                                   *[a for o in small for a in ("--set", o)]])
+    small = [
+        f"agent_model={tiny_model_dir}",
+        "num_train_epochs=1",
+        "max_new_tokens=6",
+        "eval_num_samples=2",
+        "preference_num_candidates=3",
+        "task_options={num_items: 3}",
+    ]
+    out = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(ROOT / config),
+            "--set",
+            f"output_dir={tmp_path / 'cli'}",
+            *[a for o in small for a in ("--set", o)],
+        ],
+    )
     assert out.exit_code == 0, out.output
     result = config_file(config=config, overrides=[*small, f"output_dir={tmp_path / 'ui'}"])
     cli_run, ui_run = tmp_path / "cli" / "tiny-madpo", tmp_path / "ui" / "tiny-madpo"
@@ -189,4 +241,3 @@ def test_config_file_flow_gives_the_run_folder_of_pbrl_train(tiny_model_dir, tmp
     assert ui_json["config"] == cli_json["config"] and ui_json["config_hash"] == cli_json["config_hash"]
     assert ui_json["config"]["run_name"] == "tiny-madpo" and ui_json["config"]["num_train_epochs"] == 1
     assert _files(ui_run) == _files(cli_run) and "rounds/0001/pairs.parquet" in _files(ui_run)
-

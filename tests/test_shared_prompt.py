@@ -67,8 +67,9 @@ def test_shared_prompt_logprobs_equal_each_row_scored_alone(model: LlamaForCausa
     prompts, completions = _rows()
     with torch.no_grad():
         got = shared_prompt_logprobs(model, prompts, completions, pad_token_id=PAD)
-    expected = torch.tensor([_alone(model, p, c) for p, c in zip(prompts, completions, strict=True)],
-                            dtype=torch.float64)
+    expected = torch.tensor(
+        [_alone(model, p, c) for p, c in zip(prompts, completions, strict=True)], dtype=torch.float64
+    )
     assert got.dtype == torch.float64 and got.shape == (9,)
     assert float(got[prompts.index(prompts[1])]) == 0.0  # the empty completion: exactly 0
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
@@ -191,8 +192,9 @@ def test_one_agent_step_equals_the_hand_computed_step(tiny_model_dir: Path) -> N
     policies = _sgd_agents(tiny_model_dir, 1)
     expected = _hand_step_delta(policies, beta=0.5)[0]
     before = [p.detach().clone() for p in trainable_parameters(policies[0].model)]
-    stats = madpo_step(policies, PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=0.5, max_grad_norm=None,
-                       micro_batch_size=2)
+    stats = madpo_step(
+        policies, PairBatch([PROMPTS], [WINNERS], [LOSERS]), beta=0.5, max_grad_norm=None, micro_batch_size=2
+    )
     assert stats.margins.shape == (3, 1) and bool(torch.isfinite(stats.margins).all())
     moved = [n.detach() - o for n, o in zip(trainable_parameters(policies[0].model), before, strict=True)]
     _assert_grads_close(moved, expected)
@@ -215,8 +217,7 @@ def test_prompt_grouped_order() -> None:
 
 
 @pytest.mark.parametrize("batch_size", [64, 5, 1])
-def test_shared_prefill_samples_the_same_tokens(model: LlamaForCausalLM, tiny_model_dir: Path,
-                                                 batch_size: int) -> None:
+def test_shared_prefill_samples_the_same_tokens(model: LlamaForCausalLM, tiny_model_dir: Path, batch_size: int) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     rng = random.Random(3)
     distinct = [_ids(rng, 1, 12) for _ in range(4)] + [[7]]
@@ -257,16 +258,18 @@ def test_smollm2_lora_shared_prompt_scores_and_gradients_equal() -> None:
     base = load_model("smollm2-135m-instruct")
     for p in base.parameters():
         p.requires_grad_(False)
-    policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj",
-                                                                                 "o_proj"]))
+    policy = get_peft_model(
+        base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    )
     with torch.no_grad():
         for name, param in policy.named_parameters():
             if "lora_B" in name:
                 param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(0)) * 0.01)
     questions = ["Write a docstring for a function that adds two numbers.", "Explain what a stack is."]
     prompts = [encode_prompt(tok, q) for q in questions for _ in range(2)]  # winner and loser of each prompt
-    text = tok("A function that returns the sum of its two arguments, which may be ints or floats.",
-               add_special_tokens=False).input_ids
+    text = tok(
+        "A function that returns the sum of its two arguments, which may be ints or floats.", add_special_tokens=False
+    ).input_ids
     completions = [text[: 8 + 3 * k] + [tok.eos_token_id] for k in range(4)]
     shared = shared_prompt_logprobs(policy, prompts, completions, pad_token_id=tok.pad_token_id)
     padded = sequence_logprobs(policy, prompts, completions, pad_token_id=tok.pad_token_id)
@@ -275,8 +278,12 @@ def test_smollm2_lora_shared_prompt_scores_and_gradients_equal() -> None:
     # 2.9e-5 here): 1e-5 is below SmolLM2's float32 floor. So the values are checked against float64 (each row
     # alone): shared-prompt scoring must be no further from it than today's padded scoring (or within 1e-5).
     with torch.no_grad():
-        exact = torch.cat([sequence_logprobs(policy.double(), [p], [c], pad_token_id=tok.pad_token_id)
-                           for p, c in zip(prompts, completions, strict=True)])
+        exact = torch.cat(
+            [
+                sequence_logprobs(policy.double(), [p], [c], pad_token_id=tok.pad_token_id)
+                for p, c in zip(prompts, completions, strict=True)
+            ]
+        )
     shared_error = float((shared.detach() - exact).abs().max())
     padded_error = float((padded.detach() - exact).abs().max())
     # Both errors sit at that floor and move with thread count and load (4.5e-5 vs 2.0e-5 seen in one CI-like

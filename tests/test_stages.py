@@ -40,8 +40,9 @@ def test_collection_writes_every_file_with_manifest(collected):
     assert len(cands) == 4 * 6 * 2
     assert {r["side"] for r in cands} == {"target", "comparator"}
     assert len(read_rows(paths.scores(1), SCORES)) == 4 * 6
-    assert manifests["sample-candidates"].outputs == {"rounds/0001/candidates.parquet":
-                                                      manifests["score-with-oracle"].inputs["rounds/0001/candidates.parquet"]}
+    assert manifests["sample-candidates"].outputs == {
+        "rounds/0001/candidates.parquet": manifests["score-with-oracle"].inputs["rounds/0001/candidates.parquet"]
+    }
 
 
 def test_completion_ids_are_as_generated(collected, tiny_model_dir):
@@ -78,8 +79,17 @@ def test_pair_file_has_reference_record_shape(collected):
     assert data["iteration"] == 1
     assert data["num_pairs"] == len(data["pairs"]) == manifests["build-pairs"].counts["pairs"]
     assert data["num_pairs"] > 0
-    keys = ["prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward",
-            "candidate_reward_mean", "raw_rewards", "target_raw_reward", "comparator_raw_reward"]
+    keys = [
+        "prompts",
+        "winner_completions",
+        "loser_completions",
+        "winner_reward",
+        "loser_reward",
+        "candidate_reward_mean",
+        "raw_rewards",
+        "target_raw_reward",
+        "comparator_raw_reward",
+    ]
     for rec in data["pairs"]:
         assert list(rec)[: len(keys)] == keys
         assert len(rec["prompts"]) == len(rec["winner_completions"]) == len(rec["loser_completions"]) == 2
@@ -93,8 +103,10 @@ def test_pair_file_has_reference_record_shape(collected):
 def test_pairs_keep_exact_ids_scores_and_index_matching(collected):
     run_dir, _, _ = collected
     paths = RunPaths(run_dir)
-    cands = {(r["item_id"], r["side"], r["candidate_index"], r["agent_index"]): r
-             for r in read_rows(paths.candidates(1), CANDIDATES)}
+    cands = {
+        (r["item_id"], r["side"], r["candidate_index"], r["agent_index"]): r
+        for r in read_rows(paths.candidates(1), CANDIDATES)
+    }
     scores = {(s["item_id"], s["side"], s["candidate_index"]): s for s in read_rows(paths.scores(1), SCORES)}
     pairs = read_rows(paths.pairs(1), PAIRS)
     assert pairs
@@ -141,8 +153,9 @@ def test_learning_stages_complete_a_round(collected):
     # mean is the mean over selected pairs of their item's mean candidate score (both sides, every candidate).
     assert manifests["update-policies"].counts["steps"] == math.ceil(len(pairs) / job.train_batch_size)
     scores = read_rows(paths.scores(1), SCORES)
-    item_mean = {i: statistics.fmean(s["reward"] for s in scores if s["item_id"] == i)
-                 for i in {p["item_id"] for p in pairs}}
+    item_mean = {
+        i: statistics.fmean(s["reward"] for s in scores if s["item_id"] == i) for i in {p["item_id"] for p in pairs}
+    }
     expected = statistics.fmean(item_mean[p["item_id"]] for p in pairs)
     assert m["turn_1/reward_mean"] == pytest.approx(expected, abs=1e-12)
     assert m["turn_1/expected_return"] == pytest.approx(expected, abs=1e-12)

@@ -47,12 +47,15 @@ def test_same_seed_same_interval_and_seed_is_used() -> None:
     assert a.low < a.mean < a.high
 
 
-@pytest.mark.parametrize(("values", "kwargs", "match"), [
-    ([], {}, "non-empty"),
-    ([1.0, math.nan], {}, "value 1 is not finite"),
-    ([1.0], {"confidence": 1.0}, "confidence"),
-    ([1.0], {"num_resamples": 0}, "num_resamples"),
-])
+@pytest.mark.parametrize(
+    ("values", "kwargs", "match"),
+    [
+        ([], {}, "non-empty"),
+        ([1.0, math.nan], {}, "value 1 is not finite"),
+        ([1.0], {"confidence": 1.0}, "confidence"),
+        ([1.0], {"num_resamples": 0}, "num_resamples"),
+    ],
+)
 def test_bad_input_is_refused(values, kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         bootstrap_mean(values, seed=0, **kwargs)
@@ -81,8 +84,9 @@ def test_paired_difference_hand_worked() -> None:
     # per item: a = ((3-1) + (1-1)) / 2 = 1, b = ((2-2) + (2-0)) / 2 = 1 -> 1 with interval [1, 1]
     assert paired_difference(now, base, seed=0) == Interval(1.0, 1.0, 1.0, 2)
     # per item +1 and -1: mean 0, interval [-1, 1] (each end has probability 1/4)
-    assert paired_difference({("a", 0): 2.0, ("b", 0): 0.0}, {("a", 0): 1.0, ("b", 0): 1.0}, seed=0) == \
-        Interval(0.0, -1.0, 1.0, 2)
+    assert paired_difference({("a", 0): 2.0, ("b", 0): 0.0}, {("a", 0): 1.0, ("b", 0): 1.0}, seed=0) == Interval(
+        0.0, -1.0, 1.0, 2
+    )
 
 
 def test_pairing_removes_the_item_spread() -> None:

@@ -120,8 +120,14 @@ def test_a_nan_weight_stops_sampling_naming_the_rows(model, tokenizer) -> None:
 
 
 def _sampler(stop_ids: list[int], temperature: float, names: list[str]) -> SeededSampler:
-    return SeededSampler(torch.arange(len(names)), prompt_width=2, warpers=build_warpers(temperature, 1.0, None),
-                         stop_ids=torch.tensor(stop_ids), row_names=names, temperature=temperature)
+    return SeededSampler(
+        torch.arange(len(names)),
+        prompt_width=2,
+        warpers=build_warpers(temperature, 1.0, None),
+        stop_ids=torch.tensor(stop_ids),
+        row_names=names,
+        temperature=temperature,
+    )
 
 
 def test_only_unfinished_rows_with_undrawable_scores_are_refused() -> None:

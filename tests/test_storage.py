@@ -25,8 +25,7 @@ from pbrl.data.storage import (
 )
 from pbrl.errors import ArtifactError
 
-SCORE_ROW = {"item_id": "a", "side": "target", "candidate_index": 0, "raw_reward": 1.0, "reward": 0.5,
-             "failure": None}
+SCORE_ROW = {"item_id": "a", "side": "target", "candidate_index": 0, "raw_reward": 1.0, "reward": 0.5, "failure": None}
 
 
 def test_interrupted_write_leaves_old_file_and_no_partial(tmp_path):
@@ -79,10 +78,21 @@ def test_reader_names_missing_column(tmp_path):
 
 def test_reader_names_wrongly_typed_column(tmp_path):
     path = tmp_path / "candidates.parquet"
-    row = {"item_id": "a", "side": "target", "candidate_index": 0, "agent_index": 0, "prompt": "p",
-           "prompt_ids": [1, 2], "completion": "c", "completion_ids": [3], "finish_reason": "eos", "seed": 1}
-    schema = CANDIDATES.set(CANDIDATES.get_field_index("completion_ids"),
-                            pa.field("completion_ids", pa.list_(pa.string())))
+    row = {
+        "item_id": "a",
+        "side": "target",
+        "candidate_index": 0,
+        "agent_index": 0,
+        "prompt": "p",
+        "prompt_ids": [1, 2],
+        "completion": "c",
+        "completion_ids": [3],
+        "finish_reason": "eos",
+        "seed": 1,
+    }
+    schema = CANDIDATES.set(
+        CANDIDATES.get_field_index("completion_ids"), pa.field("completion_ids", pa.list_(pa.string()))
+    )
     pq.write_table(pa.Table.from_pylist([{**row, "completion_ids": ["3"]}], schema), path)
     with pytest.raises(ArtifactError, match=r"candidates.parquet: column 'completion_ids' has type"):
         read_rows(path, CANDIDATES)
@@ -106,8 +116,16 @@ def test_manifest_round_trip_and_output_check(tmp_path):
     paths = RunPaths(tmp_path)
     out = paths.scores(1)
     write_table(out, [SCORE_ROW], SCORES)
-    m = write_manifest(paths, StageManifest(stage="score-with-oracle", round_index=1, config_hash="c",
-                                            code_version="v", outputs={paths.rel(out): hash_path(out)}))
+    m = write_manifest(
+        paths,
+        StageManifest(
+            stage="score-with-oracle",
+            round_index=1,
+            config_hash="c",
+            code_version="v",
+            outputs={paths.rel(out): hash_path(out)},
+        ),
+    )
     assert read_manifest(paths, 1, "score-with-oracle") == m
     assert outputs_intact(paths, m)
     write_table(out, [{**SCORE_ROW, "reward": 0.7}], SCORES)
@@ -139,21 +157,34 @@ def test_remove_stale_temporaries_removes_exactly_the_leftovers_of_killed_writes
     from pbrl.data.storage import remove_stale_temporaries
 
     paths = RunPaths(tmp_path)
-    keep = [paths.scores(1), paths.round_dir(1) / "tmp-not-a-leftover.txt", tmp_path / ".prefect" / "results" / "k",
-            paths.round_checkpoint(1) / "agent_0" / "model.safetensors"]
-    leftovers = [paths.round_dir(1) / ".tmp-scores.parquet.x1", tmp_path / ".tmp-run.json.x2",
-                 paths.round_checkpoint(1) / ".tmp-agent_0.x3" / "model.safetensors",
-                 paths.round_checkpoint(1) / ".old-agent_1.x4" / "old" / "model.safetensors"]
+    keep = [
+        paths.scores(1),
+        paths.round_dir(1) / "tmp-not-a-leftover.txt",
+        tmp_path / ".prefect" / "results" / "k",
+        paths.round_checkpoint(1) / "agent_0" / "model.safetensors",
+    ]
+    leftovers = [
+        paths.round_dir(1) / ".tmp-scores.parquet.x1",
+        tmp_path / ".tmp-run.json.x2",
+        paths.round_checkpoint(1) / ".tmp-agent_0.x3" / "model.safetensors",
+        paths.round_checkpoint(1) / ".old-agent_1.x4" / "old" / "model.safetensors",
+    ]
     for f in keep + leftovers:
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(b"1")
     assert remove_stale_temporaries(paths) == [
-        ".tmp-run.json.x2", "checkpoints/round_0001/.old-agent_1.x4", "checkpoints/round_0001/.tmp-agent_0.x3",
-        "rounds/0001/.tmp-scores.parquet.x1"]
+        ".tmp-run.json.x2",
+        "checkpoints/round_0001/.old-agent_1.x4",
+        "checkpoints/round_0001/.tmp-agent_0.x3",
+        "rounds/0001/.tmp-scores.parquet.x1",
+    ]
     assert all(f.is_file() for f in keep)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
-        ".prefect/results/k", "checkpoints/round_0001/agent_0/model.safetensors", "rounds/0001/scores.parquet",
-        "rounds/0001/tmp-not-a-leftover.txt"]
+        ".prefect/results/k",
+        "checkpoints/round_0001/agent_0/model.safetensors",
+        "rounds/0001/scores.parquet",
+        "rounds/0001/tmp-not-a-leftover.txt",
+    ]
     assert remove_stale_temporaries(paths) == []
 
 
@@ -164,6 +195,9 @@ def test_every_table_has_a_typed_record_with_exactly_its_columns_in_order():
     from pbrl.data.schema import ROW_TYPES
 
     for name, (schema, record) in ROW_TYPES.items():
-        fields = ([f.name for f in dataclasses.fields(record)] if dataclasses.is_dataclass(record)
-                  else list(typing.get_type_hints(record)))
+        fields = (
+            [f.name for f in dataclasses.fields(record)]
+            if dataclasses.is_dataclass(record)
+            else list(typing.get_type_hints(record))
+        )
         assert fields == schema.names, name

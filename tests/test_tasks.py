@@ -161,7 +161,8 @@ def test_docs_reward_by_hand(problems: dict[str, dict]) -> None:
     # (c) has_close_elements, numbers -> 2/3.  Total 13/18 + 12/18 = 25/18.
     assert docs_score("one two three four", "has_close_elements uses numbers", item) == pytest.approx(25 / 18)
     assert docs_terms("one two three four", "has_close_elements uses numbers", item) == pytest.approx(
-        {"lengths": 0.0, "ratio": 13 / 18, "coverage": 2 / 3})
+        {"lengths": 0.0, "ratio": 13 / 18, "coverage": 2 / 3}
+    )
     # empty summary: 0 whatever the explanation
     assert docs_score("   ", explanation, item) == 0.0 and docs_terms("   ", explanation, item) is None
     assert docs_reward([summary, ""], [explanation, explanation], batch_items=[item, item]) == pytest.approx(

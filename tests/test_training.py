@@ -25,8 +25,15 @@ pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]
 
 ROOT = Path(__file__).resolve().parents[1]
 ITER_YAML = ROOT / "flows" / "configs" / "tiny-madpo-iter.yaml"
-ROUND_STAGES = ["sample-candidates", "score-with-oracle", "build-pairs", "store-round", "replay-select",
-                "update-policies", "evaluate"]
+ROUND_STAGES = [
+    "sample-candidates",
+    "score-with-oracle",
+    "build-pairs",
+    "store-round",
+    "replay-select",
+    "update-policies",
+    "evaluate",
+]
 
 
 def test_cli_train_leaves_complete_run_folder_and_api_matches(tmp_path):
@@ -48,23 +55,40 @@ def test_cli_train_leaves_complete_run_folder_and_api_matches(tmp_path):
         assert (paths.round_checkpoint(r) / "trainer_state.json").is_file()
     assert sorted(p.name for p in paths.initial.iterdir()) == ["agent_0", "agent_1"]
     metrics = set(metrics_frame(run_dir)["metric"])
-    for name in ("turn_1/reward_mean", "turn_1/expected_return", "madpo/loss", "madpo/accuracy",
-                 "madpo/margin_mean", "madpo/margin_agent_0", "madpo/skipped_steps", "pairs/count",
-                 "eval/turn_1/reward_mean", "iter/train_preference_pairs", "time/update-policies_seconds"):
+    for name in (
+        "turn_1/reward_mean",
+        "turn_1/expected_return",
+        "madpo/loss",
+        "madpo/accuracy",
+        "madpo/margin_mean",
+        "madpo/margin_agent_0",
+        "madpo/skipped_steps",
+        "pairs/count",
+        "eval/turn_1/reward_mean",
+        "iter/train_preference_pairs",
+        "time/update-policies_seconds",
+    ):
         assert name in metrics, name
 
     # The Python API on the same configuration gives the same run folder contents.
     run, trainer_config = split_job(load_job(ITER_YAML))
-    api = MADPOIterTrainer(trainer_config, task=run.task, agent_model=run.agent_model, run_name="api",
-                           output_dir=str(tmp_path)).train()
+    api = MADPOIterTrainer(
+        trainer_config, task=run.task, agent_model=run.agent_model, run_name="api", output_dir=str(tmp_path)
+    ).train()
     assert api.run_dir == tmp_path / "api" and list(api.rounds.index) == [0, 1, 2]
     assert_same_artifacts(run_artifacts(run_dir), run_artifacts(api.run_dir))
 
 
 def test_base_trainer_with_all_ties_ends_without_update(tmp_path):
     run, config = split_job(load_job(ROOT / "flows" / "configs" / "tiny-madpo.yaml"))
-    result = MADPOTrainer(config, task="toy", reward_func=constant_reward, agent_model=run.agent_model, run_name="ties",
-                          output_dir=str(tmp_path)).train()
+    result = MADPOTrainer(
+        config,
+        task="toy",
+        reward_func=constant_reward,
+        agent_model=run.agent_model,
+        run_name="ties",
+        output_dir=str(tmp_path),
+    ).train()
     assert any("every comparison tied" in m for m in result.messages)
     assert not RunPaths(result.run_dir).round_checkpoint(1).exists()
     assert json.loads(RunPaths(result.run_dir).manifest(1, "build-pairs").read_text())["counts"]["pairs"] == 0
@@ -95,8 +119,15 @@ def test_sigkill_in_update_policies_then_resume_matches_uninterrupted_run(tmp_pa
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     script = tmp_path / "kill.py"
     script.write_text(KILL_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(ITER_YAML), str(tmp_path), *overrides], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(ITER_YAML), str(tmp_path), *overrides],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     killed = tmp_path / "killed"
     paths = RunPaths(killed)

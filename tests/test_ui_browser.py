@@ -23,14 +23,22 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "tests" / "artifacts" / "ui"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 DEPLOYMENTS = {"madpo", "madpo-iter", "marlhf", "marlhf-iter", "config-file", "train"}
 
 pytestmark = [
     pytest.mark.flow,
-    pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs Debian's Chromium at /usr/bin/chromium "
-                       "(apt-get install -y chromium)"),
+    pytest.mark.skipif(
+        not CHROMIUM.is_file(), reason="needs Debian's Chromium at /usr/bin/chromium (apt-get install -y chromium)"
+    ),
 ]
 
 
@@ -62,12 +70,26 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env.update(PREFECT_HOME=str(cwd / "prefect-home"), PBRL_STORAGE=str(cwd / "storage"), PYTHONPATH=str(ROOT),
-               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PREFECT_UI_API_URL=api,
-               PREFECT_RUNNER_POLL_FREQUENCY="1", PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
-    procs = [subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                              cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)]
+    env.update(
+        PREFECT_HOME=str(cwd / "prefect-home"),
+        PBRL_STORAGE=str(cwd / "storage"),
+        PYTHONPATH=str(ROOT),
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        PREFECT_UI_API_URL=api,
+        PREFECT_RUNNER_POLL_FREQUENCY="1",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        DO_NOT_TRACK="1",
+    )
+    procs = [
+        subprocess.Popen(
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    ]
     try:
         deadline = time.monotonic() + 240
         while not _healthy(httpx, api):
@@ -75,8 +97,16 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                 pytest.fail("prefect server did not start")
             time.sleep(1)
         log = open(cwd / "serve.log", "w")  # noqa: SIM115 (closed with the process)
-        procs.append(subprocess.Popen([str(BIN / "pbrl"), "serve"], cwd=cwd, env={**env, "PREFECT_API_URL": api},
-                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [str(BIN / "pbrl"), "serve"],
+                cwd=cwd,
+                env={**env, "PREFECT_API_URL": api},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         ids: dict[str, str] = {}
         while set(ids) < DEPLOYMENTS:
             if time.monotonic() > deadline:
@@ -97,8 +127,10 @@ def _healthy(httpx, api: str) -> bool:
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright Python package "
-                                   "(pip install playwright; the browser is Debian's chromium)")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api",
+        reason="needs the playwright Python package (pip install playwright; the browser is Debian's chromium)",
+    )
     with sync_api.sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield chromium
@@ -109,8 +141,9 @@ def _page(browser, ui: dict, height: int):
     """A page that reaches only the Prefect server (the UI's links to fonts and prefect.io are refused)."""
     page = browser.new_page(viewport={"width": 1280, "height": height})
     page.set_default_timeout(90_000)
-    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith((ui["url"], "data:"))
-               else route.abort())
+    page.route(
+        "**/*", lambda route: route.continue_() if route.request.url.startswith((ui["url"], "data:")) else route.abort()
+    )
     return page
 
 
@@ -128,19 +161,33 @@ def _shot(page, name: str) -> None:
 
 # (label, description) pairs each form must show; labels are "<group>: <option>", "(Optional)" when defaulted.
 NUM_ITERATIONS = ("training: num_iterations (Optional)", "Rounds of collect -> store -> replay -> learn.")
-REPLAY_MODE = ("replay: preference_replay_mode (Optional)", "Which stored rounds' pairs train a round: 'current' "
-               "(this round's only), 'nearest_k' (last k non-empty rounds), 'all_history', or 'lambda_decay' "
-               "(weights λ^age).")
-DPO_BETA = ("training: dpo_beta (Optional)", "MADPO inverse temperature η in the loss -log σ(η Δ) on the joint "
-            "log-prob margin Δ. Accepted but unused by MARLHF, as in the reference.")
-RL_ALGORITHM = ("reward model and RL: rl_algorithm (Optional)", "RL backend against the learned reward: 'magrpo' "
-                "(group-mean baseline), 'mareinforce' (no baseline), 'marloo' (leave-one-out), 'maremax' (group "
-                "max), 'maac' (centralized critic), 'iac' (independent critics).")
-AGENT_MODEL = ("agents: agent_model (Optional)", "One model for all agents: a local folder, a hub id already on "
-               "disk, or a packaged alias like 'smollm2-135m-instruct'.")
+REPLAY_MODE = (
+    "replay: preference_replay_mode (Optional)",
+    "Which stored rounds' pairs train a round: 'current' "
+    "(this round's only), 'nearest_k' (last k non-empty rounds), 'all_history', or 'lambda_decay' "
+    "(weights λ^age).",
+)
+DPO_BETA = (
+    "training: dpo_beta (Optional)",
+    "MADPO inverse temperature η in the loss -log σ(η Δ) on the joint "
+    "log-prob margin Δ. Accepted but unused by MARLHF, as in the reference.",
+)
+RL_ALGORITHM = (
+    "reward model and RL: rl_algorithm (Optional)",
+    "RL backend against the learned reward: 'magrpo' "
+    "(group-mean baseline), 'mareinforce' (no baseline), 'marloo' (leave-one-out), 'maremax' (group "
+    "max), 'maac' (centralized critic), 'iac' (independent critics).",
+)
+AGENT_MODEL = (
+    "agents: agent_model (Optional)",
+    "One model for all agents: a local folder, a hub id already on "
+    "disk, or a packaged alias like 'smollm2-135m-instruct'.",
+)
 CONFIG = ("config", "Path of a YAML config as the worker sees it")
-OVERRIDES = ("overrides (Optional)", "Overrides key=value, applied in order, as `pbrl train CONFIG --set key=value` "
-             "(e.g. num_iterations=3).")
+OVERRIDES = (
+    "overrides (Optional)",
+    "Overrides key=value, applied in order, as `pbrl train CONFIG --set key=value` (e.g. num_iterations=3).",
+)
 FORMS = {
     "madpo": ([DPO_BETA, AGENT_MODEL], [NUM_ITERATIONS, REPLAY_MODE, RL_ALGORITHM]),
     "madpo-iter": ([NUM_ITERATIONS, REPLAY_MODE, DPO_BETA, AGENT_MODEL], [RL_ALGORITHM]),
@@ -186,10 +233,12 @@ def test_a_run_submitted_from_the_form_completes_with_its_own_artifacts(browser,
         _fill_text(page, "run: run_name (Optional)", "ui-form-run")
         _fill_text(page, "run: task (Optional)", "toy")
         _fill_text(page, "agents: agent_model (Optional)", "tiny-random")
-        for label, value in (("training: num_iterations (Optional)", "1"),
-                             ("collection: preference_num_candidates (Optional)", "2"),
-                             ("collection: max_new_tokens (Optional)", "8"),
-                             ("evaluation: eval_num_samples (Optional)", "2")):
+        for label, value in (
+            ("training: num_iterations (Optional)", "1"),
+            ("collection: preference_num_candidates (Optional)", "2"),
+            ("collection: max_new_tokens (Optional)", "8"),
+            ("evaluation: eval_num_samples (Optional)", "2"),
+        ):
             page.get_by_label(label).fill(value)
         _shot(page, "form-madpo-iter-filled")
         with page.expect_response(lambda r: r.url.endswith("/create_flow_run")) as created:

@@ -47,22 +47,46 @@ def test_deploy_to_a_pool_and_a_worker_runs_the_flow(tmp_path, tiny_model_dir):
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-               PREFECT_WORKER_QUERY_SECONDS="1")
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        PREFECT_WORKER_QUERY_SECONDS="1",
+    )
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                                       str(port)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
         env["PREFECT_API_URL"] = url
         deadline = time.monotonic() + 180
         while not _healthy(httpx, url):
             assert time.monotonic() < deadline, "prefect server did not start"
             time.sleep(1)
 
-        out = subprocess.run([str(BIN / "pbrl"), "deploy", "--pool", POOL, "--nightly-run", "nightly-1",
-                              "--output-dir", str(tmp_path / "runs")], cwd=tmp_path, env=env, capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run(
+            [
+                str(BIN / "pbrl"),
+                "deploy",
+                "--pool",
+                POOL,
+                "--nightly-run",
+                "nightly-1",
+                "--output-dir",
+                str(tmp_path / "runs"),
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         deployments = {d["name"]: d for d in httpx.post(f"{url}/deployments/filter", json={}, timeout=10).json()}
         assert {"train", "config-file", "madpo-iter", "nightly"} <= deployments.keys()
@@ -72,14 +96,32 @@ def test_deploy_to_a_pool_and_a_worker_runs_the_flow(tmp_path, tiny_model_dir):
 
         worker_dir = tmp_path / "worker"  # not the checkout: the flows load by module path
         worker_dir.mkdir()
-        procs.append(subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--run-once"],
-                                      cwd=worker_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True))
-        params = {"config": str(ROOT / "flows/configs/tiny-madpo-iter.yaml"), "run_name": "pooled",
-                  "overrides": [f"output_dir={tmp_path / 'runs'}", f"agent_model={tiny_model_dir}",
-                                "num_iterations=1", "eval_num_samples=2", "max_new_tokens=6"]}
-        run = httpx.post(f"{url}/deployments/{deployments['config-file']['id']}/create_flow_run",
-                         json={"parameters": params}, timeout=10).json()
+        procs.append(
+            subprocess.Popen(
+                [str(BIN / "prefect"), "worker", "start", "--pool", POOL, "--run-once"],
+                cwd=worker_dir,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+        params = {
+            "config": str(ROOT / "flows/configs/tiny-madpo-iter.yaml"),
+            "run_name": "pooled",
+            "overrides": [
+                f"output_dir={tmp_path / 'runs'}",
+                f"agent_model={tiny_model_dir}",
+                "num_iterations=1",
+                "eval_num_samples=2",
+                "max_new_tokens=6",
+            ],
+        }
+        run = httpx.post(
+            f"{url}/deployments/{deployments['config-file']['id']}/create_flow_run",
+            json={"parameters": params},
+            timeout=10,
+        ).json()
         state = None
         deadline = time.monotonic() + 400
         while state not in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):

@@ -20,17 +20,31 @@ class DatasetSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
-    path: _Name = Field(description="A save_to_disk folder, a .json/.jsonl/.csv/.parquet file, a folder of data "
-                        "files, a builder name (json, csv, parquet) with data_files, or a hub dataset id already "
-                        "in the local Hugging Face datasets cache.")
-    name: _Name | None = Field(None, description="Configuration name of a hub dataset (datasets' `name`); None = "
-                               "the one in the cache.")
-    split: _Name | None = Field(None, description="Split to use (e.g. 'train'; data files and hub datasets also "
-                                "take slices such as 'test[:100]'); None = the only split (an error when there are "
-                                "several).")
-    data_files: DataFiles | None = Field(None, description="Local data files for a builder name or a folder: a "
-                                         "path or glob, a list, or a mapping split -> paths.")
-    columns: dict[_Name, _Name] = Field(default_factory=dict, description="Column renaming, source column -> "
-                                        "field the formatters read (e.g. {question: prompt}).")
-    id_column: _Name | None = Field(None, description="Column whose values (as text) become each item's "
-                                    "item_id; None = the item's own item_id field, else its position.")
+    path: _Name = Field(
+        description="A save_to_disk folder, a .json/.jsonl/.csv/.parquet file, a folder of data "
+        "files, a builder name (json, csv, parquet) with data_files, or a hub dataset id already "
+        "in the local Hugging Face datasets cache."
+    )
+    name: _Name | None = Field(
+        None, description="Configuration name of a hub dataset (datasets' `name`); None = the one in the cache."
+    )
+    split: _Name | None = Field(
+        None,
+        description="Split to use (e.g. 'train'; data files and hub datasets also "
+        "take slices such as 'test[:100]'); None = the only split (an error when there are "
+        "several).",
+    )
+    data_files: DataFiles | None = Field(
+        None,
+        description="Local data files for a builder name or a folder: a "
+        "path or glob, a list, or a mapping split -> paths.",
+    )
+    columns: dict[_Name, _Name] = Field(
+        default_factory=dict,
+        description="Column renaming, source column -> field the formatters read (e.g. {question: prompt}).",
+    )
+    id_column: _Name | None = Field(
+        None,
+        description="Column whose values (as text) become each item's "
+        "item_id; None = the item's own item_id field, else its position.",
+    )

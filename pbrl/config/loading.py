@@ -141,8 +141,9 @@ def load_job(path: str | Path, overrides: Sequence[str] = ()) -> JobConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError([Problem("config file", str(path),
-                                   f"must hold a mapping of option: value, not a {type(data).__name__}")])
+        raise ConfigError(
+            [Problem("config file", str(path), f"must hold a mapping of option: value, not a {type(data).__name__}")]
+        )
     problems: list[Problem] = []
     for text in overrides:
         try:
@@ -178,15 +179,30 @@ def make_job(run: RunConfig | Mapping[str, Any], trainer: TrainerConfig) -> JobC
     """
     names = {cls: name for name, cls in TRAINER_CONFIGS.items()}
     if type(trainer) not in names:
-        raise ConfigError([Problem("trainer", type(trainer).__name__, "must be one of the trainer configs: "
-                                   + ", ".join(c.__name__ for c in names))])
+        raise ConfigError(
+            [
+                Problem(
+                    "trainer",
+                    type(trainer).__name__,
+                    "must be one of the trainer configs: " + ", ".join(c.__name__ for c in names),
+                )
+            ]
+        )
     name = names[type(trainer)]
     run_values = dict(run)
-    problems = [Problem(k, v, "not a run-level option; set it on the trainer config")
-                for k, v in run_values.items() if k not in RUN_FIELDS]
+    problems = [
+        Problem(k, v, "not a run-level option; set it on the trainer config")
+        for k, v in run_values.items()
+        if k not in RUN_FIELDS
+    ]
     if run_values.get("trainer", name) != name:
-        problems.append(Problem("trainer", run_values["trainer"],
-                                f"does not match the trainer config {type(trainer).__name__} ('{name}')"))
+        problems.append(
+            Problem(
+                "trainer",
+                run_values["trainer"],
+                f"does not match the trainer config {type(trainer).__name__} ('{name}')",
+            )
+        )
     if problems:
         raise ConfigError(problems)
     return _parse_job({**run_values, **dict(trainer), "trainer": name}, warn=False)

@@ -66,7 +66,7 @@ def _strict_hint(tp: Any, value: Any) -> str:
     if isinstance(value, bool) and kinds & {int, float}:
         return " (true/false is not a number)"
     if isinstance(value, int | float) and not isinstance(value, bool) and str in kinds:
-        return f" (a number is not text: write it in quotes in YAML, \"{value}\")"
+        return f' (a number is not text: write it in quotes in YAML, "{value}")'
     return ""
 
 

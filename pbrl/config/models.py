@@ -181,10 +181,16 @@ JobConfig = Annotated[MADPOJob | MARLHFJob | MADPOIterJob | MARLHFIterJob, Field
 job_adapter: TypeAdapter[Any] = TypeAdapter(JobConfig)
 
 TRAINER_CONFIGS: dict[str, type] = {
-    "madpo": MADPOConfig, "marlhf": MARLHFConfig, "madpo_iter": MADPOIterConfig, "marlhf_iter": MARLHFIterConfig,
+    "madpo": MADPOConfig,
+    "marlhf": MARLHFConfig,
+    "madpo_iter": MADPOIterConfig,
+    "marlhf_iter": MARLHFIterConfig,
 }
 JOB_CLASSES: dict[str, type] = {
-    "madpo": MADPOJob, "marlhf": MARLHFJob, "madpo_iter": MADPOIterJob, "marlhf_iter": MARLHFIterJob,
+    "madpo": MADPOJob,
+    "marlhf": MARLHFJob,
+    "madpo_iter": MADPOIterJob,
+    "marlhf_iter": MARLHFIterJob,
 }
 RUN_FIELDS: frozenset[str] = frozenset(RunConfig.model_fields)
 # Every option of every job by name (an option has the same type in every job that has it).
@@ -230,8 +236,13 @@ def _unknown_problems(data: Mapping[str, Any], cls: type[BaseModel]) -> list[Pro
         elif key in RUN_FIELDS:
             problems.append(Problem(key, value, f"a run-level option (RunConfig), not an option of {cls.__name__}"))
         elif owners:
-            problems.append(Problem(key, value, f"not an option of {jobs.get(cls, cls.__name__)}; it belongs to "
-                                    "trainer(s) " + ", ".join(owners)))
+            problems.append(
+                Problem(
+                    key,
+                    value,
+                    f"not an option of {jobs.get(cls, cls.__name__)}; it belongs to trainer(s) " + ", ".join(owners),
+                )
+            )
         else:
             problems.append(Problem(str(key), value, "unknown option" + suggest(str(key), cls.model_fields)))
     return problems

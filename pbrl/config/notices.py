@@ -28,8 +28,12 @@ def madpo_kl_notice(v: Values, given: frozenset[str] = frozenset()) -> list[str]
     """The warning for MADPO configs with ``reference_kl_enabled=True`` (valid, but it adds nothing)."""
     if not v["reference_kl_enabled"]:
         return []
-    return [("reference_kl_enabled=True has no effect on MADPO: MADPO is reference-free in pbrl (no reference "
-            "model is loaded), so reference_kl_coef and reference_devices add nothing")]
+    return [
+        (
+            "reference_kl_enabled=True has no effect on MADPO: MADPO is reference-free in pbrl (no reference "
+            "model is loaded), so reference_kl_coef and reference_devices add nothing"
+        )
+    ]
 
 
 # Options of the reference that pbrl accepts (with the reference's bounds) but that change nothing, and why.
@@ -52,8 +56,11 @@ NO_EFFECT_MARLHF = {
 
 def _no_effect_notice(table: Mapping[str, str]) -> Notice:
     def notice(v: Values, given: frozenset[str] = frozenset()) -> list[str]:
-        return [f"{name}={v[name]!r} has no effect in pbrl ({why}); accepted for reference configs"
-                for name, why in table.items() if name in given]
+        return [
+            f"{name}={v[name]!r} has no effect in pbrl ({why}); accepted for reference configs"
+            for name, why in table.items()
+            if name in given
+        ]
 
     return notice
 
@@ -68,9 +75,11 @@ def eval_interval_notice(v: Values, given: frozenset[str] = frozenset()) -> list
     interval = v["eval_interval"]
     if interval <= rounds:
         return []
-    return [f"eval_interval={interval} counts rounds in pbrl (the reference counts update steps) and exceeds the "
-            f"{rounds} round(s) of this run: only the round-0 baseline will be evaluated; set eval_interval: 1 to "
-            "evaluate after every round"]
+    return [
+        f"eval_interval={interval} counts rounds in pbrl (the reference counts update steps) and exceeds the "
+        f"{rounds} round(s) of this run: only the round-0 baseline will be evaluated; set eval_interval: 1 to "
+        "evaluate after every round"
+    ]
 
 
 def derive_values(data: Mapping[str, Any], fields: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
@@ -96,16 +105,20 @@ def derive_values(data: Mapping[str, Any], fields: Iterable[str]) -> tuple[dict[
         if mode is not None:
             given = out.get("advantage_mode")
             if given is not None and given != mode:
-                notes.append(f"advantage_mode={given!r} is replaced by {mode!r}: with rl_algorithm={algorithm!r} "
-                             "the advantage mode follows the algorithm, as in the reference")
+                notes.append(
+                    f"advantage_mode={given!r} is replaced by {mode!r}: with rl_algorithm={algorithm!r} "
+                    "the advantage mode follows the algorithm, as in the reference"
+                )
             out["advantage_mode"] = mode
     if "comparator_generation_mode" in fields and out.get("collaboration_mode") == "centralized":
         # Centralized collaboration: the comparator is one actor writing every role too (the reference's
         # MADPOIterConfig.__post_init__ sets it the same way).
         given = out.get("comparator_generation_mode")
         if given is not None and given != "centralized":
-            notes.append(f"comparator_generation_mode={given!r} is replaced by 'centralized': with "
-                         "collaboration_mode='centralized' one actor writes every role, on the comparator side "
-                         "too, as in the reference")
+            notes.append(
+                f"comparator_generation_mode={given!r} is replaced by 'centralized': with "
+                "collaboration_mode='centralized' one actor writes every role, on the comparator side "
+                "too, as in the reference"
+            )
         out["comparator_generation_mode"] = "centralized"
     return out, notes

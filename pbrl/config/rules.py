@@ -102,8 +102,13 @@ def device_problems(field: str, spec: str | list[str] | None, num_agents: int | 
         return []
     devices = [spec] if isinstance(spec, str) else list(spec)
     if AUTO in devices:
-        return [Problem(field, spec, "'auto' places every model with accelerate's device map: give it alone "
-                        f"({field}: auto), not in a list")]
+        return [
+            Problem(
+                field,
+                spec,
+                f"'auto' places every model with accelerate's device map: give it alone ({field}: auto), not in a list",
+            )
+        ]
     problems = []
     if any(not DEVICE_PATTERN.match(d) for d in devices):
         problems.append(Problem(field, spec, "devices look like 'cpu', 'cuda', 'cuda:1' or 'mps'"))
@@ -120,6 +125,12 @@ def same_model_problems(list_field: str, models: list[str] | None, one_field: st
     others = sorted({m for m in models if m != one})
     if not others:
         return []
-    return [Problem(list_field, models, f"conflicts with {one_field}={one!r} (also names "
-                    f"{', '.join(repr(m) for m in others)}); give {one_field} or {list_field}, or list "
-                    f"{one_field} once per agent")]
+    return [
+        Problem(
+            list_field,
+            models,
+            f"conflicts with {one_field}={one!r} (also names "
+            f"{', '.join(repr(m) for m in others)}); give {one_field} or {list_field}, or list "
+            f"{one_field} once per agent",
+        )
+    ]

@@ -36,7 +36,8 @@ def _run_name(v: Values) -> list[Problem]:
 
 @rule(RUN_RULES, "runner", "ray_address")
 def _runner_fields(v: Values) -> list[Problem]:
-    # Whether the 'ray' extra is installed is checked where a run starts (pbrl.distributed.shards.require_ray_extra), not
+    # Whether the 'ray' extra is installed is checked where a run starts (pbrl.distributed.shards.require_ray_extra),
+    # not
     # here: a stored Ray run must stay readable (status, report) on a machine without Ray.
     if v["runner"] == "local" and v["ray_address"] is not None:
         return [only_with("ray_address", v["ray_address"], "runner='ray'")]
@@ -51,15 +52,24 @@ def _ray_devices(v: Values) -> list[Problem]:
     named = devices if isinstance(devices, list) else [devices]
     if v["runner"] != "ray" or "auto" not in named:
         return []
-    return [Problem("agent_devices", devices, "'auto' cannot be reserved on Ray (runner='ray'); name the devices "
-                    "('cpu', 'cuda:0' or one per agent) so that each shard and agent actor asks Ray for its GPU")]
+    return [
+        Problem(
+            "agent_devices",
+            devices,
+            "'auto' cannot be reserved on Ray (runner='ray'); name the devices "
+            "('cpu', 'cuda:0' or one per agent) so that each shard and agent actor asks Ray for its GPU",
+        )
+    ]
 
 
 @rule(RUN_RULES, "agent_model", "agents")
 def _agent_source(v: Values) -> list[Problem]:
     if v["agent_model"] is None and v["agents"] is None:
-        return [Problem("agent_model", None, "missing; give agent_model (one model for all agents) or agents "
-                        "(one per agent)")]
+        return [
+            Problem(
+                "agent_model", None, "missing; give agent_model (one model for all agents) or agents (one per agent)"
+            )
+        ]
     return same_model_problems("agents", v["agents"], "agent_model", v["agent_model"])
 
 
@@ -79,15 +89,30 @@ def _max_memory(v: Values) -> list[Problem]:
     if memory is None:
         return []
     bad_keys = [k for k in memory if not (isinstance(k, int) and k >= 0) and k not in MEMORY_DEVICES]
-    bad_sizes = [k for k, size in memory.items()
-                 if (isinstance(size, int) and size <= 0) or (isinstance(size, str) and not MEMORY_SIZE_PATTERN.match(size))]
+    bad_sizes = [
+        k
+        for k, size in memory.items()
+        if (isinstance(size, int) and size <= 0) or (isinstance(size, str) and not MEMORY_SIZE_PATTERN.match(size))
+    ]
     problems = []
     if bad_keys:
-        problems.append(Problem("max_memory", memory, f"key(s) {', '.join(repr(k) for k in bad_keys)}: keys are a "
-                                "GPU index (0, 1, ...), 'cpu', 'mps' or 'disk' (accelerate's max_memory)"))
+        problems.append(
+            Problem(
+                "max_memory",
+                memory,
+                f"key(s) {', '.join(repr(k) for k in bad_keys)}: keys are a "
+                "GPU index (0, 1, ...), 'cpu', 'mps' or 'disk' (accelerate's max_memory)",
+            )
+        )
     if bad_sizes:
-        problems.append(Problem("max_memory", memory, f"size(s) of {', '.join(repr(k) for k in bad_sizes)}: sizes "
-                                "are bytes > 0 or a number with a unit: GiB, MiB, KiB, GB, MB, KB (e.g. '2GiB')"))
+        problems.append(
+            Problem(
+                "max_memory",
+                memory,
+                f"size(s) of {', '.join(repr(k) for k in bad_sizes)}: sizes "
+                "are bytes > 0 or a number with a unit: GiB, MiB, KiB, GB, MB, KB (e.g. '2GiB')",
+            )
+        )
     return problems
 
 
@@ -100,8 +125,11 @@ def _lora_modules(v: Values) -> list[Problem]:
 
 @rule(RUN_RULES, "train_dataset", "eval_dataset")
 def _dataset_suffix(v: Values) -> list[Problem]:
-    return [Problem(f, v[f], "must be a .jsonl or .parquet file") for f in ("train_dataset", "eval_dataset")
-            if isinstance(v[f], str) and not v[f].lower().endswith((".jsonl", ".parquet"))]
+    return [
+        Problem(f, v[f], "must be a .jsonl or .parquet file")
+        for f in ("train_dataset", "eval_dataset")
+        if isinstance(v[f], str) and not v[f].lower().endswith((".jsonl", ".parquet"))
+    ]
 
 
 @rule(RUN_RULES, "task", "task_options")
@@ -120,16 +148,23 @@ def _agent_count(v: Values) -> list[Problem]:
     if v["agents"] is None or len(v["agents"]) == actors(v):
         return []
     if v["collaboration_mode"] == CENTRALIZED:
-        return [Problem("agents", v["agents"], "must name exactly one model with collaboration_mode='centralized' "
-                        "(one actor writes every role; num_agents counts the roles); or give agent_model")]
+        return [
+            Problem(
+                "agents",
+                v["agents"],
+                "must name exactly one model with collaboration_mode='centralized' "
+                "(one actor writes every role; num_agents counts the roles); or give agent_model",
+            )
+        ]
     return [Problem("agents", v["agents"], f"must name one model per agent (num_agents={v['num_agents']})")]
 
 
 @rule(JOB_RULES, "formatters", "num_agents")
 def _formatter_count(v: Values) -> list[Problem]:
     if v["formatters"] is not None and len(v["formatters"]) != v["num_agents"]:
-        return [Problem("formatters", v["formatters"], f"must give one formatter per agent "
-                        f"(num_agents={v['num_agents']})")]
+        return [
+            Problem("formatters", v["formatters"], f"must give one formatter per agent (num_agents={v['num_agents']})")
+        ]
     return []
 
 
@@ -139,16 +174,20 @@ def _agent_device_count(v: Values) -> list[Problem]:
     if not isinstance(spec, list) or len(spec) in (1, actors(v)):
         return []
     if v["collaboration_mode"] == CENTRALIZED:
-        return [Problem("agent_devices", spec, "must list 1 device with collaboration_mode='centralized' (one "
-                        "actor)")]
+        return [Problem("agent_devices", spec, "must list 1 device with collaboration_mode='centralized' (one actor)")]
     return [Problem("agent_devices", spec, f"must list 1 device or one per agent (num_agents={v['num_agents']})")]
 
 
 @rule(JOB_RULES, "parallel_training", "agent_devices")
 def _parallel_devices(v: Values) -> list[Problem]:
     if v["parallel_training"] == "mp" and v["agent_devices"] is None:
-        return [Problem("agent_devices", None, "required with parallel_training='mp' (agent i runs on device i); "
-                        "give one device per agent")]
+        return [
+            Problem(
+                "agent_devices",
+                None,
+                "required with parallel_training='mp' (agent i runs on device i); give one device per agent",
+            )
+        ]
     return []
 
 
@@ -157,8 +196,14 @@ def _max_memory_needs_auto(v: Values) -> list[Problem]:
     # max_memory only bounds accelerate's device map: without an 'auto' device option it would change nothing.
     if v["max_memory"] is None or any(v.get(f) == AUTO for f in AUTO_FIELDS):
         return []
-    return [only_with("max_memory", v["max_memory"], "a device option set to 'auto' (agent_devices, "
-                       "comparator_devices, reference_devices or reward_model_device)")]
+    return [
+        only_with(
+            "max_memory",
+            v["max_memory"],
+            "a device option set to 'auto' (agent_devices, "
+            "comparator_devices, reference_devices or reward_model_device)",
+        )
+    ]
 
 
 @rule(JOB_RULES, "task", "train_dataset", "formatters", "reward_func")
@@ -168,10 +213,17 @@ def _task_source(v: Values) -> list[Problem]:
     parts = ("train_dataset", "formatters", "reward_func")
     missing = [f for f in parts if v[f] is None]
     if len(missing) == len(parts):
-        return [Problem("task", None, "missing; give task (a registered task name), or train_dataset + "
-                        "formatters + reward_func together")]
-    return [Problem(f, None, "required when task is not given (train_dataset + formatters + reward_func "
-                    "together)") for f in missing]
+        return [
+            Problem(
+                "task",
+                None,
+                "missing; give task (a registered task name), or train_dataset + formatters + reward_func together",
+            )
+        ]
+    return [
+        Problem(f, None, "required when task is not given (train_dataset + formatters + reward_func together)")
+        for f in missing
+    ]
 
 
 def job_rules(trainer: str) -> tuple[Rule, ...]:

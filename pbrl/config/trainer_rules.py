@@ -39,15 +39,21 @@ def _num_turns(v: Values) -> list[Problem]:
 @rule(COMMON_RULES, "pair_selection", "preference_pairs_per_sample")
 def _pairs_per_sample(v: Values) -> list[Problem]:
     if v["pair_selection"] == "all" and v["preference_pairs_per_sample"] is not None:
-        return [Problem("preference_pairs_per_sample", v["preference_pairs_per_sample"],
-                        "must be None when pair_selection='all' (every pair is kept)")]
+        return [
+            Problem(
+                "preference_pairs_per_sample",
+                v["preference_pairs_per_sample"],
+                "must be None when pair_selection='all' (every pair is kept)",
+            )
+        ]
     return []
 
 
 @rule(COMMON_RULES, "reward_func", "reward_processor")
 def _reward_paths(v: Values) -> list[Problem]:
     return import_path_problems("reward_func", v["reward_func"]) + import_path_problems(
-        "reward_processor", v["reward_processor"])
+        "reward_processor", v["reward_processor"]
+    )
 
 
 @rule(COMMON_RULES, "reference_devices", "num_agents", "reference_kl_enabled", "collaboration_mode")
@@ -74,11 +80,20 @@ def _history_k(v: Values) -> list[Problem]:
 def _comparator_models(v: Values) -> list[Problem]:
     name, agents = v["comparator_model_name"], v["comparator_agents"]
     if v["comparator_policy"] != "model":
-        return [only_with(f, v[f], "comparator_policy='model'")
-                for f in ("comparator_model_name", "comparator_agents") if v[f] is not None]
+        return [
+            only_with(f, v[f], "comparator_policy='model'")
+            for f in ("comparator_model_name", "comparator_agents")
+            if v[f] is not None
+        ]
     if name is None and agents is None:
-        return [Problem("comparator_model_name", None, "comparator_policy='model' needs comparator_model_name "
-                        "(one model for all agents) or comparator_agents (one per agent)")]
+        return [
+            Problem(
+                "comparator_model_name",
+                None,
+                "comparator_policy='model' needs comparator_model_name "
+                "(one model for all agents) or comparator_agents (one per agent)",
+            )
+        ]
     return same_model_problems("comparator_agents", agents, "comparator_model_name", name)
 
 
@@ -88,21 +103,37 @@ def _comparator_agent_count(v: Values) -> list[Problem]:
     if v["comparator_policy"] != "model" or agents is None or len(agents) == actors(v):
         return []
     if v["collaboration_mode"] == CENTRALIZED:
-        return [Problem("comparator_agents", agents, "must name exactly one model with collaboration_mode="
-                        "'centralized' (one actor writes every role); or give comparator_model_name")]
+        return [
+            Problem(
+                "comparator_agents",
+                agents,
+                "must name exactly one model with collaboration_mode="
+                "'centralized' (one actor writes every role); or give comparator_model_name",
+            )
+        ]
     return [Problem("comparator_agents", agents, f"must name one model per agent (num_agents={v['num_agents']})")]
 
 
-@rule(ITERATIVE_RULES, "comparator_centralized_agent_index", "num_agents", "comparator_generation_mode",
-       "collaboration_mode")
+@rule(
+    ITERATIVE_RULES,
+    "comparator_centralized_agent_index",
+    "num_agents",
+    "comparator_generation_mode",
+    "collaboration_mode",
+)
 def _centralized_index(v: Values) -> list[Problem]:
     # As in the reference: the index is read (and checked) only in centralized comparator generation.
     index, n = v["comparator_centralized_agent_index"], v["num_agents"]
     if v["collaboration_mode"] == CENTRALIZED:
         if index == 0:
             return []
-        return [Problem("comparator_centralized_agent_index", index, "must be 0 with collaboration_mode="
-                        "'centralized': one actor (index 0) writes every role")]
+        return [
+            Problem(
+                "comparator_centralized_agent_index",
+                index,
+                "must be 0 with collaboration_mode='centralized': one actor (index 0) writes every role",
+            )
+        ]
     if v["comparator_generation_mode"] != "centralized" or 0 <= index < n:
         return []
     return [Problem("comparator_centralized_agent_index", index, f"must be in [0, num_agents) = [0, {n})")]
@@ -114,16 +145,25 @@ def _centralized_generation(v: Values) -> list[Problem]:
     # holds for a mapping validated without that step.
     if v["collaboration_mode"] != CENTRALIZED or v["comparator_generation_mode"] == "centralized":
         return []
-    return [Problem("comparator_generation_mode", v["comparator_generation_mode"], "must be 'centralized' with "
-                    "collaboration_mode='centralized' (the comparator is one actor writing every role too)")]
+    return [
+        Problem(
+            "comparator_generation_mode",
+            v["comparator_generation_mode"],
+            "must be 'centralized' with "
+            "collaboration_mode='centralized' (the comparator is one actor writing every role too)",
+        )
+    ]
 
 
 @rule(ITERATIVE_RULES, "comparator_policy", "comparator_api_url", "comparator_api_model", "comparator_api_key_env")
 def _api_fields(v: Values) -> list[Problem]:
     fields = ("comparator_api_url", "comparator_api_model", "comparator_api_key_env")
     if v["comparator_policy"] != "api":
-        return [only_with(f, HIDDEN if f == "comparator_api_key_env" else v[f], "comparator_policy='api'")
-                for f in fields if v[f] is not None]
+        return [
+            only_with(f, HIDDEN if f == "comparator_api_key_env" else v[f], "comparator_policy='api'")
+            for f in fields
+            if v[f] is not None
+        ]
     if v["comparator_api_url"] is None:
         return [Problem("comparator_api_url", None, "required with comparator_policy='api'")]
     return []
@@ -143,8 +183,14 @@ def _api_key_env(v: Values) -> list[Problem]:
     if name is None or ENV_NAME_PATTERN.match(name):
         return []
     # The value may be a pasted key: never echo it.
-    return [Problem("comparator_api_key_env", HIDDEN, "must be the NAME of an environment variable "
-                    "(letters, digits and '_', e.g. OPENAI_API_KEY), not the key itself")]
+    return [
+        Problem(
+            "comparator_api_key_env",
+            HIDDEN,
+            "must be the NAME of an environment variable "
+            "(letters, digits and '_', e.g. OPENAI_API_KEY), not the key itself",
+        )
+    ]
 
 
 @rule(ITERATIVE_RULES, "comparator_devices", "num_agents", "comparator_policy", "collaboration_mode")
@@ -162,8 +208,13 @@ def _api_headers(v: Values) -> list[Problem]:
     if not keyed:
         return []
     # The value would be the key: never echo it.
-    return [Problem("comparator_api_headers", HIDDEN, f"header(s) {', '.join(keyed)} would put an API key in the "
-                    "configuration; " + SECRET_MESSAGE)]
+    return [
+        Problem(
+            "comparator_api_headers",
+            HIDDEN,
+            f"header(s) {', '.join(keyed)} would put an API key in the configuration; " + SECRET_MESSAGE,
+        )
+    ]
 
 
 # The replay options' rules, one function each: the config rules below and the replay buffer itself
@@ -190,8 +241,9 @@ def replay_lambda_problems(mode: str, lam: Any) -> list[Problem]:
     """``preference_replay_lambda``: required in [0, 1] with ``lambda_decay``, None otherwise."""
     number = isinstance(lam, int | float) and not isinstance(lam, bool)
     if mode == "lambda_decay" and not (number and 0.0 <= lam <= 1.0):
-        return [Problem("preference_replay_lambda", lam,
-                        "required, in [0, 1], with preference_replay_mode='lambda_decay'")]
+        return [
+            Problem("preference_replay_lambda", lam, "required, in [0, 1], with preference_replay_mode='lambda_decay'")
+        ]
     if mode != "lambda_decay" and lam is not None:
         return [only_with("preference_replay_lambda", lam, "preference_replay_mode='lambda_decay'")]
     return []
@@ -200,9 +252,13 @@ def replay_lambda_problems(mode: str, lam: Any) -> list[Problem]:
 def replay_sample_size_problems(mode: str, sample_size: Any) -> list[Problem]:
     """``preference_replay_sample_size``: None with ``current`` (no sampling), else None or an int >= 1."""
     if mode == "current" and sample_size is not None:
-        return [Problem("preference_replay_sample_size", sample_size,
-                        "must be None with preference_replay_mode='current' (the round's pairs are used as "
-                        "they are)")]
+        return [
+            Problem(
+                "preference_replay_sample_size",
+                sample_size,
+                "must be None with preference_replay_mode='current' (the round's pairs are used as they are)",
+            )
+        ]
     if sample_size is not None and not _int_at_least_one(sample_size):
         return [Problem("preference_replay_sample_size", sample_size, "must be an integer >= 1 or None")]
     return []
@@ -212,8 +268,11 @@ def replay_problems(mode: str, k: Any, lam: Any, sample_size: Any) -> list[Probl
     """Every problem of the four replay options at once (an unknown mode is reported alone)."""
     if mode not in REPLAY_MODES:
         return [Problem("preference_replay_mode", mode, f"allowed: {', '.join(REPLAY_MODES)}")]
-    return [*replay_k_problems(mode, k), *replay_lambda_problems(mode, lam),
-            *replay_sample_size_problems(mode, sample_size)]
+    return [
+        *replay_k_problems(mode, k),
+        *replay_lambda_problems(mode, lam),
+        *replay_sample_size_problems(mode, sample_size),
+    ]
 
 
 @rule(ITERATIVE_RULES, "preference_replay_mode", "preference_replay_k")
@@ -239,8 +298,13 @@ MARLHF_RULES: list[Rule] = []
 def _num_generations(v: Values) -> list[Problem]:
     algorithm, n = v["rl_algorithm"], v["num_generations"]
     if algorithm in GROUP_BASELINE and n < 2:
-        return [Problem("num_generations", n, f"must be >= 2 with rl_algorithm='{algorithm}' (its baseline "
-                        "compares the samples of a group)")]
+        return [
+            Problem(
+                "num_generations",
+                n,
+                f"must be >= 2 with rl_algorithm='{algorithm}' (its baseline compares the samples of a group)",
+            )
+        ]
     return []
 
 
@@ -248,8 +312,11 @@ def _num_generations(v: Values) -> list[Problem]:
 def _critic_fields(v: Values) -> list[Problem]:
     if v["rl_algorithm"] in ACTOR_CRITIC:
         return []
-    return [only_with(f, v[f], "rl_algorithm='maac' or 'iac'")
-            for f in ("critic_model_name", "critic_learning_rate") if v[f] is not None]
+    return [
+        only_with(f, v[f], "rl_algorithm='maac' or 'iac'")
+        for f in ("critic_model_name", "critic_learning_rate")
+        if v[f] is not None
+    ]
 
 
 @rule(MARLHF_RULES, "rl_algorithm", "critic_devices", "num_agents")
@@ -259,25 +326,50 @@ def _critic_devices(v: Values) -> list[Problem]:
     return device_problems("critic_devices", v["critic_devices"], v["num_agents"])
 
 
-@rule(MARLHF_RULES, "rl_algorithm", "use_separate_critic", "critic_model_name", "critic_devices",
-       "critic_value_head_hidden_dim", "value_head_hidden_dim")
+@rule(
+    MARLHF_RULES,
+    "rl_algorithm",
+    "use_separate_critic",
+    "critic_model_name",
+    "critic_devices",
+    "critic_value_head_hidden_dim",
+    "value_head_hidden_dim",
+)
 def _critic_layout(v: Values) -> list[Problem]:
     # pbrl.learning.critics: maac's centralized critic reads every agent and is always a separate model; a value head on
     # the policy (iac, use_separate_critic: false) has no critic model, device or separate-critic head.
     problems = []
     head_only = v["rl_algorithm"] == "iac" and not v["use_separate_critic"]
     if v["rl_algorithm"] == "maac" and not v["use_separate_critic"]:
-        problems.append(Problem("use_separate_critic", False, "maac's centralized critic reads every agent and is "
-                                "always a separate model; set it to true, or use rl_algorithm: iac for value heads"))
+        problems.append(
+            Problem(
+                "use_separate_critic",
+                False,
+                "maac's centralized critic reads every agent and is "
+                "always a separate model; set it to true, or use rl_algorithm: iac for value heads",
+            )
+        )
     if head_only:
-        problems += [Problem(f, v[f], "use_separate_critic: false puts a value head on each agent's policy, so "
-                             "there is no separate critic for this setting; leave it null")
-                     for f in ("critic_model_name", "critic_devices", "critic_value_head_hidden_dim")
-                     if v[f] is not None]
+        problems += [
+            Problem(
+                f,
+                v[f],
+                "use_separate_critic: false puts a value head on each agent's policy, so "
+                "there is no separate critic for this setting; leave it null",
+            )
+            for f in ("critic_model_name", "critic_devices", "critic_value_head_hidden_dim")
+            if v[f] is not None
+        ]
     elif v["rl_algorithm"] in ACTOR_CRITIC and v["value_head_hidden_dim"] is not None:
-        problems.append(Problem("value_head_hidden_dim", v["value_head_hidden_dim"], "sizes the value head on the "
-                                "policy (rl_algorithm: iac with use_separate_critic: false); use "
-                                "critic_value_head_hidden_dim for a separate critic"))
+        problems.append(
+            Problem(
+                "value_head_hidden_dim",
+                v["value_head_hidden_dim"],
+                "sizes the value head on the "
+                "policy (rl_algorithm: iac with use_separate_critic: false); use "
+                "critic_value_head_hidden_dim for a separate critic",
+            )
+        )
     return problems
 
 
@@ -285,9 +377,15 @@ def _critic_layout(v: Values) -> list[Problem]:
 def _marlhf_collaboration(v: Values) -> list[Problem]:
     if v["collaboration_mode"] != CENTRALIZED:
         return []
-    return [Problem("collaboration_mode", v["collaboration_mode"], "not available with trainer 'marlhf' or "
-                    "'marlhf_iter' in this version (the joint reward model and RL backends train one policy per "
-                    "agent); use trainer 'madpo' or 'madpo_iter', or collaboration_mode 'decentralized'")]
+    return [
+        Problem(
+            "collaboration_mode",
+            v["collaboration_mode"],
+            "not available with trainer 'marlhf' or "
+            "'marlhf_iter' in this version (the joint reward model and RL backends train one policy per "
+            "agent); use trainer 'madpo' or 'madpo_iter', or collaboration_mode 'decentralized'",
+        )
+    ]
 
 
 @rule(MARLHF_RULES, "reward_model_device")

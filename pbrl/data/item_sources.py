@@ -78,19 +78,35 @@ def load_spec_items(spec: DatasetSpec, *, field: str) -> LoadedItems:
         fingerprint = dataset._fingerprint  # datasets' content/transform hash of the loaded table
         missing = [c for c in spec.columns if c not in dataset.column_names]
         if missing:
-            raise ConfigError([Problem(f"{field}.columns", missing, f"no such column in {spec.path!r}; its columns: "
-                                       f"{', '.join(dataset.column_names)}")])
+            raise ConfigError(
+                [
+                    Problem(
+                        f"{field}.columns",
+                        missing,
+                        f"no such column in {spec.path!r}; its columns: {', '.join(dataset.column_names)}",
+                    )
+                ]
+            )
         if spec.columns:
             dataset = dataset.rename_columns(dict(spec.columns))
         if spec.id_column is not None and spec.id_column not in dataset.column_names:
-            raise ConfigError([Problem(f"{field}.id_column", spec.id_column, f"no such column in {spec.path!r} "
-                                       f"(after renaming); its columns: {', '.join(dataset.column_names)}")])
+            raise ConfigError(
+                [
+                    Problem(
+                        f"{field}.id_column",
+                        spec.id_column,
+                        f"no such column in {spec.path!r} "
+                        f"(after renaming); its columns: {', '.join(dataset.column_names)}",
+                    )
+                ]
+            )
         rows = dataset.to_list()
     except (OSError, ValueError, KeyError, TypeError, DatasetsError) as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError([Problem(field, spec.path, f"datasets could not load it: {type(exc).__name__}: "
-                                   f"{exc}"[:500])]) from exc
+        raise ConfigError(
+            [Problem(field, spec.path, f"datasets could not load it: {type(exc).__name__}: {exc}"[:500])]
+        ) from exc
     if spec.id_column is not None:
         rows = [_with_id_column(row, spec.id_column, field, i) for i, row in enumerate(rows)]
     source = {"kind": "datasets", "loader": loader, "spec": spec.model_dump(mode="json", exclude_none=True)}
@@ -124,8 +140,15 @@ def _load(spec: DatasetSpec, field: str) -> tuple[Any, str]:
     options = {"name": spec.name} if spec.name else {}
     if spec.path in DATA_FILE_BUILDERS:
         if files is None:
-            raise ConfigError([Problem(f"{field}.data_files", None, f"required with the builder {spec.path!r} "
-                                       "(e.g. data_files: items.jsonl)")])
+            raise ConfigError(
+                [
+                    Problem(
+                        f"{field}.data_files",
+                        None,
+                        f"required with the builder {spec.path!r} (e.g. data_files: items.jsonl)",
+                    )
+                ]
+            )
         return datasets.load_dataset(spec.path, data_files=files, split=spec.split, **options), "load_dataset"
     if path.is_dir():
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():  # save_to_disk folders
@@ -136,8 +159,9 @@ def _load(spec: DatasetSpec, field: str) -> tuple[Any, str]:
         _refuse_data_files(files, field, "a data file")
         builder = BUILDER_FOR_SUFFIX.get(path.suffix.lower())
         if builder is None:
-            raise ConfigError([Problem(f"{field}.path", spec.path, "a data file must end in "
-                                       f"{', '.join(BUILDER_FOR_SUFFIX)}")])
+            raise ConfigError(
+                [Problem(f"{field}.path", spec.path, f"a data file must end in {', '.join(BUILDER_FOR_SUFFIX)}")]
+            )
         return datasets.load_dataset(builder, data_files=str(path), split=spec.split), "load_dataset"
     if not _HUB_ID.match(spec.path) or spec.path.startswith((".", "~")) or path.suffix.lower() in BUILDER_FOR_SUFFIX:
         raise ConfigError([Problem(f"{field}.path", spec.path, "no such file or folder")])
@@ -152,17 +176,25 @@ def _load_cached_hub_dataset(spec: DatasetSpec, field: str) -> Any:
     from datasets.packaged_modules.cache.cache import Cache  # deferred, as above
 
     try:
-        builder = Cache(repo_id=spec.path, dataset_name=spec.path.split("/")[-1], config_name=spec.name,
-                        version="auto", hash="auto")
+        builder = Cache(
+            repo_id=spec.path, dataset_name=spec.path.split("/")[-1], config_name=spec.name, version="auto", hash="auto"
+        )
     except ValueError as exc:
         config = f" (configuration {spec.name!r})" if spec.name else ""
         detail = str(exc).partition("\n")[2].strip()  # "Available configs in the cache: [...]" when there are some
         cache = datasets.config.HF_DATASETS_CACHE
-        raise ConfigError([Problem(field, spec.path, f"hub dataset {spec.path!r}{config} is not in the local Hugging "
-                                   f"Face datasets cache ({cache}) and is no local file or folder; pbrl never "
-                                   "downloads at run time: load it once online with datasets.load_dataset("
-                                   f"{spec.path!r}), or give a save_to_disk folder or data files"
-                                   + (f". {detail}" if detail else ""))]) from exc
+        raise ConfigError(
+            [
+                Problem(
+                    field,
+                    spec.path,
+                    f"hub dataset {spec.path!r}{config} is not in the local Hugging "
+                    f"Face datasets cache ({cache}) and is no local file or folder; pbrl never "
+                    "downloads at run time: load it once online with datasets.load_dataset("
+                    f"{spec.path!r}), or give a save_to_disk folder or data files" + (f". {detail}" if detail else ""),
+                )
+            ]
+        ) from exc
     return builder.as_dataset(split=spec.split)
 
 
@@ -172,16 +204,22 @@ def _one_split(dataset: Any, split: str | None, field: str, where: str) -> Any:
 
     if isinstance(dataset, datasets.Dataset):
         if split is not None and dataset.split is not None and split != str(dataset.split):
-            raise ConfigError([Problem(f"{field}.split", split, f"{where} holds one dataset, split "
-                                       f"{str(dataset.split)!r}; leave split out")])
+            raise ConfigError(
+                [
+                    Problem(
+                        f"{field}.split",
+                        split,
+                        f"{where} holds one dataset, split {str(dataset.split)!r}; leave split out",
+                    )
+                ]
+            )
         return dataset
     names = list(dataset)
     if split is None and len(names) == 1:
         return dataset[names[0]]
     if split is None or split not in names:
         message = "give one of its splits" if split is None else "no such split"
-        raise ConfigError([Problem(f"{field}.split", split, f"{message}: {', '.join(names) or '(none)'} "
-                                   f"({where})")])
+        raise ConfigError([Problem(f"{field}.split", split, f"{message}: {', '.join(names) or '(none)'} ({where})")])
     return dataset[split]
 
 
@@ -193,12 +231,21 @@ def _local_data_files(data_files: Any, field: str) -> Any:
     flat = [f for v in values for f in ([v] if isinstance(v, str) else v)]
     remote = [f for f in flat if "://" in f]
     if remote:
-        raise ConfigError([Problem(f"{field}.data_files", remote, "only local data files (pbrl never downloads "
-                                   "at run time)")])
+        raise ConfigError(
+            [Problem(f"{field}.data_files", remote, "only local data files (pbrl never downloads at run time)")]
+        )
     return data_files
 
 
 def _refuse_data_files(files: Any, field: str, what: str) -> None:
     if files is not None:
-        raise ConfigError([Problem(f"{field}.data_files", files, f"not used with {what}; give data_files with a "
-                                   "builder name (json, csv, parquet) or a folder of data files")])
+        raise ConfigError(
+            [
+                Problem(
+                    f"{field}.data_files",
+                    files,
+                    f"not used with {what}; give data_files with a "
+                    "builder name (json, csv, parquet) or a folder of data files",
+                )
+            ]
+        )

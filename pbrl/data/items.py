@@ -44,7 +44,6 @@ def format_prompts(formatter, items: list[Item], agent: int) -> list[str]:
     return prompts
 
 
-
 def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, field: str) -> list[Item]:
     """Items from a list of dicts (or anything iterating dicts), a JSONL / Parquet path, a dataset spec
     (:class:`~pbrl.config.dataset_spec.DatasetSpec` or a mapping of its fields: a ``save_to_disk`` folder, data
@@ -57,7 +56,6 @@ def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, 
             loaded offline (naming the dataset), or an item is not a dict (named by index).
     """
 
-
     if isinstance(source, LoadedItems):
         items: list[Any] = LoadedItems(source, source.source, source.fingerprint)
     elif is_datasets_object(source):  # before Mapping: a DatasetDict is a dict
@@ -67,8 +65,16 @@ def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, 
             spec = DatasetSpec.model_validate(dict(source))
         except ValidationError as exc:  # the keys only: a value may be a secret given by mistake
             wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise ConfigError([Problem(field, sorted(source), f"not a dataset spec ({wrong}); give path and "
-                                       "optionally name, split, data_files, columns, id_column")]) from exc
+            raise ConfigError(
+                [
+                    Problem(
+                        field,
+                        sorted(source),
+                        f"not a dataset spec ({wrong}); give path and "
+                        "optionally name, split, data_files, columns, id_column",
+                    )
+                ]
+            ) from exc
         items = load_spec_items(spec, field=field)
     elif isinstance(source, DatasetSpec):
         items = load_spec_items(source, field=field)
@@ -87,8 +93,16 @@ def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, 
         elif path.suffix == ".parquet":
             items = pq.read_table(path).to_pylist()
         else:
-            raise ConfigError([Problem(field, str(source), "expected a .jsonl or .parquet file (other formats: "
-                                       "give a dataset spec, e.g. {path: items.csv})")])
+            raise ConfigError(
+                [
+                    Problem(
+                        field,
+                        str(source),
+                        "expected a .jsonl or .parquet file (other formats: "
+                        "give a dataset spec, e.g. {path: items.csv})",
+                    )
+                ]
+            )
         items = LoadedItems(items, {"kind": "file", "path": str(source)})
     else:
         items = LoadedItems((dict(x) if isinstance(x, Mapping) else x for x in source), {"kind": "python"})
@@ -98,8 +112,9 @@ def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, 
     return items
 
 
-def load_run_items(job: JobConfig, task: Task, train_items: Any = None, eval_items: Any = None
-                   ) -> tuple[list[Item], list[Item]]:
+def load_run_items(
+    job: JobConfig, task: Task, train_items: Any = None, eval_items: Any = None
+) -> tuple[list[Item], list[Item]]:
     """The run's train and eval items: ``train_items``/``eval_items`` (Python API), else the config's
     ``train_dataset``/``eval_dataset``, else the task's own; eval falls back to the train items.
 
@@ -222,5 +237,3 @@ def read_items(paths: RunPaths, split: str) -> list[Item]:
     rows = [r for r in read_rows(paths.items, ITEMS) if r["split"] == split]
     rows.sort(key=lambda r: r["position"])
     return [{**json.loads(r["data"]), "item_id": r["item_id"]} for r in rows]
-
-

@@ -68,15 +68,29 @@ def check_owned(directory: Path, identity: str) -> dict[str, Any]:
     """
     index = read_index(directory)
     if index["run"] not in (None, identity):
-        raise ConfigError([Problem("preference_replay_dir", str(directory),
-                                   f"holds the replay files of another run ({index['run']}); "
-                                   "they are never imported or overwritten: choose an empty folder")])
+        raise ConfigError(
+            [
+                Problem(
+                    "preference_replay_dir",
+                    str(directory),
+                    f"holds the replay files of another run ({index['run']}); "
+                    "they are never imported or overwritten: choose an empty folder",
+                )
+            ]
+        )
     listed = {e["file"] for e in index["rounds"]}
     foreign = sorted(p.name for p in directory.glob("iteration_*.json") if p.name not in listed)
     if foreign:
-        raise ConfigError([Problem("preference_replay_dir", str(directory),
-                                   f"already holds round files not written by this run ({', '.join(foreign[:5])}); "
-                                   "refusing to overwrite them: choose an empty folder")])
+        raise ConfigError(
+            [
+                Problem(
+                    "preference_replay_dir",
+                    str(directory),
+                    f"already holds round files not written by this run ({', '.join(foreign[:5])}); "
+                    "refusing to overwrite them: choose an empty folder",
+                )
+            ]
+        )
     return index
 
 
@@ -97,8 +111,9 @@ def pair_record(row: PairRow) -> dict[str, Any]:
     return record
 
 
-def store_round(directory: Path, identity: str, round_index: int, rows: list[PairRow], pairs_file: Path,
-                run_paths: RunPaths) -> tuple[Path, list[str]]:
+def store_round(
+    directory: Path, identity: str, round_index: int, rows: list[PairRow], pairs_file: Path, run_paths: RunPaths
+) -> tuple[Path, list[str]]:
     """Write round ``round_index``'s pair file, then the updated index (both atomic, index last).
 
     Returns:
@@ -111,10 +126,16 @@ def store_round(directory: Path, identity: str, round_index: int, rows: list[Pai
         messages.append(f"replaced {path.name} written by an earlier attempt at round {round_index}")
     write_json(path, {"iteration": round_index, "num_pairs": len(rows), "pairs": [pair_record(r) for r in rows]})
     entries = [e for e in index["rounds"] if e["round"] != round_index]
-    entries.append({
-        "round": round_index, "file": path.name, "sha256": sha256_file(path), "num_pairs": len(rows),
-        "pairs_file": run_paths.rel(pairs_file), "pairs_sha256": hash_path(pairs_file),
-    })
+    entries.append(
+        {
+            "round": round_index,
+            "file": path.name,
+            "sha256": sha256_file(path),
+            "num_pairs": len(rows),
+            "pairs_file": run_paths.rel(pairs_file),
+            "pairs_sha256": hash_path(pairs_file),
+        }
+    )
     entries.sort(key=lambda e: e["round"])
     write_json(directory / "index.json", {"run": identity, "rounds": entries})
     return path, messages

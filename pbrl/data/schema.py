@@ -50,12 +50,14 @@ def read_items_sources(path: Path) -> dict[str, Any]:
     except Exception as exc:  # pyarrow raises several types for missing and corrupt files
         raise ArtifactError(f"{path}: not a readable Parquet file ({exc})") from exc
     if ITEMS_SOURCES_KEY not in metadata:
-        raise ArtifactError(f"{path}: no {ITEMS_SOURCES_KEY.decode()} metadata (items stored before their "
-                            "sources were recorded)")
+        raise ArtifactError(
+            f"{path}: no {ITEMS_SOURCES_KEY.decode()} metadata (items stored before their sources were recorded)"
+        )
     try:
         return json.loads(metadata[ITEMS_SOURCES_KEY])
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{path}: malformed {ITEMS_SOURCES_KEY.decode()} metadata ({exc})") from exc
+
 
 CANDIDATES = pa.schema(
     [

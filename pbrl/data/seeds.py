@@ -36,4 +36,3 @@ def derive_seed(
 def numpy_rng(seed: int, **parts: object) -> np.random.Generator:
     """A numpy Generator seeded by :func:`derive_seed` (same keyword parts)."""
     return np.random.default_rng(derive_seed(seed, **parts))  # type: ignore[arg-type]
-

@@ -263,8 +263,7 @@ def record_state(run_dir: str | Path, round_index: int, stage: str, state: str, 
     """Remember how a stage's last run ended (Completed / Cached / Failed) for ``pbrl status``."""
     path = RunPaths(run_dir).round_dir(round_index) / ".states.json"
     states = read_json(path) if path.is_file() else {}
-    states[stage] = {"state": state, "message": message,
-                     "at": datetime.now(UTC).isoformat(timespec="seconds")}
+    states[stage] = {"state": state, "message": message, "at": datetime.now(UTC).isoformat(timespec="seconds")}
     write_json(path, states)
 
 

@@ -2,7 +2,8 @@
 
 Each :class:`AgentActor` loads its agent's trainable policy and AdamW state from the round's start checkpoint
 (:func:`pbrl.models.policies.trainable_agent`, the code of the in-process path) and keeps them for the stage. Per batch
-the driver runs :func:`pbrl.learning.madpo.madpo_agents_step` over :class:`RemoteAgent` handles with ``concurrent=True``:
+the driver runs :func:`pbrl.learning.madpo.madpo_agents_step` over :class:`RemoteAgent` handles with
+``concurrent=True``:
 every actor computes its detached margins in parallel, the driver sums the "others" terms, then every actor takes
 its own step in parallel; at the end each actor writes its ``agent_<i>/`` (weights and optimizer state) into the
 checkpoint's temporary folder. The numbers are the in-process update's (bitwise on CPU: the actor runs with the
@@ -59,7 +60,8 @@ def cuda_device_name(device: str) -> str | None:
 
 class AgentActor:
     """One agent's trainable policy and AdamW, in a Ray actor (wrapped with ``ray.remote`` by
-    :func:`remote_agents`). Its methods are the :class:`pbrl.learning.madpo.StepAgent` phases and the checkpoint write."""
+    :func:`remote_agents`). Its methods are the :class:`pbrl.learning.madpo.StepAgent` phases and the checkpoint
+    write."""
 
     def __init__(self, training: AgentTraining, agent: int, start: str, num_threads: int) -> None:
         torch.set_num_threads(num_threads)  # the driver's: the same float reductions, so the same bits on CPU
@@ -67,7 +69,9 @@ class AgentActor:
         if cuda_device_name(devices[agent]) is not None:
             # Ray numbers the GPUs it gave this actor from 0: the agent's device is this actor's cuda:0.
             devices[agent] = "cuda:0"
-            training = dataclasses.replace(training, source=dataclasses.replace(training.source, devices=tuple(devices)))
+            training = dataclasses.replace(
+                training, source=dataclasses.replace(training.source, devices=tuple(devices))
+            )
         self.agent = agent
         self.local = LocalAgent(trainable_agent(training, Path(start), agent)[0])
 
@@ -77,10 +81,12 @@ class AgentActor:
     def detached_margins(self, prompt_ids, winner_ids, loser_ids, seed, parts) -> torch.Tensor:
         return self.local.detached_margins(prompt_ids, winner_ids, loser_ids, seed, parts)
 
-    def update(self, prompt_ids, winner_ids, loser_ids, others, seed, parts, *, beta, max_grad_norm
-               ) -> tuple[torch.Tensor, bool]:
-        return self.local.update(prompt_ids, winner_ids, loser_ids, others, seed, parts, beta=beta,
-                                 max_grad_norm=max_grad_norm)
+    def update(
+        self, prompt_ids, winner_ids, loser_ids, others, seed, parts, *, beta, max_grad_norm
+    ) -> tuple[torch.Tensor, bool]:
+        return self.local.update(
+            prompt_ids, winner_ids, loser_ids, others, seed, parts, beta=beta, max_grad_norm=max_grad_norm
+        )
 
     def write(self, folder: str) -> None:
         """Write ``agent_<i>/`` (weights, optimizer state) into ``folder`` (the checkpoint's temporary folder)."""
@@ -89,7 +95,8 @@ class AgentActor:
 
 
 class RemoteAgent:
-    """A :class:`pbrl.learning.madpo.StepAgent` whose phases run in an :class:`AgentActor`: each call returns a Ray object
+    """A :class:`pbrl.learning.madpo.StepAgent` whose phases run in an :class:`AgentActor`: each call returns a Ray
+    object
     ref, turned into its result by :func:`gather` (``ray.get``)."""
 
     def __init__(self, handle: Any, dropout: bool) -> None:
@@ -103,8 +110,9 @@ class RemoteAgent:
         return self.handle.detached_margins.remote(prompt_ids, winner_ids, loser_ids, seed, parts)
 
     def update(self, prompt_ids, winner_ids, loser_ids, others, seed, parts, *, beta, max_grad_norm) -> Any:
-        return self.handle.update.remote(prompt_ids, winner_ids, loser_ids, others, seed, parts, beta=beta,
-                                         max_grad_norm=max_grad_norm)
+        return self.handle.update.remote(
+            prompt_ids, winner_ids, loser_ids, others, seed, parts, beta=beta, max_grad_norm=max_grad_norm
+        )
 
 
 def gather(refs: list[Any]) -> list[Any]:
@@ -128,7 +136,6 @@ def remote_agents(training: AgentTraining, ray_settings: RaySettings, start: Pat
     require_ray_extra("ray")
     import ray  # deferred: ray is an optional extra
 
-
     started = not ray.is_initialized()
     if started:
         ray.init(**ray_init_kwargs(ray_settings.address))
@@ -136,8 +143,10 @@ def remote_agents(training: AgentTraining, ray_settings: RaySettings, start: Pat
     try:
         actor = ray.remote(AgentActor)
         threads = torch.get_num_threads()
-        handles = [actor.options(**resources).remote(training, agent, str(start), threads)
-                   for agent, resources in enumerate(agent_resources(training.source))]
+        handles = [
+            actor.options(**resources).remote(training, agent, str(start), threads)
+            for agent, resources in enumerate(agent_resources(training.source))
+        ]
         dropouts = ray.get([h.has_dropout.remote() for h in handles])
         yield [RemoteAgent(h, d) for h, d in zip(handles, dropouts, strict=True)]
     finally:

@@ -55,10 +55,13 @@ def rollout_shards(num_rows: int, num_generations: int, shard_size: int) -> list
         ValueError: ``num_rows`` is not a multiple of ``num_generations``, or ``shard_size`` < 1.
     """
     if num_generations < 1 or num_rows % num_generations:
-        raise ValueError(f"rollout_shards: {num_rows} rows are not whole items of num_generations="
-                         f"{num_generations} rows")
-    return [(s.start * num_generations, s.stop * num_generations)
-            for s in plan_shards(num_rows // num_generations, shard_size)]
+        raise ValueError(
+            f"rollout_shards: {num_rows} rows are not whole items of num_generations={num_generations} rows"
+        )
+    return [
+        (s.start * num_generations, s.stop * num_generations)
+        for s in plan_shards(num_rows // num_generations, shard_size)
+    ]
 
 
 def worker_devices(source: PolicySource) -> tuple[list[str], int]:
@@ -95,8 +98,9 @@ class RolloutWorker:
         self.agents: dict[int, Any] = {}  # agent -> pbrl.models.policies.AgentPolicy
         self.versions: dict[int, Any] = {}  # agent -> the weights object its model holds now
 
-    def generate(self, agent: int, weights: list[Any], prompt_ids: list[list[int]], seeds: list[int],
-                 row_names: list[str]) -> list[Generation]:
+    def generate(
+        self, agent: int, weights: list[Any], prompt_ids: list[list[int]], seeds: list[int], row_names: list[str]
+    ) -> list[Generation]:
         """One shard: load ``weights[0]`` (an object ref, wrapped in a list so that Ray passes the ref and not
         its value) into agent ``agent``'s model unless it holds them already, then sample the rows."""
         import ray  # deferred: ray is an optional extra
@@ -110,7 +114,6 @@ class RolloutWorker:
 
     def _agent(self, agent: int) -> Any:
         if agent not in self.agents:
-
             # trainable=True: the driver's dtypes (float32 master weights), so the same logits
             self.agents[agent] = load_agent(self.source, agent, self.start, trainable=True)
             self.agents[agent].model.requires_grad_(False)
@@ -144,9 +147,16 @@ def pool_size(source: PolicySource, items_per_step: int, shard_size: int, availa
 
 
 @contextlib.contextmanager
-def ray_rollouts(source: PolicySource, ray_settings: RaySettings, start: Path, policies: Sequence[TrainablePolicy],
-                 settings: SamplingSettings, *, items_per_step: int, num_generations: int
-                 ) -> Iterator[tuple[RolloutGenerator, dict[str, Any]]]:
+def ray_rollouts(
+    source: PolicySource,
+    ray_settings: RaySettings,
+    start: Path,
+    policies: Sequence[TrainablePolicy],
+    settings: SamplingSettings,
+    *,
+    items_per_step: int,
+    num_generations: int,
+) -> Iterator[tuple[RolloutGenerator, dict[str, Any]]]:
     """A pool of :class:`RolloutWorker` actors for the ``with`` block, and a generator of one agent's step rows
     on it: ``generate(agent, prompt_ids, seeds, row_names)`` puts ``policies[agent]``'s current weights in the
     object store, maps the :func:`rollout_shards` over the pool and returns every row's
@@ -171,23 +181,33 @@ def ray_rollouts(source: PolicySource, ray_settings: RaySettings, start: Path, p
     handles: list[Any] = []
     try:
         _, gpus = worker_devices(source)
-        actor = ray.remote(RolloutWorker).options(num_cpus=1, **({"num_gpus": gpus} if gpus else {}),
-                                                  max_restarts=WORKER_RESTARTS, max_task_retries=WORKER_RESTARTS)
+        actor = ray.remote(RolloutWorker).options(
+            num_cpus=1,
+            **({"num_gpus": gpus} if gpus else {}),
+            max_restarts=WORKER_RESTARTS,
+            max_task_retries=WORKER_RESTARTS,
+        )
         size = pool_size(source, items_per_step, ray_settings.shard_size, ray.available_resources())
         threads = torch.get_num_threads()
         handles = [actor.remote(source, str(start), settings, threads) for _ in range(size)]
         pool = ActorPool(handles)
-        details: dict[str, Any] = {"rollouts_on": "ray_workers", "rollout_workers": size,
-                                   "rollout_shards_per_step": []}
+        details: dict[str, Any] = {"rollouts_on": "ray_workers", "rollout_workers": size, "rollout_shards_per_step": []}
 
         def run(agent: int, prompt_ids: list[list[int]], seeds: list[int], row_names: list[str]) -> list[Generation]:
             weights = [ray.put(trainable_weights(policies[agent]))]
             shards = rollout_shards(len(prompt_ids), num_generations, ray_settings.shard_size)
             if agent == 0:
                 details["rollout_shards_per_step"].append(len(shards))
-            parts = pool.map(lambda worker, rows: worker.generate.remote(
-                agent, weights, prompt_ids[rows[0]:rows[1]], seeds[rows[0]:rows[1]], row_names[rows[0]:rows[1]]),
-                shards)
+            parts = pool.map(
+                lambda worker, rows: worker.generate.remote(
+                    agent,
+                    weights,
+                    prompt_ids[rows[0] : rows[1]],
+                    seeds[rows[0] : rows[1]],
+                    row_names[rows[0] : rows[1]],
+                ),
+                shards,
+            )
             return [row for part in parts for row in part]  # pool.map yields in shard order
 
         yield run, details

@@ -46,8 +46,16 @@ def require_ray_extra(runner: str) -> None:
         return
     missing = [m for m in ("ray", "prefect_ray") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ConfigError([Problem("runner", "ray", f"needs the 'ray' extra, which is not installed here (missing: "
-                                   f"{', '.join(missing)}); pip install -e \".[ray]\" or use runner: local")])
+        raise ConfigError(
+            [
+                Problem(
+                    "runner",
+                    "ray",
+                    f"needs the 'ray' extra, which is not installed here (missing: "
+                    f'{", ".join(missing)}); pip install -e ".[ray]" or use runner: local',
+                )
+            ]
+        )
 
 
 @dataclass(frozen=True)
@@ -102,8 +110,16 @@ def shard_record(paths: RunPaths, round_index: int, stage: str, shard: Shard) ->
     return shard_dir(paths, round_index, stage) / f"{shard.name}.json"
 
 
-def write_shard(paths: RunPaths, round_index: int, stage: str, shard: Shard, key: str, rows: list[dict[str, Any]],
-                schema: pa.Schema, counts: dict[str, int]) -> Path:
+def write_shard(
+    paths: RunPaths,
+    round_index: int,
+    stage: str,
+    shard: Shard,
+    key: str,
+    rows: list[dict[str, Any]],
+    schema: pa.Schema,
+    counts: dict[str, int],
+) -> Path:
     """Write the shard's table atomically, then its record (atomically, last). Returns the table path.
 
     Raises:
@@ -111,9 +127,18 @@ def write_shard(paths: RunPaths, round_index: int, stage: str, shard: Shard, key
     """
     table = shard_table(paths, round_index, stage, shard)
     write_table(table, rows, schema)
-    write_json(shard_record(paths, round_index, stage, shard),
-               {"stage": stage, "round": round_index, "key": key, "shard": asdict(shard),
-                "sha256": sha256_file(table), "rows": len(rows), "counts": dict(counts)})
+    write_json(
+        shard_record(paths, round_index, stage, shard),
+        {
+            "stage": stage,
+            "round": round_index,
+            "key": key,
+            "shard": asdict(shard),
+            "sha256": sha256_file(table),
+            "rows": len(rows),
+            "counts": dict(counts),
+        },
+    )
     return table
 
 
@@ -122,14 +147,19 @@ def shard_done(paths: RunPaths, round_index: int, stage: str, shard: Shard, key:
     record, table = shard_record(paths, round_index, stage, shard), shard_table(paths, round_index, stage, shard)
     try:
         info = read_json(record)
-        return (info.get("key") == key and info.get("shard") == asdict(shard) and table.is_file()
-                and info.get("sha256") == sha256_file(table))
+        return (
+            info.get("key") == key
+            and info.get("shard") == asdict(shard)
+            and table.is_file()
+            and info.get("sha256") == sha256_file(table)
+        )
     except (ArtifactError, OSError):
         return False
 
 
-def gather_shards(paths: RunPaths, round_index: int, stage: str, shard_set: ShardSet, schema: pa.Schema
-                  ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def gather_shards(
+    paths: RunPaths, round_index: int, stage: str, shard_set: ShardSet, schema: pa.Schema
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The rows of every shard of ``shard_set``, in shard order, and their counts summed.
 
     Raises:
@@ -139,9 +169,11 @@ def gather_shards(paths: RunPaths, round_index: int, stage: str, shard_set: Shar
     counts: Counter[str] = Counter()
     for shard in shard_set.shards:
         if not shard_done(paths, round_index, stage, shard, shard_set.key):
-            raise ArtifactError(f"{stage} round {round_index}: shard {shard.name} "
-                                f"({shard_table(paths, round_index, stage, shard)}) is missing, changed or was "
-                                "written under another cache key; run the stage again")
+            raise ArtifactError(
+                f"{stage} round {round_index}: shard {shard.name} "
+                f"({shard_table(paths, round_index, stage, shard)}) is missing, changed or was "
+                "written under another cache key; run the stage again"
+            )
         rows += read_rows(shard_table(paths, round_index, stage, shard), schema)
         counts.update(read_json(shard_record(paths, round_index, stage, shard))["counts"])
     return rows, dict(counts)

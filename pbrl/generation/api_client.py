@@ -63,8 +63,9 @@ class ApiComparatorError(RuntimeError):
 
     def __init__(self, message: str, *, status: int | None, api_format: str, item: str):
         self.status, self.api_format, self.item = status, api_format, item
-        super().__init__(f"API comparator ({api_format}), {item}: {message}"
-                         + (f" [HTTP {status}]" if status is not None else ""))
+        super().__init__(
+            f"API comparator ({api_format}), {item}: {message}" + (f" [HTTP {status}]" if status is not None else "")
+        )
 
 
 class ApiTransientError(ApiComparatorError, TransientError):
@@ -138,18 +139,32 @@ def build_body(settings: ApiSettings, sampling: SamplingSettings, request: ApiRe
     messages = [{"role": "user", "content": request.prompt}]
     if settings.api_format == "generic":
         body: dict[str, Any] = {
-            "prompt": request.prompt, "agent_index": request.agent_index,
-            "task_item": json.loads(json.dumps(dict(request.task_item), default=str)), "num_candidates": n,
-            "max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "top_k": sampling.top_k, "model": settings.model,
+            "prompt": request.prompt,
+            "agent_index": request.agent_index,
+            "task_item": json.loads(json.dumps(dict(request.task_item), default=str)),
+            "num_candidates": n,
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "model": settings.model,
         }
     elif settings.api_format == "openai":
-        body = {"model": settings.model, "messages": messages, "n": n,
-                "max_completion_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
-                "top_p": sampling.top_p}
+        body = {
+            "model": settings.model,
+            "messages": messages,
+            "n": n,
+            "max_completion_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
     elif settings.api_format == "anthropic":
-        body = {"model": settings.model, "max_tokens": sampling.max_new_tokens, "messages": messages,
-                "temperature": sampling.temperature}
+        body = {
+            "model": settings.model,
+            "max_tokens": sampling.max_new_tokens,
+            "messages": messages,
+            "temperature": sampling.temperature,
+        }
     else:  # openai_responses
         body = {"model": settings.model, "input": request.prompt, "max_output_tokens": sampling.max_new_tokens}
     body = {k: v for k, v in body.items() if v is not None}
@@ -222,8 +237,12 @@ def parse_answers(settings: ApiSettings, data: Any) -> list[ApiAnswer]:
         text = "".join(b["text"] for b in blocks if isinstance(b, Mapping) and b.get("type") == "text")
         return [ApiAnswer(text, "length" if data.get("stop_reason") == "max_tokens" else "api")]
     messages = [item for item in _dotted(data, "output") if isinstance(item, Mapping) and item.get("type") == "message"]
-    parts = [c["text"] for item in messages for c in item.get("content", [])
-             if isinstance(c, Mapping) and c.get("type") == "output_text"]
+    parts = [
+        c["text"]
+        for item in messages
+        for c in item.get("content", [])
+        if isinstance(c, Mapping) and c.get("type") == "output_text"
+    ]
     if not parts:
         raise ValueError("no output[] message with output_text content")
     incomplete = data.get("status") == "incomplete"
@@ -269,8 +288,9 @@ class _Client:
     def error(self, cls: type[ApiComparatorError], message: str, status: int | None, request: ApiRequest):
         return cls(_redact(message, self.key), status=status, api_format=self.settings.api_format, item=request.name)
 
-    async def _attempt(self, client: httpx.AsyncClient, request: ApiRequest, body: dict[str, Any],
-                       n: int) -> list[ApiAnswer]:
+    async def _attempt(
+        self, client: httpx.AsyncClient, request: ApiRequest, body: dict[str, Any], n: int
+    ) -> list[ApiAnswer]:
         """One POST. Raises _Retryable on 429, 5xx, timeouts and connection errors; ApiComparatorError on
         any other refusal or a malformed answer (never retried)."""
         s = self.settings
@@ -286,8 +306,9 @@ class _Client:
             try:
                 return parse_answers(s, response.json())[:n]
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise self.error(ApiComparatorError, f"malformed response ({exc}): "
-                                 f"{response.text[:_BODY_SHOWN]!r}", status, request) from None
+                raise self.error(
+                    ApiComparatorError, f"malformed response ({exc}): {response.text[:_BODY_SHOWN]!r}", status, request
+                ) from None
         if status != 429 and status < 500:
             raise self.error(ApiComparatorError, f"refused: {response.text[:_BODY_SHOWN]!r}", status, request)
         raise _Retryable(f"transient failure: {response.text[:_BODY_SHOWN]!r}", status, retry_after_seconds(response))
@@ -304,13 +325,18 @@ class _Client:
             return max(getattr(failed, "wait_at_least", 0.0), backoff(state))
 
         try:
-            async for attempt in AsyncRetrying(stop=stop_after_attempt(s.max_attempts), wait=wait,
-                                               retry=retry_if_exception_type(_Retryable), reraise=True):
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(s.max_attempts),
+                wait=wait,
+                retry=retry_if_exception_type(_Retryable),
+                reraise=True,
+            ):
                 with attempt:
                     return await self._attempt(client, request, body, n)
         except _Retryable as exc:
-            raise self.error(ApiTransientError, f"{exc.failure}; gave up after {s.max_attempts} attempts",
-                             exc.status, request) from None
+            raise self.error(
+                ApiTransientError, f"{exc.failure}; gave up after {s.max_attempts} attempts", exc.status, request
+            ) from None
         raise AssertionError("unreachable: tenacity either returns, retries or re-raises")
 
     async def fetch(self, client: httpx.AsyncClient, request: ApiRequest) -> list[ApiAnswer]:
@@ -320,8 +346,12 @@ class _Client:
             missing = request.num_candidates - len(answers)
             got = await self.post(client, request, answers_per_request(self.settings, missing))
             if not got:
-                raise self.error(ApiComparatorError, f"the server returned no answer ({len(answers)} of "
-                                 f"{request.num_candidates} collected)", None, request)
+                raise self.error(
+                    ApiComparatorError,
+                    f"the server returned no answer ({len(answers)} of {request.num_candidates} collected)",
+                    None,
+                    request,
+                )
             answers += got[:missing]
         return answers
 
@@ -358,8 +388,12 @@ def fetch_answers(
     if settings.key_env is not None:
         key = os.environ.get(settings.key_env)
         if not key:
-            raise ApiComparatorError(f"the environment variable {settings.key_env} (comparator_api_key_env) is "
-                                     "not set", status=None, api_format=settings.api_format, item="every item")
+            raise ApiComparatorError(
+                f"the environment variable {settings.key_env} (comparator_api_key_env) is not set",
+                status=None,
+                api_format=settings.api_format,
+                item="every item",
+            )
     fetcher = _Client(settings, sampling, key)
 
     async def one(client: httpx.AsyncClient, request: ApiRequest) -> list[ApiAnswer]:

@@ -63,8 +63,11 @@ class TaggedAdapter:
 
     def build_prompt(self, item: Mapping[str, Any], agent_prompts: Sequence[str]) -> str:
         n = len(agent_prompts)
-        parts = [f"You are a centralized coordinator writing the separate outputs of {n} agents that work "
-                 "together on one task. Each agent's original prompt follows.", ""]
+        parts = [
+            f"You are a centralized coordinator writing the separate outputs of {n} agents that work "
+            "together on one task. Each agent's original prompt follows.",
+            "",
+        ]
         for i, prompt in enumerate(agent_prompts, start=1):
             parts += [f"Agent {i} original prompt:", prompt, ""]
         parts.append("Write every agent's output, each inside its own tags, in this form and nothing else:")
@@ -104,8 +107,15 @@ def load_adapter(path: str | None) -> CentralizedAdapter:
         raise ConfigError([Problem(ADAPTER_FIELD, path, f"does not import ({exc}); give 'pkg.module:Name'")]) from exc
     adapter = obj() if isinstance(obj, type) else obj
     if not (callable(getattr(adapter, "build_prompt", None)) and callable(getattr(adapter, "parse_completion", None))):
-        raise ConfigError([Problem(ADAPTER_FIELD, path, "needs callable build_prompt(item, agent_prompts) and "
-                                   "parse_completion(completion, num_agents)")])
+        raise ConfigError(
+            [
+                Problem(
+                    ADAPTER_FIELD,
+                    path,
+                    "needs callable build_prompt(item, agent_prompts) and parse_completion(completion, num_agents)",
+                )
+            ]
+        )
     return adapter
 
 
@@ -122,8 +132,7 @@ def parse_roles(adapter: CentralizedAdapter, completion: str, num_agents: int) -
     except CentralizedParseError as exc:
         return None, str(exc) or "unparsable"
     if isinstance(roles, str) or len(roles) != num_agents or not all(isinstance(r, str) for r in roles):
-        raise ValueError(f"{ADAPTER_FIELD}: parse_completion must return exactly {num_agents} strings, got "
-                         f"{roles!r}")
+        raise ValueError(f"{ADAPTER_FIELD}: parse_completion must return exactly {num_agents} strings, got {roles!r}")
     return list(roles), None
 
 

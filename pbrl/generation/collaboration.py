@@ -60,8 +60,7 @@ ROLES = pa.schema(
 )
 
 
-def actor_prompts(task: Task, items: Sequence[Item], adapter: CentralizedAdapter | None
-                  ) -> list[list[str]]:
+def actor_prompts(task: Task, items: Sequence[Item], adapter: CentralizedAdapter | None) -> list[list[str]]:
     """Each actor's prompt for every item, ``[actor][item]``.
 
     Decentralized (``adapter`` None): agent i's formatter. Centralized: one actor whose prompt is the adapter's
@@ -79,8 +78,15 @@ def actor_prompts(task: Task, items: Sequence[Item], adapter: CentralizedAdapter
     for n, item in enumerate(items):
         prompt = adapter.build_prompt(item, [roles[i][n] for i in range(len(roles))])
         if not isinstance(prompt, str) or not prompt:
-            raise ConfigError([Problem(ADAPTER_FIELD, item.get("item_id"), "build_prompt must return a non-empty "
-                                       f"str, got {prompt!r}"[:200])])
+            raise ConfigError(
+                [
+                    Problem(
+                        ADAPTER_FIELD,
+                        item.get("item_id"),
+                        f"build_prompt must return a non-empty str, got {prompt!r}"[:200],
+                    )
+                ]
+            )
         joint.append(prompt)
     return [joint]
 
@@ -109,8 +115,9 @@ def parse_joint(adapter: CentralizedAdapter, text: str, num_roles: int) -> Parse
     return ParsedJoint(roles, None)
 
 
-def score_joint(adapter: CentralizedAdapter, task: Task, texts: Sequence[str], items: Sequence[Item]
-                ) -> tuple[list[OracleScore], list[ParsedJoint]]:
+def score_joint(
+    adapter: CentralizedAdapter, task: Task, texts: Sequence[str], items: Sequence[Item]
+) -> tuple[list[OracleScore], list[ParsedJoint]]:
     """Score n joint responses with the task reward on their role texts (SPEC §5.1, one batched call).
 
     The reward sees exactly what it sees for decentralized rows: one list of completions per role
@@ -134,10 +141,13 @@ def score_joint(adapter: CentralizedAdapter, task: Task, texts: Sequence[str], i
     if ok:
         ok_items = [items[j] for j in ok]
         role_prompts = [format_prompts(f, ok_items, i) for i, f in enumerate(task.formatters)]
-        got = score_batch(task.reward_func, task.reward_processor,
-                          [[parsed[j].roles[i] for j in ok] for i in range(num_roles)],  # type: ignore[index]
-                          prompts=[[role_prompts[i][n] for i in range(num_roles)] for n in range(len(ok))],
-                          batch_items=ok_items)
+        got = score_batch(
+            task.reward_func,
+            task.reward_processor,
+            [[parsed[j].roles[i] for j in ok] for i in range(num_roles)],  # type: ignore[index]
+            prompts=[[role_prompts[i][n] for i in range(num_roles)] for n in range(len(ok))],
+            batch_items=ok_items,
+        )
         for j, s in zip(ok, got, strict=True):
             scores[j] = s
     return scores, parsed
@@ -155,8 +165,14 @@ def roles_path(round_dir: Path, *, eval_draws: bool = False) -> Path:
 
 def write_roles(path: Path, keys: Sequence[tuple[str, str, int]], parsed: Sequence[ParsedJoint]) -> None:
     """Write the role texts of the joint responses ``keys`` = (item_id, side, index), one row each (ROLES)."""
-    write_table(path, [{"item_id": k[0], "side": k[1], "candidate_index": k[2], "roles": p.roles,
-                        "failure": p.failure} for k, p in zip(keys, parsed, strict=True)], ROLES)
+    write_table(
+        path,
+        [
+            {"item_id": k[0], "side": k[1], "candidate_index": k[2], "roles": p.roles, "failure": p.failure}
+            for k, p in zip(keys, parsed, strict=True)
+        ],
+        ROLES,
+    )
 
 
 def write_candidate_roles(candidates: Path, round_dir: Path, adapter: CentralizedAdapter, num_roles: int) -> Path:
@@ -173,8 +189,7 @@ def write_candidate_roles(candidates: Path, round_dir: Path, adapter: Centralize
     return path
 
 
-def write_eval_roles(rows: Sequence[EvalRow], round_dir: Path, adapter: CentralizedAdapter,
-                     num_roles: int) -> Path:
+def write_eval_roles(rows: Sequence[EvalRow], round_dir: Path, adapter: CentralizedAdapter, num_roles: int) -> Path:
     """``rounds/<r>/eval_roles.parquet``: the role texts of every evaluation draw (rows of eval.parquet, item-major,
     the actor's joint text first in ``completions``), keyed (item_id, ``"eval"``, sample s of that item)."""
     seen: dict[str, int] = {}

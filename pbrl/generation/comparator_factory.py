@@ -33,17 +33,30 @@ def _checkpoint(paths: RunPaths, round_index: int, settings: ComparatorSettings)
     return policy_checkpoint(paths, max(0, round_index - 1 - settings.history_k)), settings.copy_devices
 
 
-def _checkpoint_kind(paths: RunPaths, round_index: int, settings: ComparatorSettings,
-                     load_checkpoint: Callable[[int, Path, Devices], LoadedModel]) -> Comparator:
+def _checkpoint_kind(
+    paths: RunPaths,
+    round_index: int,
+    settings: ComparatorSettings,
+    load_checkpoint: Callable[[int, Path, Devices], LoadedModel],
+) -> Comparator:
     checkpoint, devices = _checkpoint(paths, round_index, settings)
     if settings.centralized_adapter is None:
         return CheckpointComparator(SamplingSide("comparator", checkpoint, settings.num_candidates, devices))
-    return LocalModelComparator(lambda agent: load_checkpoint(agent, checkpoint, devices), settings.num_candidates,
-                                settings.centralized_adapter, settings.centralized_index, (checkpoint,))
+    return LocalModelComparator(
+        lambda agent: load_checkpoint(agent, checkpoint, devices),
+        settings.num_candidates,
+        settings.centralized_adapter,
+        settings.centralized_index,
+        (checkpoint,),
+    )
 
 
-def _model_kind(paths: RunPaths, round_index: int, settings: ComparatorSettings,
-                load_checkpoint: Callable[[int, Path, Devices], LoadedModel]) -> Comparator:
+def _model_kind(
+    paths: RunPaths,
+    round_index: int,
+    settings: ComparatorSettings,
+    load_checkpoint: Callable[[int, Path, Devices], LoadedModel],
+) -> Comparator:
     loaded: dict[tuple[str, str], LoadedModel] = {}  # agents that share a model and device share one copy
 
     def load(agent: int) -> LoadedModel:
@@ -51,20 +64,30 @@ def _model_kind(paths: RunPaths, round_index: int, settings: ComparatorSettings,
         source = resolve_model_source(settings.model_sources[agent], field=field_name)
         device = resolve_devices(settings.copy_devices, len(settings.model_sources), field="comparator_devices")[agent]
         if (str(source), device) not in loaded:
-            loaded[(str(source), device)] = (load_model(source, device=device, dtype=settings.dtype),
-                                             load_tokenizer(source))
+            loaded[(str(source), device)] = (
+                load_model(source, device=device, dtype=settings.dtype),
+                load_tokenizer(source),
+            )
         return loaded[(str(source), device)]
 
-    return LocalModelComparator(load, settings.num_candidates, settings.centralized_adapter,
-                                settings.centralized_index)
+    return LocalModelComparator(load, settings.num_candidates, settings.centralized_adapter, settings.centralized_index)
 
 
-def _api_kind(paths: RunPaths, round_index: int, settings: ComparatorSettings,
-              load_checkpoint: Callable[[int, Path, Devices], LoadedModel]) -> Comparator:
+def _api_kind(
+    paths: RunPaths,
+    round_index: int,
+    settings: ComparatorSettings,
+    load_checkpoint: Callable[[int, Path, Devices], LoadedModel],
+) -> Comparator:
     if settings.api is None or settings.store_dir is None:
         raise ValueError("comparator_policy='api' needs ApiSettings and a store_dir")
-    return ApiComparator(settings.api, settings.num_candidates, settings.store_dir, settings.centralized_adapter,
-                         settings.centralized_index)
+    return ApiComparator(
+        settings.api,
+        settings.num_candidates,
+        settings.store_dir,
+        settings.centralized_adapter,
+        settings.centralized_index,
+    )
 
 
 # comparator_policy -> builder(paths, round, settings, load_checkpoint(agent, checkpoint, devices)).
@@ -77,8 +100,12 @@ COMPARATORS: dict[str, Callable[..., Comparator]] = {
 }
 
 
-def build_comparator(paths: RunPaths, round_index: int, settings: ComparatorSettings,
-                     load_checkpoint: Callable[[int, Path, Devices], LoadedModel]) -> Comparator:
+def build_comparator(
+    paths: RunPaths,
+    round_index: int,
+    settings: ComparatorSettings,
+    load_checkpoint: Callable[[int, Path, Devices], LoadedModel],
+) -> Comparator:
     """The comparator of round ``round_index``; ``load_checkpoint(agent, checkpoint, devices)`` loads an agent's
     policy from a checkpoint (centralized generation by a checkpoint kind).
 
@@ -91,10 +118,15 @@ def build_comparator(paths: RunPaths, round_index: int, settings: ComparatorSett
     return builder(paths, round_index, settings, load_checkpoint)
 
 
-
-def preflight_problems(policy: str, *, model_sources: Sequence[str] = (), model_field: str = "comparator_model_name",
-                       key_env: str | None = None, generation_mode: str = "decentralized",
-                       adapter_path: str | None = None) -> list[Problem]:
+def preflight_problems(
+    policy: str,
+    *,
+    model_sources: Sequence[str] = (),
+    model_field: str = "comparator_model_name",
+    key_env: str | None = None,
+    generation_mode: str = "decentralized",
+    adapter_path: str | None = None,
+) -> list[Problem]:
     """What a comparator needs before a run starts, every problem at once: a known policy; with ``model``,
     every source exists offline; with ``api``, the key variable ``key_env`` is set (named, its value never
     read into the message); with centralized generation, the adapter imports."""
@@ -108,8 +140,13 @@ def preflight_problems(policy: str, *, model_sources: Sequence[str] = (), model_
             except ConfigError as exc:
                 problems += exc.problems
     if policy == "api" and key_env is not None and not os.environ.get(key_env):
-        problems.append(Problem("comparator_api_key_env", key_env, "this environment variable is not set (or empty); "
-                                "export the API key in it before starting the run"))
+        problems.append(
+            Problem(
+                "comparator_api_key_env",
+                key_env,
+                "this environment variable is not set (or empty); export the API key in it before starting the run",
+            )
+        )
     if generation_mode == "centralized":
         try:
             load_adapter(adapter_path)

@@ -5,7 +5,8 @@ items, each agent's prompts and prompt ids in the *target* tokenizer) it returns
 records whose completion ids are in each target agent's vocabulary (MADPO scores comparator completions
 with the target policy), the text, where the ids came from (``ids_source``: ``generated`` when the ids are
 the sampled ones, ``encoded_from_text`` when text entered from a model with another tokenizer, an API or a
-centralized response) and a finish reason. The stage builds one with :func:`pbrl.generation.comparator_factory.build_comparator`
+centralized response) and a finish reason. The stage builds one with
+:func:`pbrl.generation.comparator_factory.build_comparator`
 and never looks at its kind.
 
 Kinds (``comparator_policy``): ``current`` (live weights, own seed stream), ``current_copy`` (a frozen copy
@@ -14,7 +15,8 @@ it as ``checkpoint_side`` and the stage samples it together with the target side
 batched generate when checkpoint and devices agree), so their rows are the ones sampled before this module
 existed. ``model`` loads explicit models with their own tokenizers and chat templates; ``api`` asks a remote
 model (:mod:`pbrl.generation.api_client`). With ``comparator_generation_mode='centralized'`` one comparator
-(index ``centralized_index``) writes every role in one response, split by an adapter (:mod:`pbrl.generation.centralized`);
+(index ``centralized_index``) writes every role in one response, split by an adapter
+(:mod:`pbrl.generation.centralized`);
 an unparsable response drops that candidate and is counted.
 
 Text entry: text-only sources are tokenized once, by :func:`encode_entry`, with the target agent's
@@ -166,26 +168,52 @@ def encode_entry(tokenizer: Any, text: str, *, finished: bool) -> tuple[list[int
     return ids + [int(eos)], int(eos)
 
 
-def _text_row(request: ComparatorRequest, agent: int, i: int, k: int, text: str, finish: str,
-              seed: int | None) -> CandidateRow:
+def _text_row(
+    request: ComparatorRequest, agent: int, i: int, k: int, text: str, finish: str, seed: int | None
+) -> CandidateRow:
     ids, stop = encode_entry(request.target_tokenizers[agent], text, finished=finish != "length")
-    return CandidateRow(str(request.items[i]["item_id"]), "comparator", k, agent, request.prompts[agent][i],
-                        list(request.prompt_ids[agent][i]), text, ids, finish, stop, seed, "encoded_from_text")
+    return CandidateRow(
+        str(request.items[i]["item_id"]),
+        "comparator",
+        k,
+        agent,
+        request.prompts[agent][i],
+        list(request.prompt_ids[agent][i]),
+        text,
+        ids,
+        finish,
+        stop,
+        seed,
+        "encoded_from_text",
+    )
 
 
 def _seed(request: ComparatorRequest, agent: int, i: int, k: int) -> int:
-    return derive_seed(request.seed, round_index=request.round_index, stage=STAGE, side="comparator", agent=agent,
-                       item=request.items[i]["item_id"], index=k)
+    return derive_seed(
+        request.seed,
+        round_index=request.round_index,
+        stage=STAGE,
+        side="comparator",
+        agent=agent,
+        item=request.items[i]["item_id"],
+        index=k,
+    )
 
 
 def _centralized_prompts(adapter: CentralizedAdapter, request: ComparatorRequest) -> list[str]:
     num_agents = len(request.prompts)
-    return [adapter.build_prompt(item, [request.prompts[a][i] for a in range(num_agents)])
-            for i, item in enumerate(request.items)]
+    return [
+        adapter.build_prompt(item, [request.prompts[a][i] for a in range(num_agents)])
+        for i, item in enumerate(request.items)
+    ]
 
 
-def _split(adapter: CentralizedAdapter, request: ComparatorRequest, joint: Mapping[tuple[int, int], str],
-           seeds: Mapping[tuple[int, int], int | None]) -> ComparatorOutput:
+def _split(
+    adapter: CentralizedAdapter,
+    request: ComparatorRequest,
+    joint: Mapping[tuple[int, int], str],
+    seeds: Mapping[tuple[int, int], int | None],
+) -> ComparatorOutput:
     """Rows of every parsable joint response ``joint[(item, k)]``; unparsable ones dropped and counted."""
     num_agents = len(request.prompts)
     out = ComparatorOutput([], {"centralized_parse_failures": 0})
@@ -229,14 +257,21 @@ class LocalModelComparator:
     inputs: tuple[Path, ...] = ()
     checkpoint_side: SamplingSide | None = None
 
-    def _sample(self, agent: int, request: ComparatorRequest, prompts: Sequence[str],
-                seed_agent: int) -> tuple[Any, dict[tuple[int, int], Generation]]:
+    def _sample(
+        self, agent: int, request: ComparatorRequest, prompts: Sequence[str], seed_agent: int
+    ) -> tuple[Any, dict[tuple[int, int], Generation]]:
         model, tokenizer = self.load(agent)
         prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
         rows = [(i, k) for i in range(len(request.items)) for k in range(self.num_candidates)]
         names = [f"comparator of agent {agent}, item {request.items[i]['item_id']!r}, candidate {k}" for i, k in rows]
-        gens = generate(model, tokenizer, [prompt_ids[i] for i, _ in rows],
-                        [_seed(request, seed_agent, i, k) for i, k in rows], request.sampling, row_names=names)
+        gens = generate(
+            model,
+            tokenizer,
+            [prompt_ids[i] for i, _ in rows],
+            [_seed(request, seed_agent, i, k) for i, k in rows],
+            request.sampling,
+            row_names=names,
+        )
         del model
         return tokenizer, dict(zip(rows, gens, strict=True))
 
@@ -244,18 +279,34 @@ class LocalModelComparator:
         if self.adapter is not None:
             c = self.centralized_index
             _, gens = self._sample(c, request, _centralized_prompts(self.adapter, request), c)
-            return _split(self.adapter, request, {key: g.text for key, g in gens.items()},
-                          {key: g.seed for key, g in gens.items()})
+            return _split(
+                self.adapter,
+                request,
+                {key: g.text for key, g in gens.items()},
+                {key: g.seed for key, g in gens.items()},
+            )
         out = ComparatorOutput([])
         for agent in range(len(request.prompts)):
             tokenizer, gens = self._sample(agent, request, request.prompts[agent], agent)
             keep_ids = same_tokenizer(tokenizer, request.target_tokenizers[agent])
             for (i, k), g in gens.items():
                 if keep_ids:
-                    out.rows.append(CandidateRow(
-                        str(request.items[i]["item_id"]), "comparator", k, agent, request.prompts[agent][i],
-                        list(request.prompt_ids[agent][i]), g.text, g.completion_ids, g.finish_reason,
-                        g.stop_token_id, g.seed, "generated"))
+                    out.rows.append(
+                        CandidateRow(
+                            str(request.items[i]["item_id"]),
+                            "comparator",
+                            k,
+                            agent,
+                            request.prompts[agent][i],
+                            list(request.prompt_ids[agent][i]),
+                            g.text,
+                            g.completion_ids,
+                            g.finish_reason,
+                            g.stop_token_id,
+                            g.seed,
+                            "generated",
+                        )
+                    )
                 else:
                     out.rows.append(_text_row(request, agent, i, k, g.text, g.finish_reason, g.seed))
         return out
@@ -277,11 +328,22 @@ class ApiComparator:
     def _store_path(self, request: ApiRequest, sampling: SamplingSettings) -> Path:
         # Everything that changes the answers keys the file (never the key, which is not in these settings).
         s = self.settings
-        fingerprint = json.dumps({
-            "format": s.api_format, "url": s.url, "model": s.model, "extra_body": dict(s.extra_body),
-            "response_field": s.response_field, "sampling": asdict(sampling), "prompt": request.prompt,
-            "agent": request.agent_index, "item": request.name, "n": request.num_candidates,
-        }, sort_keys=True, default=str)
+        fingerprint = json.dumps(
+            {
+                "format": s.api_format,
+                "url": s.url,
+                "model": s.model,
+                "extra_body": dict(s.extra_body),
+                "response_field": s.response_field,
+                "sampling": asdict(sampling),
+                "prompt": request.prompt,
+                "agent": request.agent_index,
+                "item": request.name,
+                "n": request.num_candidates,
+            },
+            sort_keys=True,
+            default=str,
+        )
         return self.store_dir / f"{hashlib.sha256(fingerprint.encode()).hexdigest()[:24]}.json"
 
     def _answers(self, requests: list[ApiRequest], request: ComparatorRequest) -> list[list[ApiAnswer]]:
@@ -303,14 +365,24 @@ class ApiComparator:
         if self.adapter is not None:
             c = self.centralized_index
             prompts = _centralized_prompts(self.adapter, request)
-            asks = [ApiRequest(f"centralized, item {item['item_id']!r}", prompts[i], c, item, self.num_candidates)
-                    for i, item in enumerate(items)]
+            asks = [
+                ApiRequest(f"centralized, item {item['item_id']!r}", prompts[i], c, item, self.num_candidates)
+                for i, item in enumerate(items)
+            ]
             answers = self._answers(asks, request)
             joint = {(i, k): a.text for i in range(len(items)) for k, a in enumerate(answers[i])}
             return _split(self.adapter, request, joint, dict.fromkeys(joint))
         keys = [(agent, i) for agent in range(len(request.prompts)) for i in range(len(items))]
-        asks = [ApiRequest(f"agent {agent}, item {items[i]['item_id']!r}", request.prompts[agent][i], agent,
-                           items[i], self.num_candidates) for agent, i in keys]
+        asks = [
+            ApiRequest(
+                f"agent {agent}, item {items[i]['item_id']!r}",
+                request.prompts[agent][i],
+                agent,
+                items[i],
+                self.num_candidates,
+            )
+            for agent, i in keys
+        ]
         out = ComparatorOutput([])
         for (agent, i), answers in zip(keys, self._answers(asks, request), strict=True):
             out.rows += [_text_row(request, agent, i, k, a.text, a.finish_reason, None) for k, a in enumerate(answers)]

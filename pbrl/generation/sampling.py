@@ -128,8 +128,10 @@ def stop_token_ids(model: nn.Module, tokenizer: Any) -> list[int]:
     model_config = getattr(model, "generation_config", None)
     configured = getattr(model_config, "eos_token_id", None)
     sources = [("tokenizer.eos_token_id", tokenizer.eos_token_id)]
-    sources += [("model.generation_config.eos_token_id", i)
-                for i in (configured if isinstance(configured, (list, tuple)) else [configured])]
+    sources += [
+        ("model.generation_config.eos_token_id", i)
+        for i in (configured if isinstance(configured, (list, tuple)) else [configured])
+    ]
     ids: list[int] = []
     for source, value in sources:
         if value is None:
@@ -139,8 +141,10 @@ def stop_token_ids(model: nn.Module, tokenizer: Any) -> list[int]:
         if int(value) not in ids:
             ids.append(int(value))
     if not ids:
-        raise ValueError("neither tokenizer.eos_token_id nor model.generation_config.eos_token_id is set; "
-                         "completions could never finish with 'eos'")
+        raise ValueError(
+            "neither tokenizer.eos_token_id nor model.generation_config.eos_token_id is set; "
+            "completions could never finish with 'eos'"
+        )
     return ids
 
 
@@ -205,10 +209,15 @@ def _validate(
     ]
     if max_new_tokens < 1:
         problems.append(f"max_new_tokens: got {max_new_tokens!r}; must be >= 1")
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
-            and MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
-        problems.append(f"temperature: got {temperature!r}; must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] "
-                        "(below, float32 logits / temperature overflow; for greedy decoding use top_k=1)")
+    if not (
+        isinstance(temperature, (int, float))
+        and math.isfinite(temperature)
+        and MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE
+    ):
+        problems.append(
+            f"temperature: got {temperature!r}; must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] "
+            "(below, float32 logits / temperature overflow; for greedy decoding use top_k=1)"
+        )
     if not 0 < top_p <= 1:
         problems.append(f"top_p: got {top_p!r}; must be in (0, 1]")
     if top_k is not None and top_k < 1:
@@ -245,8 +254,9 @@ def _cut(
     return new_tokens, "length", None
 
 
-def _shared_prefill(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device: torch.device
-                    ) -> tuple[Any, int] | None:
+def _shared_prefill(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device: torch.device
+) -> tuple[Any, int] | None:
     """The KV cache of a left-padded chunk's prompts, each distinct prompt prefilled once, expanded to the rows.
 
     Covers every column but the last (``generate`` needs one uncached token to produce the first logits), with
@@ -261,8 +271,14 @@ def _shared_prefill(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     ids, mask = input_ids[first_rows, :-1], attention_mask[first_rows, :-1]  # (d, t-1)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (d, t-1)
     cache = DynamicCache(config=model.config)
-    model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device), cache=cache,
-          use_cache=True, logits_to_keep=1)
+    model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     cache.batch_select_indices(torch.tensor(which, dtype=torch.long))  # (d, …) → (b, …); CPU ids: any device
     return cache, len(distinct)
 
@@ -331,12 +347,16 @@ def generate(
     results: dict[int, Generation] = {}
     with eval_mode(model), torch.inference_mode():
         for start in range(0, len(order), settings.batch_size):
-            chunk = order[start:start + settings.batch_size]
+            chunk = order[start : start + settings.batch_size]
             row_seeds = [int(seeds[r]) for r in chunk]
             input_ids, attention_mask = _left_pad([prompt_ids[r] for r in chunk], pad_id)  # (b, t)
             sampler = SeededSampler(
-                torch.tensor(row_seeds, dtype=torch.int64), input_ids.shape[1], warpers,
-                torch.tensor(stop_ids, dtype=torch.int64), [names[r] for r in chunk], settings.temperature,
+                torch.tensor(row_seeds, dtype=torch.int64),
+                input_ids.shape[1],
+                warpers,
+                torch.tensor(stop_ids, dtype=torch.int64),
+                [names[r] for r in chunk],
+                settings.temperature,
             )
             shared = _shared_prefill(model, input_ids, attention_mask, device) if share_prompts else None
             sequences = model.generate(

@@ -162,10 +162,18 @@ class SeededSampler(LogitsProcessor):
         warped = self.warpers(input_ids, scores)  # (b, v)
         bad_warped = undrawable_rows(warped) & live  # (b,)
         if bool((bad_logits | bad_warped).any()):  # one device sync per step
-            self._refuse(bad_logits, step, "the model's logits are NaN or +inf (a NaN/inf weight or an "
-                         "overflowing activation: check the checkpoint and torch_dtype)")
-            self._refuse(bad_warped, step, f"logits / temperature {self.temperature!r} overflow float32; use a "
-                         f"temperature in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]")
+            self._refuse(
+                bad_logits,
+                step,
+                "the model's logits are NaN or +inf (a NaN/inf weight or an "
+                "overflowing activation: check the checkpoint and torch_dtype)",
+            )
+            self._refuse(
+                bad_warped,
+                step,
+                f"logits / temperature {self.temperature!r} overflow float32; use a "
+                f"temperature in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]",
+            )
         tokens = draw_inverse_cdf(warped, counter_uniforms(self.seeds.to(scores.device), step))  # (b,)
         forced = torch.full_like(scores, float("-inf"))
         return forced.scatter(1, tokens[:, None], 0.0)

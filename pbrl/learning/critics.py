@@ -4,7 +4,8 @@ critic per agent).
 **What a critic reads.** With ``critic_type: v`` a critic predicts the value of the history *before* the action
 (the reference's V(h): prompts only), so A = R − V(h) is an unbiased baseline; with ``critic_type: q`` it also
 reads the responses (the reference's Q(h, a)). ``maac``: the reward model's joint template
-(:func:`pbrl.learning.joint_template.joint_input_ids`, built with the critic's tokenizer from the stored ids; with ``v`` every
+(:func:`pbrl.learning.joint_template.joint_input_ids`, built with the critic's tokenizer from the stored ids; with
+``v`` every
 response is empty, so the row ends at the last agent's response marker; over ``reward_max_length`` prompts are cut
 as for the reward model). ``iac``: agent i's own prompt ids (``v``), or prompt + completion ids (``q``). Every
 critic pools the last layer's hidden state at the **last non-padding token** (masks from the row lengths, as the
@@ -86,8 +87,11 @@ def normalize_batch(advantages: torch.Tensor, valid: torch.Tensor, eps: float = 
 def value_head(hidden_size: int, hidden_dim: int | None) -> nn.Module:
     """h → 1 linear, or Linear(h, d) → tanh → Linear(d, 1) with d = ``hidden_dim``; weights N(0, 0.02²), biases 0
     (the reference's ``CausalLMWithValueHead`` init). Draws from the global RNG: call under a seeded fork."""
-    head: nn.Module = (nn.Linear(hidden_size, 1) if hidden_dim is None else
-                       nn.Sequential(nn.Linear(hidden_size, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, 1)))
+    head: nn.Module = (
+        nn.Linear(hidden_size, 1)
+        if hidden_dim is None
+        else nn.Sequential(nn.Linear(hidden_size, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, 1))
+    )
     for module in head.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -95,16 +99,23 @@ def value_head(hidden_size: int, hidden_dim: int | None) -> nn.Module:
     return head
 
 
-def critic_rows(backend: str, critic_type: str, prompts: Sequence[Sequence[int]],
-                completions: Sequence[Sequence[int]], *, template: JointTemplate | None = None,
-                max_length: int | None = None) -> list[list[int] | None]:
+def critic_rows(
+    backend: str,
+    critic_type: str,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    *,
+    template: JointTemplate | None = None,
+    max_length: int | None = None,
+) -> list[list[int] | None]:
     """The input ids of each critic for one joint response (agent k's stored ``prompts[k]``, ``completions[k]``):
     ``maac`` one row (the joint template; None when it does not fit ``max_length``), ``iac`` one row per agent."""
     if backend == "maac":
         responses = completions if critic_type == "q" else [[] for _ in prompts]
         return [joint_input_ids(template, prompts, responses, max_length).ids]  # type: ignore[arg-type]
-    return [[*map(int, p), *(map(int, c) if critic_type == "q" else ())] for p, c in zip(prompts, completions,
-                                                                                            strict=True)]
+    return [
+        [*map(int, p), *(map(int, c) if critic_type == "q" else ())] for p, c in zip(prompts, completions, strict=True)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -114,8 +125,9 @@ class ValueModel(nn.Module):
     ``policy`` given: the backbone is that causal LM itself (shared, not registered here), run without gradients;
     else ``backbone`` (an ``AutoModel``, possibly peft-wrapped) is a submodule and is trained with the head."""
 
-    def __init__(self, head: nn.Module, pad_token_id: int, *, backbone: nn.Module | None = None,
-                 policy: nn.Module | None = None):
+    def __init__(
+        self, head: nn.Module, pad_token_id: int, *, backbone: nn.Module | None = None, policy: nn.Module | None = None
+    ):
         super().__init__()
         if (backbone is None) == (policy is None):
             raise ValueError("ValueModel: give exactly one of backbone (separate critic) or policy (value head)")
@@ -133,8 +145,12 @@ class ValueModel(nn.Module):
         input_ids, mask, positions, last = pad_rows(rows, self.pad_token_id, "right")  # (b, t) ×3, (b,)
         device = next(self.head.parameters()).device
         body = self.policy if self.policy is not None else self.backbone
-        kwargs = {"input_ids": input_ids.to(device), "attention_mask": mask.to(device),
-                  "position_ids": positions.to(device), "use_cache": False}
+        kwargs = {
+            "input_ids": input_ids.to(device),
+            "attention_mask": mask.to(device),
+            "position_ids": positions.to(device),
+            "use_cache": False,
+        }
         with eval_mode(body):
             if self.policy is not None:
                 with torch.no_grad():  # the value loss never reaches the policy's weights
@@ -174,8 +190,15 @@ class Critic:
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def new_critic(spec: CriticSpec, *, seed: int, learning_rate: float, device: str = "cpu",
-               policy: nn.Module | None = None, pad_token_id: int | None = None) -> Critic:
+def new_critic(
+    spec: CriticSpec,
+    *,
+    seed: int,
+    learning_rate: float,
+    device: str = "cpu",
+    policy: nn.Module | None = None,
+    pad_token_id: int | None = None,
+) -> Critic:
     """A freshly initialised critic (backbone pretrained weights, LoRA adapter and head drawn from ``seed``; global
     RNG untouched) with its AdamW (``weight_decay=0``). A ``value_head`` critic needs ``policy`` (the agent's
     causal LM, its hidden size from ``policy.config``) and ``pad_token_id``; it is placed on the policy's input
@@ -201,8 +224,16 @@ def new_critic(spec: CriticSpec, *, seed: int, learning_rate: float, device: str
 
 def _meta(spec: CriticSpec) -> dict[str, Any]:
     """``critic.json``'s record of ``spec``, as JSON reads it back (tuples become lists)."""
-    return json.loads(json.dumps({"kind": spec.kind, "source": spec.source, "head_hidden_dim": spec.head_hidden_dim,
-                                  "lora": asdict(spec.lora) if spec.lora else None}))
+    return json.loads(
+        json.dumps(
+            {
+                "kind": spec.kind,
+                "source": spec.source,
+                "head_hidden_dim": spec.head_hidden_dim,
+                "lora": asdict(spec.lora) if spec.lora else None,
+            }
+        )
+    )
 
 
 def save_critic(critic: Critic, folder: Path) -> None:
@@ -210,8 +241,10 @@ def save_critic(critic: Critic, folder: Path) -> None:
     policy's, saved with it), the AdamW state (``optimizer.pt``) and ``critic.json`` last."""
 
     with atomic_dir(Path(folder)) as tmp:
-        save_file({name: p.detach().cpu().contiguous() for name, p in critic.model.named_parameters()
-                   if p.requires_grad}, tmp / _WEIGHTS)
+        save_file(
+            {name: p.detach().cpu().contiguous() for name, p in critic.model.named_parameters() if p.requires_grad},
+            tmp / _WEIGHTS,
+        )
         save_optimizer(critic.optimizer, tmp / _OPTIMIZER)
         write_json(tmp / _META, _meta(critic.spec))
 
@@ -231,8 +264,10 @@ def restore_critic(critic: Critic, folder: Path) -> None:
     state = load_file(str(folder / _WEIGHTS))
     trained = {name for name, p in critic.model.named_parameters() if p.requires_grad}
     if set(state) != trained:
-        raise ArtifactError(f"{folder / _WEIGHTS}: holds other weights than the critic trains "
-                            f"(missing {sorted(trained - set(state))[:3]}, extra {sorted(set(state) - trained)[:3]})")
+        raise ArtifactError(
+            f"{folder / _WEIGHTS}: holds other weights than the critic trains "
+            f"(missing {sorted(trained - set(state))[:3]}, extra {sorted(set(state) - trained)[:3]})"
+        )
     with torch.no_grad():
         for name, p in critic.model.named_parameters():
             if name in state:
@@ -240,9 +275,16 @@ def restore_critic(critic: Critic, folder: Path) -> None:
     critic.optimizer.load_state_dict(load_optimizer_state(folder / _OPTIMIZER))
 
 
-def critic_step(critic: Critic, rows: Sequence[Sequence[int]], returns: torch.Tensor, old_values: torch.Tensor, *,
-                value_loss_coef: float, clip_range: float | None, max_grad_norm: float | None
-                ) -> tuple[float, str]:
+def critic_step(
+    critic: Critic,
+    rows: Sequence[Sequence[int]],
+    returns: torch.Tensor,
+    old_values: torch.Tensor,
+    *,
+    value_loss_coef: float,
+    clip_range: float | None,
+    max_grad_norm: float | None,
+) -> tuple[float, str]:
     """One AdamW step of ``critic`` on ``value_loss_coef`` · mean clipped value loss of n rows (returns (n,), the
     rollout-time values (n,)). A non-finite loss or gradient norm skips the step (weights and optimizer state
     untouched).
@@ -254,12 +296,14 @@ def critic_step(critic: Critic, rows: Sequence[Sequence[int]], returns: torch.Te
         return float("nan"), "no_rows"
     values = critic.model(rows).double()  # (n,)
     device = values.device
-    loss = clipped_value_loss(values, old_values.to(device, torch.float64), returns.to(device, torch.float64),
-                              clip_range).mean()
+    loss = clipped_value_loss(
+        values, old_values.to(device, torch.float64), returns.to(device, torch.float64), clip_range
+    ).mean()
     if not torch.isfinite(loss):
         return float(loss.detach()), "skipped"
-    stepped = backward_and_step(critic.optimizer, value_loss_coef * loss, critic.parameters,
-                                max_grad_norm=max_grad_norm)
+    stepped = backward_and_step(
+        critic.optimizer, value_loss_coef * loss, critic.parameters, max_grad_norm=max_grad_norm
+    )
     return float(loss.detach()), "updated" if stepped else "skipped"
 
 
@@ -267,7 +311,7 @@ def critic_step(critic: Critic, rows: Sequence[Sequence[int]], returns: torch.Te
 def predict(critic: Critic, rows: Sequence[Sequence[int] | None], batch_size: int = 16) -> torch.Tensor:
     """Values of rows without gradients, (n,) float64 on CPU; 0 where a row is None (did not fit)."""
     kept = [r for r in rows if r is not None]
-    values = [float(v) for s in range(0, len(kept), batch_size) for v in critic.model(kept[s:s + batch_size]).cpu()]
+    values = [float(v) for s in range(0, len(kept), batch_size) for v in critic.model(kept[s : s + batch_size]).cpu()]
     it = iter(values)
     return torch.tensor([next(it) if r is not None else 0.0 for r in rows], dtype=torch.float64)
 
@@ -307,13 +351,22 @@ class CriticSet:
         """The metric-name suffix of critic k: none for maac's one critic, ``_agent_<k>`` for iac."""
         return "" if self.backend == "maac" else f"_agent_{k}"
 
-    def evaluate(self, prompts: Sequence[Sequence[Sequence[int]]], completions: Sequence[Sequence[Sequence[int]]]
-                 ) -> CriticBatch:
+    def evaluate(
+        self, prompts: Sequence[Sequence[Sequence[int]]], completions: Sequence[Sequence[Sequence[int]]]
+    ) -> CriticBatch:
         """Rollout-time values, no gradients. prompts/completions: [a][n] stored ids."""
         a, n = len(prompts), len(prompts[0])
-        per_joint = [critic_rows(self.backend, self.critic_type, [prompts[i][r] for i in range(a)],
-                                 [completions[i][r] for i in range(a)], template=self.template,
-                                 max_length=self.max_length) for r in range(n)]  # [n][critic]
+        per_joint = [
+            critic_rows(
+                self.backend,
+                self.critic_type,
+                [prompts[i][r] for i in range(a)],
+                [completions[i][r] for i in range(a)],
+                template=self.template,
+                max_length=self.max_length,
+            )
+            for r in range(n)
+        ]  # [n][critic]
         rows = [[per_joint[r][k] for r in range(n)] for k in range(len(self.critics))]  # [critic][n]
         values = torch.stack([predict(c, rows[k]) for k, c in enumerate(self.critics)])  # (critics, n)
         ok = torch.tensor([all(rows[k][r] is not None for k in range(len(self.critics))) for r in range(n)])
@@ -330,9 +383,15 @@ class CriticSet:
         index = [r for r in range(len(valid)) if bool(valid[r])]
         for k, critic in enumerate(self.critics):
             self.seen += [(k, float(old[k, r]), float(targets[k, r])) for r in index]
-            loss, outcome = critic_step(critic, [batch.rows[k][r] for r in index], targets[k, index], old[k, index],
-                                        value_loss_coef=self.value_loss_coef, clip_range=self.clip_range,
-                                        max_grad_norm=self.max_grad_norm)
+            loss, outcome = critic_step(
+                critic,
+                [batch.rows[k][r] for r in index],
+                targets[k, index],
+                old[k, index],
+                value_loss_coef=self.value_loss_coef,
+                clip_range=self.clip_range,
+                max_grad_norm=self.max_grad_norm,
+            )
             self.skipped[k] += outcome == "skipped"
             if outcome != "no_rows":
                 self.losses[k].append(loss)
@@ -349,15 +408,17 @@ class CriticSet:
             rows = [(v, t) for c, v, t in self.seen if c == k]
             losses = [x for x in self.losses[k] if np.isfinite(x)]
             out[f"critic/value_loss{self.suffix(k)}"] = float(np.mean(losses)) if losses else float("nan")
-            out[f"critic/explained_variance{self.suffix(k)}"] = explained_variance([v for v, _ in rows],
-                                                                                   [t for _, t in rows])
+            out[f"critic/explained_variance{self.suffix(k)}"] = explained_variance(
+                [v for v, _ in rows], [t for _, t in rows]
+            )
             out[f"critic/value_mean{self.suffix(k)}"] = float(np.mean([v for v, _ in rows])) if rows else float("nan")
             out[f"critic/skipped_steps{self.suffix(k)}"] = float(self.skipped[k])
         if self.backend == "iac":
             losses = [x for k in range(len(self.critics)) for x in self.losses[k] if np.isfinite(x)]
             out["critic/value_loss"] = float(np.mean(losses)) if losses else float("nan")
-            out["critic/explained_variance"] = explained_variance([v for _, v, _ in self.seen],
-                                                                  [t for _, _, t in self.seen])
+            out["critic/explained_variance"] = explained_variance(
+                [v for _, v, _ in self.seen], [t for _, _, t in self.seen]
+            )
             out["critic/value_mean"] = float(np.mean([v for _, v, _ in self.seen])) if self.seen else float("nan")
             out["critic/skipped_steps"] = float(sum(self.skipped))
         return out

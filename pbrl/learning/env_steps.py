@@ -17,8 +17,13 @@ from collections.abc import Mapping, Sequence
 NEVER_LOGGED = -1  # the reference's initial ``_last_train_log_step``
 
 
-def env_step_axis(batch_sizes: Sequence[int], *, start: int = 0, environment_steps_per_pair: int = 2,
-                  use_environment_step: bool = True) -> list[int]:
+def env_step_axis(
+    batch_sizes: Sequence[int],
+    *,
+    start: int = 0,
+    environment_steps_per_pair: int = 2,
+    use_environment_step: bool = True,
+) -> list[int]:
     """The env-step value after each update step.
 
     Args:
@@ -73,8 +78,13 @@ def logged_steps(env_steps: Sequence[int], *, logging_steps: int, last_logged: i
     return out
 
 
-def train_log(step_metrics: Sequence[Mapping[str, float]], env_steps: Sequence[int], *, logging_steps: int,
-              last_logged: int = NEVER_LOGGED) -> list[dict[str, float]]:
+def train_log(
+    step_metrics: Sequence[Mapping[str, float]],
+    env_steps: Sequence[int],
+    *,
+    logging_steps: int,
+    last_logged: int = NEVER_LOGGED,
+) -> list[dict[str, float]]:
     """The logged train rows: ``{"env_step": s, **metrics}`` for each step that passes the gate.
 
     Args:
@@ -87,5 +97,7 @@ def train_log(step_metrics: Sequence[Mapping[str, float]], env_steps: Sequence[i
     """
     if len(step_metrics) != len(env_steps):
         raise ValueError(f"step_metrics has {len(step_metrics)} steps but env_steps {len(env_steps)}")
-    return [{"env_step": float(env_steps[i]), **step_metrics[i]}
-            for i in logged_steps(env_steps, logging_steps=logging_steps, last_logged=last_logged)]
+    return [
+        {"env_step": float(env_steps[i]), **step_metrics[i]}
+        for i in logged_steps(env_steps, logging_steps=logging_steps, last_logged=last_logged)
+    ]

@@ -50,13 +50,16 @@ class JointTemplate:
     @classmethod
     def build(cls, tokenizer: Any, num_agents: int) -> JointTemplate:
         """Tokenize the marker text once (``add_special_tokens=False``)."""
+
         def enc(text: str) -> tuple[int, ...]:
             return tuple(tokenizer(text, add_special_tokens=False).input_ids)
 
-        return cls(header=enc(HEADER),
-                   prompt_markers=tuple(enc(_prompt_marker(k + 1)) for k in range(num_agents)),
-                   response_markers=tuple(enc(_response_marker(k + 1)) for k in range(num_agents)),
-                   separator=enc("\n"))
+        return cls(
+            header=enc(HEADER),
+            prompt_markers=tuple(enc(_prompt_marker(k + 1)) for k in range(num_agents)),
+            response_markers=tuple(enc(_response_marker(k + 1)) for k in range(num_agents)),
+            separator=enc("\n"),
+        )
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,12 @@ class JointInput:
     reason: str | None = None
 
 
-def joint_input_ids(template: JointTemplate, prompt_ids: Sequence[Sequence[int]],
-                    completion_ids: Sequence[Sequence[int]], max_length: int | None) -> JointInput:
+def joint_input_ids(
+    template: JointTemplate,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    max_length: int | None,
+) -> JointInput:
     """The joint input ids of one joint response (template in the module docstring).
 
     Args:
@@ -88,12 +95,18 @@ def joint_input_ids(template: JointTemplate, prompt_ids: Sequence[Sequence[int]]
     """
     a = len(template.prompt_markers)
     if len(prompt_ids) != a or len(completion_ids) != a:
-        raise ValueError(f"joint input: got {len(prompt_ids)} prompts and {len(completion_ids)} completions for "
-                         f"a template of {a} agents")
+        raise ValueError(
+            f"joint input: got {len(prompt_ids)} prompts and {len(completion_ids)} completions for "
+            f"a template of {a} agents"
+        )
     prompts = [list(p) for p in prompt_ids]
-    fixed = len(template.header) + sum(len(m) for m in template.prompt_markers) + sum(
-        len(m) for m in template.response_markers) + len(template.separator) * (a - 1) + sum(
-        len(c) for c in completion_ids)
+    fixed = (
+        len(template.header)
+        + sum(len(m) for m in template.prompt_markers)
+        + sum(len(m) for m in template.response_markers)
+        + len(template.separator) * (a - 1)
+        + sum(len(c) for c in completion_ids)
+    )
     excess = fixed + sum(len(p) for p in prompts) - max_length if max_length is not None else 0
     if max_length is not None and fixed > max_length:
         return JointInput(None, 0, DROP_TOO_LONG)
@@ -121,9 +134,11 @@ def check_same_vocabulary(reward_tokenizer: Any, agent_tokenizers: Sequence[Any]
     vocab = reward_tokenizer.get_vocab()
     for i, tok in enumerate(agent_tokenizers):
         if tok.get_vocab() != vocab:
-            raise ValueError(f"reward_model_name: {reward_model_name!r} has another vocabulary than agent {i}'s "
-                             "model; the joint reward model reads the agents' token ids, so give a backbone with "
-                             "the agents' tokenizer")
+            raise ValueError(
+                f"reward_model_name: {reward_model_name!r} has another vocabulary than agent {i}'s "
+                "model; the joint reward model reads the agents' token ids, so give a backbone with "
+                "the agents' tokenizer"
+            )
 
 
 def joint_template_for(source: str, agent_sources: Sequence[str]) -> tuple[JointTemplate, Any]:
@@ -136,8 +151,7 @@ def joint_template_for(source: str, agent_sources: Sequence[str]) -> tuple[Joint
     return JointTemplate.build(tokenizer, len(agent_sources)), tokenizer
 
 
-def pair_joint_rows(pairs: Sequence[PairRow], template: JointTemplate, max_length: int | None
-                    ) -> list[PairJointIdsRow]:
+def pair_joint_rows(pairs: Sequence[PairRow], template: JointTemplate, max_length: int | None) -> list[PairJointIdsRow]:
     """PAIR_JOINT_IDS rows of pairs rows (``prompt_ids``, ``winner_ids``, ``loser_ids`` per agent): a pair
     is dropped (both ids null, reason given) when either side's responses do not fit ``max_length``."""
     rows = []
@@ -145,7 +159,13 @@ def pair_joint_rows(pairs: Sequence[PairRow], template: JointTemplate, max_lengt
         w = joint_input_ids(template, p["prompt_ids"], p["winner_ids"], max_length)
         lo = joint_input_ids(template, p["prompt_ids"], p["loser_ids"], max_length)
         reason = w.reason or lo.reason
-        rows.append({"pair_id": p["pair_id"], "winner_joint_ids": None if reason else w.ids,
-                     "loser_joint_ids": None if reason else lo.ids,
-                     "prompt_tokens_cut": w.prompt_tokens_cut + lo.prompt_tokens_cut, "dropped": reason})
+        rows.append(
+            {
+                "pair_id": p["pair_id"],
+                "winner_joint_ids": None if reason else w.ids,
+                "loser_joint_ids": None if reason else lo.ids,
+                "prompt_tokens_cut": w.prompt_tokens_cut + lo.prompt_tokens_cut,
+                "dropped": reason,
+            }
+        )
     return rows

@@ -83,8 +83,9 @@ def sequence_logprobs(
         ValueError: naming the row, when the lists differ in length, a prompt is empty or an id lies
             outside the vocabulary; or when ``padding_side`` is not left/right.
     """
-    token_logprobs, _ = completion_token_logprobs(model, prompt_ids, completion_ids, pad_token_id=pad_token_id,
-                                                  padding_side=padding_side, dropout=dropout)
+    token_logprobs, _ = completion_token_logprobs(
+        model, prompt_ids, completion_ids, pad_token_id=pad_token_id, padding_side=padding_side, dropout=dropout
+    )
     if token_logprobs.shape[1] == 0:
         return torch.zeros(len(prompt_ids), dtype=torch.float64, device=token_logprobs.device)
     # Summed in float64: a float32 sum of a few hundred tokens would already round at the 1e-5 level.
@@ -114,8 +115,7 @@ def completion_token_logprobs(
     completion_lens = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)
     max_completion = int(completion_lens.max()) if batch else 0
     if max_completion == 0:
-        return (torch.zeros((batch, 0), device=device),
-                torch.zeros((batch, 0), dtype=torch.bool, device=device))
+        return (torch.zeros((batch, 0), device=device), torch.zeros((batch, 0), dtype=torch.bool, device=device))
 
     lengths = prompt_lens + completion_lens
     width = int(lengths.max())
@@ -211,8 +211,8 @@ def shared_prompt_logprobs(
     prompt_input = torch.full((len(distinct), width), pad_token_id, dtype=torch.long)  # (d, t)
     prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)  # (d, t)
     for d, prompt in enumerate(distinct):
-        prompt_input[d, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        prompt_mask[d, width - len(prompt):] = 1
+        prompt_input[d, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        prompt_mask[d, width - len(prompt) :] = 1
     prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (d, t)
     rows = torch.tensor(prompt_of_row, dtype=torch.long)  # (b,)
     prompt_lens = prompt_mask.sum(-1)[rows]  # (b,)
@@ -231,8 +231,12 @@ def shared_prompt_logprobs(
     with contextlib.nullcontext() if dropout else eval_mode(model):
         cache = DynamicCache(config=model.config)
         first = model(
-            input_ids=prompt_input.to(device), attention_mask=prompt_mask.to(device),
-            position_ids=prompt_positions.to(device), cache=cache, use_cache=True, logits_to_keep=1,
+            input_ids=prompt_input.to(device),
+            attention_mask=prompt_mask.to(device),
+            position_ids=prompt_positions.to(device),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
         ).logits[:, -1]  # (d, v): predicts every row's completion token 0
         first = first.index_select(0, rows.to(device))[:, None]  # (b, 1, v)
         if steps > 0:
@@ -240,8 +244,11 @@ def shared_prompt_logprobs(
             attention_mask = torch.cat([prompt_mask[rows], completion_mask], dim=1)  # (b, t + c-1)
             positions = prompt_lens[:, None] + torch.arange(steps)[None, :]  # (b, c-1)
             rest = model(
-                input_ids=completion_input.to(device), attention_mask=attention_mask.to(device),
-                position_ids=positions.to(device), cache=cache, use_cache=True,
+                input_ids=completion_input.to(device),
+                attention_mask=attention_mask.to(device),
+                position_ids=positions.to(device),
+                cache=cache,
+                use_cache=True,
             ).logits  # (b, c-1, v)
             logits = torch.cat([first, rest], dim=1)  # (b, c, v)
         else:

@@ -2,14 +2,16 @@
 Bradley–Terry loss, the policy-gradient loss and the k3 KL estimate of MARLHF's RL step, and the critics'
 clipped value loss.
 
-MADPO (reference-free DPO on the joint margin of all agents, docs: design/algorithms, MADPO). Source: DPO (Rafailov et al. 2023, "Direct Preference Optimization", eq. 7) without a reference model,
+MADPO (reference-free DPO on the joint margin of all agents, docs: design/algorithms, MADPO). Source: DPO (Rafailov
+et al. 2023, "Direct Preference Optimization", eq. 7) without a reference model,
 in the multi-agent joint-margin form of CoMLRL's preference trainer: with per-agent margins
 Δ_i = log π_i(a^w_i | h_i) − log π_i(a^l_i | h_i) and joint margin Δ = Σ_i Δ_i, the per-pair loss is
 −log σ(β Δ). Agent i is trained on −log σ(β (Δ_i + sg(Σ_{j≠i} Δ_j))) (sg = stop-gradient), so its
 gradient is −β σ(−β Δ) ∇Δ_i: the weight depends on the joint margin, the gradient flows only through
 the agent's own margin.
 
-Shape legend: b batch (pairs), a agents, n rollouts, c completion tokens. Margins are log-probability differences in nats; β is in 1/nats,
+Shape legend: b batch (pairs), a agents, n rollouts, c completion tokens. Margins are log-probability differences in
+nats; β is in 1/nats,
 so β Δ is unitless and the losses are in nats.
 """
 
@@ -117,8 +119,9 @@ def k3_kl(policy_logps: torch.Tensor, reference_logps: torch.Tensor, mask: torch
 
 
 # ---------------------------------------------------------------------------------------------- critics
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       clip_range: float | None) -> torch.Tensor:
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip_range: float | None
+) -> torch.Tensor:
     """Per-row clipped value loss max((V − R)², (V_clip − R)²), V_clip = V_old + clamp(V − V_old, −ε, ε), ε =
     ``clip_range`` (None: (V − R)²). Schulman et al. 2017 (PPO), the value clipping of OpenAI baselines ``ppo2``.
 

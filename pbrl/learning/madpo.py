@@ -57,13 +57,13 @@ def _score(model: Any) -> Any:
     return sequence_logprobs if checkpointing else shared_prompt_logprobs
 
 
-def agent_margins(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, seed: int | None = None
-                  ) -> torch.Tensor:
+def agent_margins(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, seed: int | None = None) -> torch.Tensor:
     """Δ_i per pair: log π(a^w|h) − log π(a^l|h), shape (b,), both sides in one scoring call.
 
     Each distinct prompt of the batch runs once and its KV cache (with its autograd graph) serves the winner
     and the loser of every pair of that prompt (:func:`pbrl.learning.logprobs.shared_prompt_logprobs`; equal to
-    :func:`pbrl.learning.logprobs.sequence_logprobs` within float32 rounding); with activation checkpointing on, the rows
+    :func:`pbrl.learning.logprobs.sequence_logprobs` within float32 rounding); with activation checkpointing on, the
+    rows
     are scored in one padded forward pass instead.
     With ``seed``, the forward is a training forward (:func:`training_forward`: dropout on, masks from
     ``seed``); without, dropout is off. Either runs under the policy's mixed-precision autocast. A pair
@@ -83,7 +83,7 @@ def agent_margins(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, se
     else:
         with training_forward(policy.model, seed, policy.precision):
             logps = score(policy.model, p * 2, completions, pad_token_id=policy.pad_token_id, dropout=True)
-    diff = logps[: len(rows)] - logps[len(rows):]
+    diff = logps[: len(rows)] - logps[len(rows) :]
     return margins.to(diff.device, diff.dtype).index_put((torch.tensor(rows, device=diff.device),), diff)
 
 
@@ -101,13 +101,18 @@ def micro_seed(seed: int | None, index: int) -> int | None:
     return (seed * 1_000_003 + index) % 2**63
 
 
-def _detached_margins(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, seed: int | None,
-                      parts: list[slice]) -> torch.Tensor:
+def _detached_margins(
+    policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, seed: int | None, parts: list[slice]
+) -> torch.Tensor:
     """(b,) float32 margins without a graph, micro-batch by micro-batch with the training forwards' seeds (so
     the same dropout masks, hence the same values as the training forward that follows)."""
     with torch.no_grad():
-        return torch.cat([agent_margins(policy, prompt_ids[s], winner_ids[s], loser_ids[s], micro_seed(seed, k))
-                          .float().cpu() for k, s in enumerate(parts)])
+        return torch.cat(
+            [
+                agent_margins(policy, prompt_ids[s], winner_ids[s], loser_ids[s], micro_seed(seed, k)).float().cpu()
+                for k, s in enumerate(parts)
+            ]
+        )
 
 
 class _AccumulatedGradients(torch.autograd.Function):
@@ -125,9 +130,18 @@ class _AccumulatedGradients(torch.autograd.Function):
         return (None, *[None if g is None else upstream * g for g in ctx.grads])
 
 
-def _agent_update(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, others: torch.Tensor,
-                  seed: int | None, parts: list[slice], *, beta: float, max_grad_norm: float | None
-                  ) -> tuple[torch.Tensor, bool]:
+def _agent_update(
+    policy: TrainablePolicy,
+    prompt_ids,
+    winner_ids,
+    loser_ids,
+    others: torch.Tensor,
+    seed: int | None,
+    parts: list[slice],
+    *,
+    beta: float,
+    max_grad_norm: float | None,
+) -> tuple[torch.Tensor, bool]:
     """One agent's step on the batch (its mean MADPO loss, ``others`` (b,) detached), micro-batch by
     micro-batch: each micro-batch's graph is freed once its gradient is taken, so memory grows with the
     micro-batch. Returns the agent's detached margins (b,) and whether the step was skipped."""
@@ -150,8 +164,11 @@ def _agent_update(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, ot
         scale = scaler.get_scale() if scaler is not None else 1.0
         grads = torch.autograd.grad(loss * scale, params, allow_unused=True)
         grads = [None if g is None else g / scale for g in grads]
-        accumulated = grads if accumulated is None else [
-            a if g is None else (g if a is None else a + g) for a, g in zip(accumulated, grads, strict=True)]
+        accumulated = (
+            grads
+            if accumulated is None
+            else [a if g is None else (g if a is None else a + g) for a, g in zip(accumulated, grads, strict=True)]
+        )
     own_margins = torch.cat(margins)
     if not math.isfinite(loss_value):
         return own_margins, True
@@ -160,8 +177,9 @@ def _agent_update(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, ot
     if accumulated is not None:  # the earlier micro-batches' gradients join the last one's in its backward
         carried = _AccumulatedGradients.apply(accumulated, *params)
         final = carried if final is None else final + carried
-    stepped = backward_and_step(policy.optimizer, final, params, max_grad_norm=max_grad_norm,
-                                precision=policy.precision)
+    stepped = backward_and_step(
+        policy.optimizer, final, params, max_grad_norm=max_grad_norm, precision=policy.precision
+    )
     return own_margins, not stepped
 
 
@@ -177,8 +195,18 @@ class StepAgent(Protocol):
         """Phase 1: the agent's (b,) float32 CPU margins without a graph (:func:`_detached_margins`)."""
         ...
 
-    def update(self, prompt_ids, winner_ids, loser_ids, others: torch.Tensor, seed: int | None,
-               parts: list[slice], *, beta: float, max_grad_norm: float | None) -> Any:
+    def update(
+        self,
+        prompt_ids,
+        winner_ids,
+        loser_ids,
+        others: torch.Tensor,
+        seed: int | None,
+        parts: list[slice],
+        *,
+        beta: float,
+        max_grad_norm: float | None,
+    ) -> Any:
         """Phase 2: the agent's step against ``others`` (b,); ``((b,) own margins, skipped)``
         (:func:`_agent_update`)."""
         ...
@@ -196,16 +224,26 @@ class LocalAgent:
     def detached_margins(self, prompt_ids, winner_ids, loser_ids, seed, parts) -> torch.Tensor:
         return _detached_margins(self.policy, prompt_ids, winner_ids, loser_ids, seed, parts)
 
-    def update(self, prompt_ids, winner_ids, loser_ids, others, seed, parts, *, beta, max_grad_norm
-               ) -> tuple[torch.Tensor, bool]:
-        return _agent_update(self.policy, prompt_ids, winner_ids, loser_ids, others, seed, parts, beta=beta,
-                             max_grad_norm=max_grad_norm)
+    def update(
+        self, prompt_ids, winner_ids, loser_ids, others, seed, parts, *, beta, max_grad_norm
+    ) -> tuple[torch.Tensor, bool]:
+        return _agent_update(
+            self.policy, prompt_ids, winner_ids, loser_ids, others, seed, parts, beta=beta, max_grad_norm=max_grad_norm
+        )
 
 
 # Over 60 lines because of its docstring (the two phases, memory and the in-process order); the code is ~40 lines.
-def madpo_agents_step(agents: Sequence[StepAgent], batch: PairBatch, *, beta: float, max_grad_norm: float | None,
-                      seeds: Sequence[int] | None = None, micro_batch_size: int | None = None,
-                      gather: Callable[[list[Any]], list[Any]] = list, concurrent: bool = False) -> StepStats:
+def madpo_agents_step(
+    agents: Sequence[StepAgent],
+    batch: PairBatch,
+    *,
+    beta: float,
+    max_grad_norm: float | None,
+    seeds: Sequence[int] | None = None,
+    micro_batch_size: int | None = None,
+    gather: Callable[[list[Any]], list[Any]] = list,
+    concurrent: bool = False,
+) -> StepStats:
     """Update every agent once on ``batch``; an agent whose loss or gradient norm is not finite is skipped
     (its parameters and optimizer state untouched). Each agent's step is
     :func:`pbrl.models.precision.backward_and_step` in its ``precision`` (fp16: scaled loss, unscaled clipping).
@@ -218,7 +256,8 @@ def madpo_agents_step(agents: Sequence[StepAgent], batch: PairBatch, *, beta: fl
     :func:`pbrl.data.seeds.derive_seed`, a new one per step); without ``seeds`` the forwards run without dropout,
     which only models without dropout allow.
 
-    The agents are :class:`StepAgent` s (:class:`LocalAgent` in process, Ray actors remotely): phase 1 asks the agents for their detached margins, the
+    The agents are :class:`StepAgent` s (:class:`LocalAgent` in process, Ray actors remotely): phase 1 asks the
+    agents for their detached margins, the
     "others" term of agent i is the sum over the other agents' margins (Σ_{j≠i} Δ_j),
     phase 2 asks every agent for its step. ``gather`` turns a phase's list of per-agent results (or handles,
     e.g. Ray object refs with ``ray.get``) into the results.
@@ -238,8 +277,9 @@ def madpo_agents_step(agents: Sequence[StepAgent], batch: PairBatch, *, beta: fl
     if seeds is not None and len(seeds) != len(agents):
         raise ValueError(f"seeds: got {len(seeds)} for {len(agents)} agents; give one dropout seed per agent")
     if seeds is None and any(agent.has_dropout() for agent in agents):
-        raise ValueError("seeds: a policy has dropout (lora_dropout > 0), so its training forwards need one "
-                         "dropout seed per agent")
+        raise ValueError(
+            "seeds: a policy has dropout (lora_dropout > 0), so its training forwards need one dropout seed per agent"
+        )
     parts = micro_batches(batch.size, micro_batch_size)
     n = len(agents)
     agent_seeds = [None if seeds is None else seeds[i] for i in range(n)]
@@ -248,16 +288,27 @@ def madpo_agents_step(agents: Sequence[StepAgent], batch: PairBatch, *, beta: fl
     def detached(ids: list[int]) -> None:  # phase 1 for agents ``ids``: their columns of ``margins``
         if not ids:
             return
-        for i, m in zip(ids, gather([agents[i].detached_margins(*args[i], agent_seeds[i], parts) for i in ids]),
-                        strict=True):
+        for i, m in zip(
+            ids, gather([agents[i].detached_margins(*args[i], agent_seeds[i], parts) for i in ids]), strict=True
+        ):
             margins[:, i] = m
 
     def updates(ids: list[int]) -> list[Any]:  # phase 2 for agents ``ids``, against the others' columns
         if not ids:
             return []
-        return gather([agents[i].update(*args[i], margins[:, [j for j in range(n) if j != i]].sum(dim=1),
-                                        agent_seeds[i], parts, beta=beta, max_grad_norm=max_grad_norm)
-                       for i in ids])
+        return gather(
+            [
+                agents[i].update(
+                    *args[i],
+                    margins[:, [j for j in range(n) if j != i]].sum(dim=1),
+                    agent_seeds[i],
+                    parts,
+                    beta=beta,
+                    max_grad_norm=max_grad_norm,
+                )
+                for i in ids
+            ]
+        )
 
     margins = torch.zeros(batch.size, n)  # (b, a): column i is agent i's detached margins
     if concurrent and n > 1:

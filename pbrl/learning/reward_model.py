@@ -66,8 +66,12 @@ class JointRewardModel(nn.Module):
         input_ids, mask, positions, last = pad_rows(joint_ids, self.pad_token_id, padding_side)
         device = self.head.weight.device
         with eval_mode(self):
-            hidden = self.backbone(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                                   position_ids=positions.to(device), use_cache=False).last_hidden_state  # (b, t, h)
+            hidden = self.backbone(
+                input_ids=input_ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
+                use_cache=False,
+            ).last_hidden_state  # (b, t, h)
             pooled = hidden[torch.arange(len(joint_ids), device=device), last.to(device)]  # (b, h)
             return self.head(pooled.to(self.head.weight.dtype)).squeeze(-1)  # (b,)
 
@@ -77,7 +81,7 @@ def score_joint(model: JointRewardModel, joint_ids: Sequence[Sequence[int]], bat
     """Scores of many joint inputs without gradients, ``batch_size`` rows per forward (right padding)."""
     out: list[float] = []
     for start in range(0, len(joint_ids), batch_size):
-        out += [float(x) for x in model(joint_ids[start:start + batch_size]).double().cpu()]
+        out += [float(x) for x in model(joint_ids[start : start + batch_size]).double().cpu()]
     return out
 
 
@@ -125,15 +129,19 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
         if spec.trained == "head":
             backbone.requires_grad_(False)
         elif spec.trained == "lora":
-
-            backbone = get_peft_model(backbone, LoraConfig(r=spec.lora.r, lora_alpha=spec.lora.alpha,
-                                                           lora_dropout=spec.lora.dropout,
-                                                           target_modules=list(spec.lora.target_modules)))
+            backbone = get_peft_model(
+                backbone,
+                LoraConfig(
+                    r=spec.lora.r,
+                    lora_alpha=spec.lora.alpha,
+                    lora_dropout=spec.lora.dropout,
+                    target_modules=list(spec.lora.target_modules),
+                ),
+            )
     return JointRewardModel(backbone, head, _pad_id(src)).to(device)
 
 
-def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: Path, *,
-                      max_length: int | None) -> None:
+def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: Path, *, max_length: int | None) -> None:
     """Write the model atomically (safetensors only): ``head.safetensors``; the trained backbone weights
     (``backbone/`` for full training, ``adapter/`` for LoRA, none when frozen); ``reward_model.json`` last."""
 
@@ -143,9 +151,16 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
             model.backbone.save_pretrained(tmp / "backbone", safe_serialization=True)
         elif spec.trained == "lora":
             model.backbone.save_pretrained(tmp / "adapter", safe_serialization=True)
-        write_json(tmp / _META, {"template": TEMPLATE_VERSION, "source": spec.source, "trained": spec.trained,
-                                 "lora": asdict(spec.lora) if spec.lora is not None else None,
-                                 "max_length": max_length})
+        write_json(
+            tmp / _META,
+            {
+                "template": TEMPLATE_VERSION,
+                "source": spec.source,
+                "trained": spec.trained,
+                "lora": asdict(spec.lora) if spec.lora is not None else None,
+                "max_length": max_length,
+            },
+        )
 
 
 def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointRewardModel, dict[str, Any]]:
@@ -165,7 +180,6 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     src = resolve_model_source(meta["source"], field="reward_model_name")
     backbone = _load_backbone(folder / "backbone" if meta["trained"] == "full" else src)
     if meta["trained"] == "lora":
-
         backbone = PeftModel.from_pretrained(backbone, str(folder / "adapter"), is_trainable=False)
     state = load_file(str(folder / _HEAD))
     head = nn.Linear(state["weight"].shape[1], 1)
@@ -185,21 +199,30 @@ class PairMetrics:
 
 
 @torch.no_grad()
-def pair_metrics(model: JointRewardModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
-                 batch_size: int) -> PairMetrics:
+def pair_metrics(
+    model: JointRewardModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int
+) -> PairMetrics:
     """Loss, accuracy and mean margin of ``pairs`` (winner ids, loser ids); NaN for no pairs."""
     if not pairs:
         return PairMetrics(math.nan, math.nan, math.nan)
     w = torch.tensor(score_joint(model, [p[0] for p in pairs], batch_size), dtype=torch.float64)  # (b,)
     lo = torch.tensor(score_joint(model, [p[1] for p in pairs], batch_size), dtype=torch.float64)  # (b,)
     margins = w - lo
-    return PairMetrics(float(bradley_terry_loss(w, lo).mean()), float((margins > 0).double().mean()),
-                       float(margins.mean()))
+    return PairMetrics(
+        float(bradley_terry_loss(w, lo).mean()), float((margins > 0).double().mean()), float(margins.mean())
+    )
 
 
-def fit_bradley_terry(model: JointRewardModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
-                      epochs: int, batch_size: int, learning_rate: float, seed: int,
-                      max_grad_norm: float | None) -> dict[str, int]:
+def fit_bradley_terry(
+    model: JointRewardModel,
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    max_grad_norm: float | None,
+) -> dict[str, int]:
     """Fit ``model`` in place: ``epochs`` passes over ``pairs`` (winner ids, loser ids) in a seeded order,
     ``batch_size`` pairs per AdamW step (torch defaults besides ``lr``), winner and loser rows in one padded
     forward, gradient norm clipped to ``max_grad_norm`` (None: not clipped). A step whose loss or gradient
@@ -215,17 +238,20 @@ def fit_bradley_terry(model: JointRewardModel, pairs: Sequence[tuple[Sequence[in
     for _ in range(epochs):
         order = rng.permutation(len(pairs))
         for begin in range(0, len(pairs), batch_size):
-            chunk = [pairs[j] for j in order[begin:begin + batch_size]]
+            chunk = [pairs[j] for j in order[begin : begin + batch_size]]
             scores = model([p[0] for p in chunk] + [p[1] for p in chunk])  # (2b,)
-            loss = bradley_terry_loss(scores[:len(chunk)], scores[len(chunk):]).mean()
+            loss = bradley_terry_loss(scores[: len(chunk)], scores[len(chunk) :]).mean()
             steps += 1
             optimizer.zero_grad(set_to_none=True)
             if not torch.isfinite(loss):
                 skipped += 1
                 continue
             loss.backward()
-            norm = (torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if max_grad_norm is not None
-                    else torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+            norm = (
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+                if max_grad_norm is not None
+                else torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+            )
             if not torch.isfinite(norm):
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
@@ -273,12 +299,15 @@ class RewardScorer:
         self.template = JointTemplate.build(tokenizer, num_agents)
         self.max_length, self.batch_size = self.meta["max_length"], batch_size
 
-    def score(self, prompt_ids: Sequence[Sequence[Sequence[int]]], completion_ids: Sequence[Sequence[Sequence[int]]]
-              ) -> list[tuple[float | None, list[int] | None]]:
+    def score(
+        self, prompt_ids: Sequence[Sequence[Sequence[int]]], completion_ids: Sequence[Sequence[Sequence[int]]]
+    ) -> list[tuple[float | None, list[int] | None]]:
         """Per joint response ([joint][agent] prompt and completion ids): (R, joint ids), or (None, None)
         when its responses do not fit ``reward_max_length``."""
-        joint = [joint_input_ids(self.template, p, c, self.max_length)
-                 for p, c in zip(prompt_ids, completion_ids, strict=True)]
+        joint = [
+            joint_input_ids(self.template, p, c, self.max_length)
+            for p, c in zip(prompt_ids, completion_ids, strict=True)
+        ]
         kept = [j.ids for j in joint if j.ids is not None]
         scores = iter(score_joint(self.model, kept, self.batch_size))
         return [(next(scores), j.ids) if j.ids is not None else (None, None) for j in joint]

@@ -91,9 +91,11 @@ def advantage_backend(name: str) -> AdvantageBackend:
     if name in ADVANTAGE_BACKENDS:
         return ADVANTAGE_BACKENDS[name]
     if name in ACTOR_CRITIC:
-        raise ValueError(f"rl_algorithm: got {name!r}; an actor-critic backend takes its baseline from critics "
-                         f"(pbrl.learning.critics.CriticSet), not from the group; group backends: "
-                         f"{', '.join(ADVANTAGE_BACKENDS)}")
+        raise ValueError(
+            f"rl_algorithm: got {name!r}; an actor-critic backend takes its baseline from critics "
+            f"(pbrl.learning.critics.CriticSet), not from the group; group backends: "
+            f"{', '.join(ADVANTAGE_BACKENDS)}"
+        )
     raise ValueError(f"rl_algorithm: got {name!r}; allowed: {', '.join(ADVANTAGE_BACKENDS)}")
 
 
@@ -105,9 +107,9 @@ def normalize_group(advantages: torch.Tensor, eps: float = NORMALIZATION_EPS) ->
 
 # ---------------------------------------------------------------------------------------------- KL
 @torch.no_grad()
-def completion_token_logprobs(model: Any, prompt_ids: Sequence[Sequence[int]],
-                              completion_ids: Sequence[Sequence[int]], *, pad_token_id: int
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_token_logprobs(
+    model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], *, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token log-probs of every completion token (EOS included) given the prompt, in eval mode
     (:func:`pbrl.learning.logprobs.completion_token_logprobs`, left padding).
 
@@ -127,12 +129,12 @@ class ReferencePolicy:
     pad_token_id: int
     disable_adapter: bool = False
 
-    def token_logprobs(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def token_logprobs(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.disable_adapter:
             with self.model.disable_adapter():
-                return completion_token_logprobs(self.model, prompt_ids, completion_ids,
-                                                 pad_token_id=self.pad_token_id)
+                return completion_token_logprobs(self.model, prompt_ids, completion_ids, pad_token_id=self.pad_token_id)
         return completion_token_logprobs(self.model, prompt_ids, completion_ids, pad_token_id=self.pad_token_id)
 
 
@@ -143,13 +145,24 @@ def apply_update(policy: TrainablePolicy, loss: torch.Tensor, max_grad_norm: flo
     gradient norm skips the step (parameters and optimizer state untouched). Returns whether it was skipped."""
     if not torch.isfinite(loss):
         return True
-    return not backward_and_step(policy.optimizer, loss, trainable_parameters(policy.model),
-                                 max_grad_norm=max_grad_norm, precision=policy.precision)
+    return not backward_and_step(
+        policy.optimizer,
+        loss,
+        trainable_parameters(policy.model),
+        max_grad_norm=max_grad_norm,
+        precision=policy.precision,
+    )
 
 
-def rl_agent_step(policy: TrainablePolicy, prompt_ids: Sequence[Sequence[int]],
-                  completion_ids: Sequence[Sequence[int]], advantages: torch.Tensor, *,
-                  max_grad_norm: float | None, seed: int | None) -> tuple[float, str]:
+def rl_agent_step(
+    policy: TrainablePolicy,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    advantages: torch.Tensor,
+    *,
+    max_grad_norm: float | None,
+    seed: int | None,
+) -> tuple[float, str]:
     """Update one agent on n rows. Rows with A = 0 carry no signal: when every row's A is 0 the agent is not
     stepped (AdamW momentum would still move it). The forward is a training forward seeded by ``seed``
     (dropout masks), or without dropout when ``seed`` is None.
@@ -169,8 +182,9 @@ def rl_agent_step(policy: TrainablePolicy, prompt_ids: Sequence[Sequence[int]],
             logps = sequence_logprobs(policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id)
     else:
         with training_forward(policy.model, seed, policy.precision):
-            logps = sequence_logprobs(policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id,
-                                      dropout=True)
+            logps = sequence_logprobs(
+                policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id, dropout=True
+            )
     loss = policy_gradient_loss(advantages, logps)
     return float(loss.detach()), "skipped" if apply_update(policy, loss, max_grad_norm) else "updated"
 
@@ -205,10 +219,19 @@ Scorer = Callable[[list[list[list[int]]], list[list[list[int]]]], list[tuple[flo
 
 # Over 60 lines: one RL step reads top to bottom as the algorithm (rollouts, rewards, KL, advantages, each
 # agent's update, the critics); split up, the step's shared per-row tensors would have to travel between helpers.
-def run_rl(policies: Sequence[TrainablePolicy], prompt_ids: Sequence[Sequence[list[int]]], item_ids: list[str],
-           settings: RLSettings, *, sample: Sampler, score: Scorer,
-           references: Sequence[ReferencePolicy] | None, order_seed: int,
-           dropout_seed: Callable[[int, int], int | None], critics: CriticSet | None = None) -> RLResult:
+def run_rl(
+    policies: Sequence[TrainablePolicy],
+    prompt_ids: Sequence[Sequence[list[int]]],
+    item_ids: list[str],
+    settings: RLSettings,
+    *,
+    sample: Sampler,
+    score: Scorer,
+    references: Sequence[ReferencePolicy] | None,
+    order_seed: int,
+    dropout_seed: Callable[[int, int], int | None],
+    critics: CriticSet | None = None,
+) -> RLResult:
     """``settings.epochs`` passes over the items in seeded order, ``settings.batch_size`` items per step.
 
     Args:
@@ -228,8 +251,9 @@ def run_rl(policies: Sequence[TrainablePolicy], prompt_ids: Sequence[Sequence[li
         ValueError: an actor-critic backend without critics, or critics with a group backend.
     """
     if (settings.backend in ACTOR_CRITIC) != (critics is not None):
-        raise ValueError(f"rl_algorithm: {settings.backend!r} " + ("needs critics" if critics is None else
-                                                                     "takes no critics"))
+        raise ValueError(
+            f"rl_algorithm: {settings.backend!r} " + ("needs critics" if critics is None else "takes no critics")
+        )
     backend = None if critics is not None else advantage_backend(settings.backend)
     g, a = settings.num_generations, len(policies)
     out = RLResult(skipped=[0] * a)
@@ -237,22 +261,26 @@ def run_rl(policies: Sequence[TrainablePolicy], prompt_ids: Sequence[Sequence[li
     for epoch in range(settings.epochs):
         order = rng.permutation(len(item_ids))
         for begin in range(0, len(item_ids), settings.batch_size):
-            chunk = [int(j) for j in order[begin:begin + settings.batch_size]]
+            chunk = [int(j) for j in order[begin : begin + settings.batch_size]]
             rows_items = [item_ids[j] for j in chunk for _ in range(g)]
             prompts = [[prompt_ids[i][j] for j in chunk for _ in range(g)] for i in range(a)]  # [a][n]
             gens = [sample(i, prompts[i], rows_items, epoch) for i in range(a)]  # [a][n]
             completions = [[x.completion_ids for x in gens[i]] for i in range(a)]  # [a][n]
-            scored = score([[prompts[i][r] for i in range(a)] for r in range(len(rows_items))],
-                           [[completions[i][r] for i in range(a)] for r in range(len(rows_items))])
+            scored = score(
+                [[prompts[i][r] for i in range(a)] for r in range(len(rows_items))],
+                [[completions[i][r] for i in range(a)] for r in range(len(rows_items))],
+            )
             ok = torch.tensor([s[0] is not None for s in scored]).view(len(chunk), g).all(dim=-1)  # (b,)
             out.dropped_groups += int((~ok).sum())
-            rewards = torch.tensor([s[0] if s[0] is not None else 0.0 for s in scored],
-                                   dtype=torch.float64).view(len(chunk), g)  # (b, g)
+            rewards = torch.tensor([s[0] if s[0] is not None else 0.0 for s in scored], dtype=torch.float64).view(
+                len(chunk), g
+            )  # (b, g)
             kl = torch.zeros((a, len(rows_items)), dtype=torch.float64)  # (a, n)
             if references is not None:
                 for i in range(a):
-                    pol, mask = completion_token_logprobs(policies[i].model, prompts[i], completions[i],
-                                                          pad_token_id=policies[i].pad_token_id)
+                    pol, mask = completion_token_logprobs(
+                        policies[i].model, prompts[i], completions[i], pad_token_id=policies[i].pad_token_id
+                    )
                     ref, _ = references[i].token_logprobs(prompts[i], completions[i])
                     kl[i] = k3_kl(pol, ref, mask)
             critic_batch = critics.evaluate(prompts, completions) if critics is not None else None
@@ -273,9 +301,14 @@ def run_rl(policies: Sequence[TrainablePolicy], prompt_ids: Sequence[Sequence[li
                     adv = backend(shaped)
                     adv = normalize_group(adv) if settings.normalize else adv
                     advantages[i] = torch.where(ok[:, None], adv, torch.zeros_like(adv)).reshape(-1)  # (n,)
-                loss, outcome = rl_agent_step(policies[i], prompts[i], completions[i], advantages[i],
-                                              max_grad_norm=settings.max_grad_norm,
-                                              seed=dropout_seed(i, out.steps))
+                loss, outcome = rl_agent_step(
+                    policies[i],
+                    prompts[i],
+                    completions[i],
+                    advantages[i],
+                    max_grad_norm=settings.max_grad_norm,
+                    seed=dropout_seed(i, out.steps),
+                )
                 out.skipped[i] += outcome == "skipped"
                 metrics[f"rl/loss_agent_{i}"] = loss
             if critic_batch is not None:  # after the policy steps: a value head sees its moved backbone
@@ -284,15 +317,27 @@ def run_rl(policies: Sequence[TrainablePolicy], prompt_ids: Sequence[Sequence[li
             for r in range(len(rows_items)):
                 for i in range(a):
                     x = gens[i][r]
-                    out.rollouts.append({
-                        "epoch": epoch, "step": out.steps, "item_id": rows_items[r], "generation_index": r % g,
-                        "agent_index": i, "prompt_ids": list(prompts[i][r]), "completion_ids": list(x.completion_ids),
-                        "completion": x.text, "finish_reason": x.finish_reason, "seed": x.seed,
-                        "joint_ids": scored[r][1], "reward": scored[r][0], "kl": float(kl[i, r]),
-                        "advantage": float(advantages[i, r]) if bool(valid[r]) else None,
-                        "value": float(critic_batch.values[i, r]) if critic_batch is not None and bool(valid[r])
-                        else None,  # written once ROLLOUTS declares it
-                    })
+                    out.rollouts.append(
+                        {
+                            "epoch": epoch,
+                            "step": out.steps,
+                            "item_id": rows_items[r],
+                            "generation_index": r % g,
+                            "agent_index": i,
+                            "prompt_ids": list(prompts[i][r]),
+                            "completion_ids": list(x.completion_ids),
+                            "completion": x.text,
+                            "finish_reason": x.finish_reason,
+                            "seed": x.seed,
+                            "joint_ids": scored[r][1],
+                            "reward": scored[r][0],
+                            "kl": float(kl[i, r]),
+                            "advantage": float(advantages[i, r]) if bool(valid[r]) else None,
+                            "value": float(critic_batch.values[i, r])
+                            if critic_batch is not None and bool(valid[r])
+                            else None,  # written once ROLLOUTS declares it
+                        }
+                    )
             out.steps += 1
             out.batch_sizes.append(len(rows_items))
             out.step_metrics.append(metrics)
@@ -311,16 +356,20 @@ def rl_metrics(result: RLResult, num_agents: int) -> dict[str, float]:
     """Round metrics of an RL pass: ``rl/reward_mean`` (reward-model score per joint response),
     ``rl/advantage_std`` (population std of every agent's advantages), ``rl/kl_mean`` (and per agent),
     ``rl/loss`` (mean over steps and agents), skipped steps (total and per agent), dropped groups."""
+
     def mean(xs: list[float]) -> float:
         return float(np.mean(xs)) if xs else float("nan")
 
     rewards = [r["reward"] for r in result.rollouts if r["agent_index"] == 0 and r["reward"] is not None]
     advantages = [r["advantage"] for r in result.rollouts if r["advantage"] is not None]
-    out = {"rl/reward_mean": mean(rewards),
-           "rl/advantage_std": float(np.std(advantages)) if advantages else float("nan"),
-           "rl/kl_mean": mean([r["kl"] for r in result.rollouts]),
-           "rl/loss": mean([v for m in result.step_metrics for k, v in m.items() if k.startswith("rl/loss_agent_")]),
-           "rl/skipped_steps": float(sum(result.skipped)), "rl/dropped_groups": float(result.dropped_groups)}
+    out = {
+        "rl/reward_mean": mean(rewards),
+        "rl/advantage_std": float(np.std(advantages)) if advantages else float("nan"),
+        "rl/kl_mean": mean([r["kl"] for r in result.rollouts]),
+        "rl/loss": mean([v for m in result.step_metrics for k, v in m.items() if k.startswith("rl/loss_agent_")]),
+        "rl/skipped_steps": float(sum(result.skipped)),
+        "rl/dropped_groups": float(result.dropped_groups),
+    }
     for i in range(num_agents):
         out[f"rl/kl_mean_agent_{i}"] = mean([r["kl"] for r in result.rollouts if r["agent_index"] == i])
         out[f"rl/skipped_steps_agent_{i}"] = float(result.skipped[i])

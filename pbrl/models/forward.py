@@ -30,8 +30,14 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 
 def has_dropout(model: torch.nn.Module) -> bool:
     """True when ``model`` holds a dropout module with p > 0 (e.g. peft's ``lora_dropout``)."""
-    kinds = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
-             torch.nn.FeatureAlphaDropout)
+    kinds = (
+        torch.nn.Dropout,
+        torch.nn.Dropout1d,
+        torch.nn.Dropout2d,
+        torch.nn.Dropout3d,
+        torch.nn.AlphaDropout,
+        torch.nn.FeatureAlphaDropout,
+    )
     return any(isinstance(m, kinds) and m.p > 0 for m in model.modules())
 
 
@@ -85,8 +91,9 @@ def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int
     return distinct, rows
 
 
-def pad_rows(rows: Sequence[Sequence[int]], pad_token_id: int, padding_side: str
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_rows(
+    rows: Sequence[Sequence[int]], pad_token_id: int, padding_side: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Token rows as one padded batch: (b, t) ids, mask and position ids, and (b,) the index of each row's last
     token. Masks and positions come from the row lengths, never from comparing ids with the pad id (pad may equal
     EOS). Raises ValueError for an unknown ``padding_side`` or an empty row."""
@@ -101,7 +108,7 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_token_id: int, padding_side: str
     mask = torch.zeros((len(rows), width), dtype=torch.long)  # (b, t)
     for r, row in enumerate(rows):
         start = int(offsets[r])
-        input_ids[r, start:start + len(row)] = torch.tensor(list(row), dtype=torch.long)
-        mask[r, start:start + len(row)] = 1
+        input_ids[r, start : start + len(row)] = torch.tensor(list(row), dtype=torch.long)
+        mask[r, start : start + len(row)] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, t)
     return input_ids, mask, positions, offsets + lengths - 1

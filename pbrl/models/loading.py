@@ -56,9 +56,7 @@ def resolve_model_source(source: str | Path, root: Path | None = None, *, field:
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ConfigError(
-                [Problem(field, str(source), "this folder has no config.json (not a model folder)")]
-            )
+            raise ConfigError([Problem(field, str(source), "this folder has no config.json (not a model folder)")])
         return path
     text = str(source)
     if isinstance(source, Path) or text.startswith((".", "/", "~")) or text.count("/") > 1:
@@ -159,8 +157,13 @@ def load_model(
         weights_dtype = torch.float32  # every weight is trainable: all of them are master weights
     placement: dict[str, Any] = {}
     if device == AUTO:
-        device_map = auto_device_map(src, dtype=weights_dtype, max_memory=max_memory, trainable=trainable,
-                                     lora_targets=None if lora is None else tuple(lora.target_modules))
+        device_map = auto_device_map(
+            src,
+            dtype=weights_dtype,
+            max_memory=max_memory,
+            trainable=trainable,
+            lora_targets=None if lora is None else tuple(lora.target_modules),
+        )
         placement["device_map"] = device_map
         if "disk" in device_map.values():
             placement["offload_folder"] = tempfile.mkdtemp(prefix="pbrl-offload-")
@@ -196,7 +199,8 @@ def load_model(
 # agents differ only in their adapters, so k agents hold one copy of the base instead of k (SmolLM2-135M in
 # float32: 513 MiB a copy; issue #14, the demo's peak RSS). Keyed weakly: the entry lives while a policy uses it.
 _SHARED_BASES: weakref.WeakValueDictionary[tuple[str, torch.dtype, str], torch.nn.Module] = (
-    weakref.WeakValueDictionary())
+    weakref.WeakValueDictionary()
+)
 
 
 def _shared_base(key: tuple[str, torch.dtype, str], load: Any) -> Any:
@@ -310,9 +314,7 @@ def load_policy(
             raise ArtifactError(f"{checkpoint_dir / 'config.json'}: missing; not a full model checkpoint")
         return load_model(checkpoint_dir, device=device, dtype=dtype, trainable=trainable, max_memory=max_memory)
     if checkpoint_dir is None:
-        raise ValueError(
-            "a LoRA policy loads from an adapter folder; pass the one written by init_lora_adapter"
-        )
+        raise ValueError("a LoRA policy loads from an adapter folder; pass the one written by init_lora_adapter")
     return load_model(
         base_source,
         device=device,
@@ -351,9 +353,7 @@ def resolve_devices(spec: str | list[str] | None, n: int, *, field: str = "agent
         try:
             torch.device(device)
         except (RuntimeError, TypeError) as exc:
-            raise ValueError(
-                f"{field}[{i}]: got {device!r}; not a torch device ('cpu', 'cuda:0', ...)"
-            ) from exc
+            raise ValueError(f"{field}[{i}]: got {device!r}; not a torch device ('cpu', 'cuda:0', ...)") from exc
     return devices
 
 

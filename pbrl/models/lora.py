@@ -29,9 +29,7 @@ class LoraSettings:
 # Sources, tokenizers, models.
 
 
-def with_lora(
-    model: Any, lora: LoraSettings, adapter_dir: Path | None, *, trainable: bool, seed: int | None
-) -> Any:
+def with_lora(model: Any, lora: LoraSettings, adapter_dir: Path | None, *, trainable: bool, seed: int | None) -> Any:
     """``model`` under a LoRA adapter: the one saved in ``adapter_dir`` (its settings checked against ``lora``),
     or a fresh one drawn from ``seed``. Only the adapter is trainable, and only when ``trainable``.
 
@@ -50,17 +48,17 @@ def with_lora(
         result = set_peft_model_state_dict(peft_model, load_peft_weights(str(adapter_dir), device="cpu"))
         missing = [k for k in result.missing_keys if "lora_" in k]
         if missing or result.unexpected_keys:
-            raise ArtifactError(f"{adapter_dir}: adapter weights do not fit the model (missing {missing[:3]}, "
-                                f"unexpected {list(result.unexpected_keys)[:3]})")
+            raise ArtifactError(
+                f"{adapter_dir}: adapter weights do not fit the model (missing {missing[:3]}, "
+                f"unexpected {list(result.unexpected_keys)[:3]})"
+            )
         peft_model.requires_grad_(False)
         if trainable:
             for name, param in peft_model.named_parameters():
                 param.requires_grad_("lora_" in name)
         return peft_model
     if seed is None:
-        raise ValueError(
-            "a fresh LoRA adapter needs a seed; or pass adapter_dir written by init_lora_adapter"
-        )
+        raise ValueError("a fresh LoRA adapter needs a seed; or pass adapter_dir written by init_lora_adapter")
     config = LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -106,9 +104,7 @@ def check_adapter(adapter_dir: Path, lora: LoraSettings) -> None:
     if isinstance(found["target_modules"], list):
         found["target_modules"] = sorted(found["target_modules"])
     diffs = [
-        f"{key}: stored {found[key]!r}, configured {value!r}"
-        for key, value in expected.items()
-        if found[key] != value
+        f"{key}: stored {found[key]!r}, configured {value!r}" for key, value in expected.items() if found[key] != value
     ]
     if diffs:
         raise ArtifactError(f"{config_path}: adapter built with other LoRA settings ({'; '.join(diffs)})")

@@ -84,9 +84,7 @@ def packaged_model_dir(name: str, root: Path | None = None) -> Path:
 
 def _packaged(name: str) -> PackagedModel:
     if name not in PACKAGED_MODELS:
-        raise KeyError(
-            f"unknown packaged model {name!r}; packaged models: {', '.join(sorted(PACKAGED_MODELS))}"
-        )
+        raise KeyError(f"unknown packaged model {name!r}; packaged models: {', '.join(sorted(PACKAGED_MODELS))}")
     return PACKAGED_MODELS[name]
 
 
@@ -103,9 +101,7 @@ def locate_packaged_file(name: str) -> Path:
     spec = _packaged(name)
     found = importlib.util.find_spec(spec.package)
     if found is None or not found.submodule_search_locations:
-        raise ArtifactError(
-            f"packaged model {name!r} needs the pip package {spec.package!r}: {spec.pip_install}"
-        )
+        raise ArtifactError(f"packaged model {name!r} needs the pip package {spec.package!r}: {spec.pip_install}")
     for location in found.submodule_search_locations:
         path = Path(location) / spec.filename
         if path.is_file():
@@ -178,9 +174,7 @@ def prepare_converted_folder(
                 return dest
             _convert_into_place(src, dest, convert, name=name, sha=sha)
     except Timeout as exc:
-        raise ArtifactError(
-            f"{lock_path}: still locked after {lock_timeout_s} s by another conversion"
-        ) from exc
+        raise ArtifactError(f"{lock_path}: still locked after {lock_timeout_s} s by another conversion") from exc
     return dest
 
 

@@ -87,16 +87,25 @@ def resident_modules(model: Any, *, trainable: bool, lora_targets: tuple[str, ..
     """
     if trainable and lora_targets is None:
         return {""}
-    names = {name for name, module in model.named_modules()
-             if module is model.get_input_embeddings() or module is model.get_output_embeddings()}
+    names = {
+        name
+        for name, module in model.named_modules()
+        if module is model.get_input_embeddings() or module is model.get_output_embeddings()
+    }
     for name, _ in model.named_modules():
         if lora_targets and any(name == e or name.endswith("." + e) for e in lora_targets):
             names.add(name)
     return names
 
 
-def keep_resident(model: Any, device_map: Mapping[str, int | str], resident: set[str], *,
-                  max_memory: MaxMemory | None = None, field: str = "agent_devices") -> dict[str, int | str]:
+def keep_resident(
+    model: Any,
+    device_map: Mapping[str, int | str],
+    resident: set[str],
+    *,
+    max_memory: MaxMemory | None = None,
+    field: str = "agent_devices",
+) -> dict[str, int | str]:
     """``device_map`` with every module of ``resident`` moved off an offloaded entry onto the main device.
 
     An offloaded entry that contains resident modules is split into its children (recursively), so only the
@@ -117,12 +126,20 @@ def keep_resident(model: Any, device_map: Mapping[str, int | str], resident: set
             return
         if "" in resident:
             offloaded = sorted(k or "the whole model" for k, v in device_map.items() if _offloaded(v, main))
-            raise ConfigError([Problem("max_memory", max_memory, f"{field}='auto' offloads "
-                                       f"{', '.join(offloaded[:4])}{' ...' if len(offloaded) > 4 else ''} to "
-                                       f"{value}, but full fine-tuning "
-                                       "trains every weight and an offloaded weight cannot be trained; raise "
-                                       "max_memory, add devices, or use LoRA (lora_r) so that only frozen base "
-                                       "weights are offloaded")])
+            raise ConfigError(
+                [
+                    Problem(
+                        "max_memory",
+                        max_memory,
+                        f"{field}='auto' offloads "
+                        f"{', '.join(offloaded[:4])}{' ...' if len(offloaded) > 4 else ''} to "
+                        f"{value}, but full fine-tuning "
+                        "trains every weight and an offloaded weight cannot be trained; raise "
+                        "max_memory, add devices, or use LoRA (lora_r) so that only frozen base "
+                        "weights are offloaded",
+                    )
+                ]
+            )
         module = model.get_submodule(name)
         children = list(module.named_children())
         own = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
@@ -137,8 +154,15 @@ def keep_resident(model: Any, device_map: Mapping[str, int | str], resident: set
     return out
 
 
-def auto_device_map(source: Path, *, dtype: torch.dtype, max_memory: MaxMemory | None, trainable: bool,
-                    lora_targets: tuple[str, ...] | None, field: str = "agent_devices") -> dict[str, int | str]:
+def auto_device_map(
+    source: Path,
+    *,
+    dtype: torch.dtype,
+    max_memory: MaxMemory | None,
+    trainable: bool,
+    lora_targets: tuple[str, ...] | None,
+    field: str = "agent_devices",
+) -> dict[str, int | str]:
     """accelerate's device map for the causal LM in folder ``source`` loaded in ``dtype``: its modules spread
     over the GPUs, then the CPU, then disk, within ``max_memory`` (accelerate's ``infer_auto_device_map``, never
     splitting a block the model lists in ``_no_split_modules``); the :func:`resident_modules` are kept on the
@@ -152,7 +176,11 @@ def auto_device_map(source: Path, *, dtype: torch.dtype, max_memory: MaxMemory |
     with torch.random.fork_rng(devices=[]), init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.tie_weights()  # tied embeddings count once and land on one device
-    device_map = infer_auto_device_map(model, max_memory=normalize_max_memory(max_memory), dtype=dtype,
-                                       no_split_module_classes=list(model._no_split_modules or []))
+    device_map = infer_auto_device_map(
+        model,
+        max_memory=normalize_max_memory(max_memory),
+        dtype=dtype,
+        no_split_module_classes=list(model._no_split_modules or []),
+    )
     resident = resident_modules(model, trainable=trainable, lora_targets=lora_targets)
     return keep_resident(model, device_map, resident, max_memory=max_memory, field=field)

@@ -103,8 +103,9 @@ def write_initial_checkpoints(paths: RunPaths, source: PolicySource, *, seed: in
             continue
         resolved = resolve_model_source(model)
         if source.lora is not None:
-            init_lora_adapter(resolved, source.lora, agent_dir,
-                              seed=derive_seed(seed, round_index=0, stage="init-lora", agent=i))
+            init_lora_adapter(
+                resolved, source.lora, agent_dir, seed=derive_seed(seed, round_index=0, stage="init-lora", agent=i)
+            )
         base_hash = hash_path(Path(resolved)) if Path(str(resolved)).exists() else str(resolved)
         write_json(agent_dir / SOURCE_FILE, {"source": model, "resolved": str(resolved), "hash": base_hash})
 
@@ -126,17 +127,20 @@ def policy_checkpoint(paths: RunPaths, round_index: int) -> Path:
     manifest_path = paths.manifest(round_index, UPDATE_STAGE)
     manifest = read_manifest(paths, round_index, UPDATE_STAGE)
     if manifest is None:
-        raise ArtifactError(f"{manifest_path}: missing; the policy after round {round_index} is known once "
-                            f"{UPDATE_STAGE} of round {round_index} has finished: run it first")
+        raise ArtifactError(
+            f"{manifest_path}: missing; the policy after round {round_index} is known once "
+            f"{UPDATE_STAGE} of round {round_index} has finished: run it first"
+        )
     rel = manifest.details.get("checkpoint")
     if not isinstance(rel, str) or not rel:
-        raise ArtifactError(f"{manifest_path}: details.checkpoint missing; rerun {UPDATE_STAGE} of round "
-                            f"{round_index}")
+        raise ArtifactError(f"{manifest_path}: details.checkpoint missing; rerun {UPDATE_STAGE} of round {round_index}")
     checkpoint = paths.root / rel
     complete = checkpoint.is_dir() if checkpoint == paths.initial else (checkpoint / TRAINER_STATE).is_file()
     if not complete:
-        raise ArtifactError(f"{manifest_path}: names checkpoint {rel}, which is missing or incomplete; rerun "
-                            f"{UPDATE_STAGE} of round {round_index}")
+        raise ArtifactError(
+            f"{manifest_path}: names checkpoint {rel}, which is missing or incomplete; rerun "
+            f"{UPDATE_STAGE} of round {round_index}"
+        )
     return checkpoint
 
 
@@ -181,15 +185,23 @@ def load_agent(
     ckpt_dir: Path | None = agent_dir
     if source.lora is None and (agent_dir / SOURCE_FILE).is_file() and not (agent_dir / "config.json").is_file():
         ckpt_dir = None  # the initial policy of full fine-tuning: the base weights
-    model = load_policy(resolved, checkpoint_dir=ckpt_dir, lora=source.lora, device=device, dtype=source.dtype,
-                        trainable=trainable, max_memory=source.max_memory)
+    model = load_policy(
+        resolved,
+        checkpoint_dir=ckpt_dir,
+        lora=source.lora,
+        device=device,
+        dtype=source.dtype,
+        trainable=trainable,
+        max_memory=source.max_memory,
+    )
     if device == AUTO:
         device = main_device(model.hf_device_map)
     return AgentPolicy(model=model, tokenizer=load_tokenizer(resolved), device=device)
 
 
-def trainable_policy(source: PolicySource, policy: AgentPolicy, *, learning_rate: float,
-                     state_dir: Path | None = None) -> TrainablePolicy:
+def trainable_policy(
+    source: PolicySource, policy: AgentPolicy, *, learning_rate: float, state_dir: Path | None = None
+) -> TrainablePolicy:
     """``policy`` (loaded with ``trainable=True``) ready to train: AdamW over its trainable parameters (on their
     devices, wherever placement put them; ``weight_decay=0``: a pair that carries no preference signal must not
     move the weights) and its mixed precision (``source.mixed_precision`` on ``policy.device``).
@@ -220,8 +232,9 @@ def trainable_agent(training: AgentTraining, start: Path, agent: int) -> tuple[T
     optimizer/grad-scaler state stored beside the weights, activation checkpointing on with
     ``gradient_checkpointing``; and its tokenizer. Also what a Ray actor loads (:mod:`pbrl.distributed.ray_agents`)."""
     policy = load_agent(training.source, agent, start, trainable=True)
-    trainable = trainable_policy(training.source, policy, learning_rate=training.learning_rate,
-                                 state_dir=start / f"agent_{agent}")
+    trainable = trainable_policy(
+        training.source, policy, learning_rate=training.learning_rate, state_dir=start / f"agent_{agent}"
+    )
     if training.gradient_checkpointing:  # recompute activations in backward (transformers' option)
         trainable.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return trainable, policy.tokenizer

@@ -90,8 +90,14 @@ def autocast(precision: Precision | None) -> contextlib.AbstractContextManager[A
     return torch.autocast(precision.device_type, dtype=AUTOCAST_DTYPES[precision.mode])
 
 
-def backward_and_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, params: list[torch.nn.Parameter],
-                      *, max_grad_norm: float | None, precision: Precision | None = None) -> bool:
+def backward_and_step(
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    params: list[torch.nn.Parameter],
+    *,
+    max_grad_norm: float | None,
+    precision: Precision | None = None,
+) -> bool:
     """One optimizer step on ``loss`` (a finite scalar): backward (scaled for fp16), gradient norm clipped to
     ``max_grad_norm`` (None: not clipped) on the true (unscaled) gradients, step, gradients cleared.
 

@@ -94,8 +94,7 @@ def base_candidate_pairs(scores: Mapping[int, float], *, tie_tolerance: float) -
         _require_finite(score, CandidateRef("target", index))
     pairs = []
     for i, j in combinations(sorted(scores), 2):
-        pair = _ordered_pair(CandidateRef("target", i), scores[i], CandidateRef("target", j), scores[j],
-                             tie_tolerance)
+        pair = _ordered_pair(CandidateRef("target", i), scores[i], CandidateRef("target", j), scores[j], tie_tolerance)
         if pair is not None:
             pairs.append(pair)
     return sorted(pairs, key=_candidate_order_key)
@@ -128,8 +127,9 @@ def iterative_candidate_pairs(
             _require_finite(score, CandidateRef(side, index))
     pairs = []
     for j in sorted(set(target) & set(comparator)):
-        pair = _ordered_pair(CandidateRef("target", j), target[j], CandidateRef("comparator", j),
-                             comparator[j], tie_tolerance)
+        pair = _ordered_pair(
+            CandidateRef("target", j), target[j], CandidateRef("comparator", j), comparator[j], tie_tolerance
+        )
         if pair is not None:
             pairs.append(pair)
     return pairs
@@ -245,8 +245,10 @@ def _comparator_score(pair: Pair) -> float:
 
 
 def _require_finite(score: float, ref: CandidateRef) -> None:
-    if isinstance(score, bool) or not isinstance(score, int | float | np.floating | np.integer) or not (
-        math.isfinite(score)
+    if (
+        isinstance(score, bool)
+        or not isinstance(score, int | float | np.floating | np.integer)
+        or not (math.isfinite(score))
     ):
         raise ValueError(
             f"{ref.side} candidate {ref.index}: score {score!r} is not a finite number; the oracle must drop "

@@ -168,9 +168,7 @@ def dataset_weights(eligible: Sequence[ReplayDataset], *, mode: ReplayMode, lam:
     return weighting(eligible, lam)
 
 
-def default_sample_size(
-    *, sample_size: int | None, current_pairs: int, eligible: Sequence[ReplayDataset]
-) -> int:
+def default_sample_size(*, sample_size: int | None, current_pairs: int, eligible: Sequence[ReplayDataset]) -> int:
     """The number of replay draws.
 
     ``sample_size`` (config ``preference_replay_sample_size``) if set; else the current round's pair count
@@ -204,9 +202,7 @@ def allocate_draws(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.
     if n == 0:
         return np.zeros(w.shape[0], dtype=np.int64)
     if w.size == 0 or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
-        raise ValueError(
-            f"replay weights must be finite, >= 0 and not all 0 to place {n} draws; got {w.tolist()}"
-        )
+        raise ValueError(f"replay weights must be finite, >= 0 and not all 0 to place {n} draws; got {w.tolist()}")
     chosen = rng.choice(w.size, size=n, p=w / w.sum())  # (n,) dataset position of each draw
     return np.bincount(chosen, minlength=w.size).astype(np.int64)
 
@@ -293,9 +289,7 @@ def _check_history(datasets: Sequence[ReplayDataset], current_round: int) -> lis
     rounds = [d.round_index for d in datasets]
     newer = sorted(r for r in rounds if r > current_round)
     if newer:
-        raise ValueError(
-            f"replay datasets of rounds {newer} are newer than the current round {current_round}"
-        )
+        raise ValueError(f"replay datasets of rounds {newer} are newer than the current round {current_round}")
     duplicates = sorted(r for r, count in Counter(rounds).items() if count > 1)
     if duplicates:
         raise ValueError(f"replay datasets list rounds {duplicates} more than once")
@@ -305,4 +299,3 @@ def _check_history(datasets: Sequence[ReplayDataset], current_round: int) -> lis
             f"{sorted(rounds)})"
         )
     return sorted(datasets, key=lambda d: d.round_index)
-

@@ -24,12 +24,19 @@ COUNT_METRICS = {  # manifest counts worth a metric row: (stage, count) -> metri
     ("fit-reward-model", "dropped_too_long"): "rm/dropped_too_long",
 }
 MARLHF_COLUMNS = {  # MARLHF round-table columns, shown when a run has them
-    "rm/loss": "rm_loss", "rm/accuracy": "rm_accuracy", "rm/heldout_accuracy": "rm_heldout_accuracy",
-    "rl/reward_mean": "rl_reward", "rl/advantage_std": "rl_advantage_std", "rl/kl_mean": "rl_kl",
+    "rm/loss": "rm_loss",
+    "rm/accuracy": "rm_accuracy",
+    "rm/heldout_accuracy": "rm_heldout_accuracy",
+    "rl/reward_mean": "rl_reward",
+    "rl/advantage_std": "rl_advantage_std",
+    "rl/kl_mean": "rl_kl",
 }
 EVAL_INTERVAL_COLUMNS = {  # evaluate's interval metrics -> round-table columns
-    "eval/reward_ci_low": "eval_lo", "eval/reward_ci_high": "eval_hi", "eval/paired_diff_mean": "paired",
-    "eval/paired_diff_ci_low": "paired_lo", "eval/paired_diff_ci_high": "paired_hi",
+    "eval/reward_ci_low": "eval_lo",
+    "eval/reward_ci_high": "eval_hi",
+    "eval/paired_diff_mean": "paired",
+    "eval/paired_diff_ci_low": "paired_lo",
+    "eval/paired_diff_ci_high": "paired_hi",
 }
 
 
@@ -45,8 +52,10 @@ def round_rows(paths: RunPaths, round_index: int) -> list[dict]:
             if s == stage and count in m.counts:
                 values[name] = float(m.counts[count])
         values[f"time/{stage}_seconds"] = m.seconds
-        rows += [{"round_index": round_index, "stage": stage, "metric": k, "value": float(v)}
-                 for k, v in sorted(values.items())]
+        rows += [
+            {"round_index": round_index, "stage": stage, "metric": k, "value": float(v)}
+            for k, v in sorted(values.items())
+        ]
     return rows
 
 
@@ -73,9 +82,14 @@ def round_table(run_dir: str | Path) -> pd.DataFrame:
     df = metrics_frame(run_dir)
     wide = df.pivot_table(index="round_index", columns="metric", values="value", aggfunc="last")
     cols = {
-        "pairs/count": "pairs", "iter/train_preference_pairs": "train_pairs", "madpo/loss": "loss",
-        "madpo/accuracy": "accuracy", "madpo/margin_mean": "margin", "madpo/skipped_steps": "skipped",
-        "eval/turn_1/reward_mean": "eval_reward", **EVAL_INTERVAL_COLUMNS,
+        "pairs/count": "pairs",
+        "iter/train_preference_pairs": "train_pairs",
+        "madpo/loss": "loss",
+        "madpo/accuracy": "accuracy",
+        "madpo/margin_mean": "margin",
+        "madpo/skipped_steps": "skipped",
+        "eval/turn_1/reward_mean": "eval_reward",
+        **EVAL_INTERVAL_COLUMNS,
     }
     table = pd.DataFrame(index=wide.index)
     for src, dst in cols.items():
@@ -89,7 +103,10 @@ def round_table(run_dir: str | Path) -> pd.DataFrame:
     rss = df[df["metric"] == "resource/peak_rss_mb"].groupby("round_index")["value"].max() / 1024
     table["peak_rss_gb"] = rss.reindex(table.index)
     if 0 in table.index and pd.notna(table.loc[0, "eval_reward"]):
-        table.insert(table.columns.get_loc("eval_reward") + 1, "eval_vs_round0",
-                     table["eval_reward"] - table.loc[0, "eval_reward"])
+        table.insert(
+            table.columns.get_loc("eval_reward") + 1,
+            "eval_vs_round0",
+            table["eval_reward"] - table.loc[0, "eval_reward"],
+        )
     table.index.name = "round"
     return table

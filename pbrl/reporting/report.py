@@ -42,11 +42,13 @@ def write_report_png(run_dir: str | Path, table: pd.DataFrame | None = None) -> 
         paired = table.get("paired")
         if paired is not None and paired.notna().any():  # the paired gain, on the reward scale
             gain = ev.loc[0] + paired.dropna()
-            ax1.plot(gain.index, gain.values, marker="D", color="tab:purple", linestyle=":",
-                     label="round 0 + paired gain")
+            ax1.plot(
+                gain.index, gain.values, marker="D", color="tab:purple", linestyle=":", label="round 0 + paired gain"
+            )
             lo, hi = table["paired_lo"] + ev.loc[0], table["paired_hi"] + ev.loc[0]
-            draw_interval(ax1, pd.DataFrame({"lo": lo, "hi": hi}), "lo", "hi", "tab:purple",
-                          "paired gain 95 % interval")
+            draw_interval(
+                ax1, pd.DataFrame({"lo": lo, "hi": hi}), "lo", "hi", "tab:purple", "paired gain 95 % interval"
+            )
     # MADPO: its loss and pair accuracy; MARLHF: the reward model's Bradley–Terry loss and held-out accuracy.
     loss_col, acc_col, loss_label, acc_label = "loss", "accuracy", "MADPO loss", "accuracy"
     if "rm_loss" in table and table["rm_loss"].notna().any() and not table["loss"].notna().any():

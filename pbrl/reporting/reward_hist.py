@@ -30,8 +30,10 @@ def check_reward_range(reward_range: Any, *, source: str = "reward_func") -> tup
     Raises:
         ValueError: naming ``source`` and ``log_reward_distribution`` when the range is missing or unusable.
     """
-    hint = (f"log_reward_distribution=True needs the reward range of {source}: declare reward_range=(low, high) "
-            "on the task (or set it on the reward function)")
+    hint = (
+        f"log_reward_distribution=True needs the reward range of {source}: declare reward_range=(low, high) "
+        "on the task (or set it on the reward function)"
+    )
     if reward_range is None:
         raise ValueError(f"{hint}; it has none")
     try:
@@ -54,8 +56,12 @@ class RewardHistogram:
     raw_rewards: list[float]
 
     def as_record(self) -> dict[str, Any]:
-        return {"sample_count": self.sample_count, "mean": self.mean, "counts": self.counts,
-                "raw_rewards": self.raw_rewards}
+        return {
+            "sample_count": self.sample_count,
+            "mean": self.mean,
+            "counts": self.counts,
+            "raw_rewards": self.raw_rewards,
+        }
 
 
 def bin_edges(low: float, high: float, num_bins: int = NUM_BINS) -> list[float]:
@@ -71,15 +77,26 @@ def reward_histogram(values: Sequence[float], low: float, high: float, num_bins:
     0 (0 and -1), 1 in bin 1 (0.3), 2 in bin 15 (4 and 5).
     """
     finite = [float(v) for v in values if math.isfinite(float(v))]
-    counts, _ = np.histogram(np.clip(finite, low, high), bins=num_bins, range=(low, high)) if finite else (
-        np.zeros(num_bins, dtype=int), None)
+    counts, _ = (
+        np.histogram(np.clip(finite, low, high), bins=num_bins, range=(low, high))
+        if finite
+        else (np.zeros(num_bins, dtype=int), None)
+    )
     mean = sum(finite) / len(finite) if finite else None
     return RewardHistogram(len(finite), mean, [int(c) for c in counts], finite)
 
 
-def distribution_record(iteration: int, low: float, high: float, *, target: Sequence[float],
-                        comparator: Sequence[float], selected_target: Sequence[float],
-                        selected_comparator: Sequence[float], num_bins: int = NUM_BINS) -> dict[str, Any]:
+def distribution_record(
+    iteration: int,
+    low: float,
+    high: float,
+    *,
+    target: Sequence[float],
+    comparator: Sequence[float],
+    selected_target: Sequence[float],
+    selected_comparator: Sequence[float],
+    num_bins: int = NUM_BINS,
+) -> dict[str, Any]:
     """The reference's ``reward_distributions/iteration_<k>.json`` content for round ``iteration`` (1-based).
 
     ``target``/``comparator``: raw rewards of every candidate of each side; ``selected_*``: the raw rewards of
@@ -88,7 +105,11 @@ def distribution_record(iteration: int, low: float, high: float, *, target: Sequ
     edges = bin_edges(low, high, num_bins)
     hist = lambda xs: reward_histogram(xs, low, high, num_bins).as_record()  # noqa: E731
     return {
-        "iteration": iteration, "reward_min": low, "reward_max": high, "num_bins": num_bins, "bin_edges": edges,
+        "iteration": iteration,
+        "reward_min": low,
+        "reward_max": high,
+        "num_bins": num_bins,
+        "bin_edges": edges,
         "bin_centers": [(a + b) / 2 for a, b in zip(edges, edges[1:], strict=False)],
         "candidate": {"target": hist(target), "comparator": hist(comparator)},
         "selected": {"target": hist(selected_target), "comparator": hist(selected_comparator)},
@@ -119,8 +140,13 @@ def plot_distribution(record: dict[str, Any], path: str | Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharex=True)
     for ax, group, title in zip(axes, ("candidate", "selected"), ("all candidates", "selected pairs"), strict=True):
         for side, offset, color in (("target", -0.2, "tab:blue"), ("comparator", 0.2, "tab:orange")):
-            ax.bar([c + offset * width for c in centers], record[group][side]["counts"], width=0.4 * width,
-                   color=color, label=side)
+            ax.bar(
+                [c + offset * width for c in centers],
+                record[group][side]["counts"],
+                width=0.4 * width,
+                color=color,
+                label=side,
+            )
         ax.set(title=f"round {record['iteration']}: {title}", xlabel="raw reward", ylabel="count")
         ax.legend(loc="best")
     fig.tight_layout()

@@ -40,8 +40,9 @@ class Interval:
     n: int
 
 
-def bootstrap_mean(values: Sequence[float], *, seed: int, confidence: float = CONFIDENCE,
-                   num_resamples: int = NUM_RESAMPLES) -> Interval:
+def bootstrap_mean(
+    values: Sequence[float], *, seed: int, confidence: float = CONFIDENCE, num_resamples: int = NUM_RESAMPLES
+) -> Interval:
     """Mean of ``values`` with its percentile bootstrap interval.
 
     ``num_resamples`` resamples of the n values with replacement (indices from
@@ -84,19 +85,27 @@ def item_means(rewards: Mapping[SampleKey, float]) -> dict[str, float]:
     return {item: sum(rs) / len(rs) for item, rs in sums.items()}
 
 
-def mean_interval(rewards: Mapping[SampleKey, float], *, seed: int, confidence: float = CONFIDENCE,
-                  num_resamples: int = NUM_RESAMPLES) -> Interval:
+def mean_interval(
+    rewards: Mapping[SampleKey, float], *, seed: int, confidence: float = CONFIDENCE, num_resamples: int = NUM_RESAMPLES
+) -> Interval:
     """Mean reward of one evaluation with the item-level bootstrap interval (see the module docstring).
 
     The mean is the mean of the item means (equal to the plain mean when every item has the same number of
     samples). Raises ValueError on no rewards (see :func:`bootstrap_mean`).
     """
-    return bootstrap_mean(list(item_means(rewards).values()), seed=seed, confidence=confidence,
-                          num_resamples=num_resamples)
+    return bootstrap_mean(
+        list(item_means(rewards).values()), seed=seed, confidence=confidence, num_resamples=num_resamples
+    )
 
 
-def paired_difference(now: Mapping[SampleKey, float], baseline: Mapping[SampleKey, float], *, seed: int,
-                      confidence: float = CONFIDENCE, num_resamples: int = NUM_RESAMPLES) -> Interval:
+def paired_difference(
+    now: Mapping[SampleKey, float],
+    baseline: Mapping[SampleKey, float],
+    *,
+    seed: int,
+    confidence: float = CONFIDENCE,
+    num_resamples: int = NUM_RESAMPLES,
+) -> Interval:
     """Mean of ``now - baseline`` over the draws both evaluations scored, with the item-level interval.
 
     Per item: the mean over its shared samples of ``now[(item, s)] - baseline[(item, s)]``; then
@@ -108,7 +117,9 @@ def paired_difference(now: Mapping[SampleKey, float], baseline: Mapping[SampleKe
     """
     shared = [key for key in now if key in baseline]
     if not shared:
-        raise ValueError(f"paired_difference: no (item, sample) draw in both evaluations (e.g. now has "
-                         f"{next(iter(now), None)}, baseline has {next(iter(baseline), None)})")
+        raise ValueError(
+            f"paired_difference: no (item, sample) draw in both evaluations (e.g. now has "
+            f"{next(iter(now), None)}, baseline has {next(iter(baseline), None)})"
+        )
     diffs = {key: float(now[key]) - float(baseline[key]) for key in shared}
     return mean_interval(diffs, seed=seed, confidence=confidence, num_resamples=num_resamples)

@@ -32,8 +32,7 @@ def reference_label(round_index: int) -> str:
     return "initial" if round_index == 0 else f"iteration_{round_index - 1:04d}"
 
 
-def export_policy_checkpoint(checkpoint: str | Path, export_dir: str | Path, round_index: int,
-                             num_agents: int) -> Path:
+def export_policy_checkpoint(checkpoint: str | Path, export_dir: str | Path, round_index: int, num_agents: int) -> Path:
     """Copy ``checkpoint/agent_<i>/`` (i < num_agents) to ``export_dir/<reference_label(round)>/agent_<i>/``.
 
     The folder is assembled under a temporary name and renamed, so an interrupted export leaves no partial

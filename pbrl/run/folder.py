@@ -58,8 +58,9 @@ def open_job(run_dir: Path) -> JobConfig:
         folder = folder.resolve()
     data = read_json(RunPaths(folder).run_json)
     try:
-        return parse_job({**data["config"], "output_dir": str(folder.parent), "run_name": folder.name},
-                         warn=False)  # its notices were shown when the run started
+        return parse_job(
+            {**data["config"], "output_dir": str(folder.parent), "run_name": folder.name}, warn=False
+        )  # its notices were shown when the run started
     except (KeyError, TypeError, ConfigError) as exc:
         raise ArtifactError(f"{RunPaths(run_dir).run_json}: invalid stored config ({exc})") from exc
 
@@ -140,13 +141,22 @@ def prepare_run(
     given = task or attached_task(run_dir)  # a task of Python objects; a config's task is resolved anew
     if paths.run_json.is_file():
         if not resume:
-            raise ConfigError([Problem("run_name", job.run_name, f"run folder {run_dir} already exists; continue "
-                                       "it with --resume (CLI) or resume=True (Python API), or choose another "
-                                       "run name")])
+            raise ConfigError(
+                [
+                    Problem(
+                        "run_name",
+                        job.run_name,
+                        f"run folder {run_dir} already exists; continue "
+                        "it with --resume (CLI) or resume=True (Python API), or choose another "
+                        "run name",
+                    )
+                ]
+            )
         check_resumable(paths, job)
         remove_stale_temporaries(paths)  # what a killed write left behind (never read, but never cleaned)
-        task = preflight(job, task=given, train_items=train_items, eval_items=eval_items,
-                         check_items=not paths.items.is_file())
+        task = preflight(
+            job, task=given, train_items=train_items, eval_items=eval_items, check_items=not paths.items.is_file()
+        )
         if given is not None:
             attach_task(run_dir, given)
         if not paths.items.is_file():
@@ -156,8 +166,15 @@ def prepare_run(
         write_initial_checkpoints(paths, policy_source(job), seed=job.seed)
         return run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError([Problem("run_name", job.run_name, f"{run_dir} exists and is not a run folder (no "
-                                   "run.json); remove it or choose another run name")])
+        raise ConfigError(
+            [
+                Problem(
+                    "run_name",
+                    job.run_name,
+                    f"{run_dir} exists and is not a run folder (no run.json); remove it or choose another run name",
+                )
+            ]
+        )
     task = preflight(job, task=given, train_items=train_items, eval_items=eval_items)
     train, evals = load_run_items(job, task, train_items, eval_items)
     with atomic_dir(run_dir) as tmp:  # renamed onto run_dir only when everything below succeeded

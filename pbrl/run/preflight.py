@@ -23,8 +23,15 @@ from pbrl.tasks.base import Task
 
 
 # Over 60 lines: a flat list of independent checks whose problems are all collected and reported at once.
-def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool = True,
-              train_items: Any = None, eval_items: Any = None, check_items: bool = True) -> Task:
+def preflight(
+    job: JobConfig,
+    *,
+    task: Task | None = None,
+    prepare_models: bool = True,
+    train_items: Any = None,
+    eval_items: Any = None,
+    check_items: bool = True,
+) -> Task:
     """Check what a config cannot check on its own, before any run folder is touched or Prefect started:
     the trainer is available, the task and its import paths resolve, the items load and every agent's
     formatter formats every item, every model source exists offline (a packaged model is converted here,
@@ -44,12 +51,14 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
         problems += _actor_critic_problems(job)
     if is_iterative(job.trainer):
         problems += comparator_preflight_problems(
-            job.comparator_policy, model_sources=job.comparator_agents or [job.comparator_model_name or ""],
+            job.comparator_policy,
+            model_sources=job.comparator_agents or [job.comparator_model_name or ""],
             model_field="comparator_agents" if job.comparator_agents else "comparator_model_name",
-            key_env=job.comparator_api_key_env, generation_mode=job.comparator_generation_mode,
-            adapter_path=getattr(job, "comparator_centralized_adapter", None))
+            key_env=job.comparator_api_key_env,
+            generation_mode=job.comparator_generation_mode,
+            adapter_path=getattr(job, "comparator_centralized_adapter", None),
+        )
     if getattr(job, "collaboration_mode", "decentralized") == "centralized":  # the actor's adapter imports
-
         try:
             centralized_adapter(job)
         except ConfigError as exc:
@@ -59,10 +68,8 @@ def preflight(job: JobConfig, *, task: Task | None = None, prepare_models: bool 
     except ConfigError as exc:
         problems += exc.problems
     if getattr(job, "log_reward_distribution", False) and task is not None:
-
         try:
-            check_reward_range(getattr(task.reward_func, "reward_range", None) or task.reward_range,
-                               source=task.name)
+            check_reward_range(getattr(task.reward_func, "reward_range", None) or task.reward_range, source=task.name)
         except ValueError as exc:
             problems.append(Problem("log_reward_distribution", True, str(exc)))
     missing_files = False
@@ -98,18 +105,25 @@ def _precision_and_placement_problems(job: JobConfig) -> list[Problem]:
     """``mixed_precision`` autocast available on every agent device type; ``agent_devices: auto`` without
     LoRA fits ``max_memory`` without offloading trainable weights (accelerate's device map, no weights read)."""
 
-
     source = policy_source(job)
     devices = source.devices if isinstance(source.devices, tuple) else (source.devices,)
     default = "cuda" if torch.cuda.is_available() else "cpu"
     types = {default if d in (None, "auto") else str(d).split(":")[0] for d in devices}
-    problems = [Problem("mixed_precision", job.mixed_precision, why) for t in sorted(types)
-                if (why := autocast_problem(job.mixed_precision, t))]
+    problems = [
+        Problem("mixed_precision", job.mixed_precision, why)
+        for t in sorted(types)
+        if (why := autocast_problem(job.mixed_precision, t))
+    ]
     if source.devices == "auto" and job.lora_r is None:
         for model in dict.fromkeys(source.models):
             try:
-                auto_device_map(Path(str(resolve_model_source(model))), dtype=torch.float32,
-                                max_memory=job.max_memory, trainable=True, lora_targets=None)
+                auto_device_map(
+                    Path(str(resolve_model_source(model))),
+                    dtype=torch.float32,
+                    max_memory=job.max_memory,
+                    trainable=True,
+                    lora_targets=None,
+                )
             except ConfigError as exc:
                 problems += exc.problems
     return problems
@@ -127,9 +141,15 @@ def _actor_critic_problems(job: JobConfig) -> list[Problem]:
             critic = load_tokenizer(resolve_model_source(job.critic_model_name, field="critic_model_name"))
             agents = policy_source(job).models
             if any(load_tokenizer(resolve_model_source(m)).get_vocab() != critic.get_vocab() for m in set(agents)):
-                problems.append(Problem("critic_model_name", job.critic_model_name, "has another vocabulary than "
-                                        "the agents' models; a critic reads the agents' token ids, so give a "
-                                        "backbone with the agents' tokenizer"))
+                problems.append(
+                    Problem(
+                        "critic_model_name",
+                        job.critic_model_name,
+                        "has another vocabulary than "
+                        "the agents' models; a critic reads the agents' token ids, so give a "
+                        "backbone with the agents' tokenizer",
+                    )
+                )
         except ConfigError as exc:
             problems += exc.problems
         except ArtifactError as exc:
@@ -145,7 +165,11 @@ def _lora_target_problems(job: JobConfig, resolved: Any) -> list[Problem]:
     unknown = check_lora_target_modules(resolved, list(job.lora_target_modules))
     if not unknown:
         return []
-    return [Problem("lora_target_modules", unknown, f"no module of {resolved} is named so; check the model's "
-                    "module names (e.g. q_proj, k_proj, v_proj, o_proj for Llama-style models)")]
-
-
+    return [
+        Problem(
+            "lora_target_modules",
+            unknown,
+            f"no module of {resolved} is named so; check the model's "
+            "module names (e.g. q_proj, k_proj, v_proj, o_proj for Llama-style models)",
+        )
+    ]

@@ -33,14 +33,21 @@ def policy_source(job: JobConfig) -> PolicySource:
     # parallel_training 'none' puts every agent on the first device, 'mp' agent i on device i (reference).
     spec = placement_spec(job.agent_devices, job.parallel_training)
     devices = spec if spec is None or isinstance(spec, str) else tuple(spec)
-    return PolicySource(models=models, lora=lora, dtype=job.torch_dtype, devices=devices,
-                        mixed_precision=job.mixed_precision, max_memory=normalize_max_memory(job.max_memory))
+    return PolicySource(
+        models=models,
+        lora=lora,
+        dtype=job.torch_dtype,
+        devices=devices,
+        mixed_precision=job.mixed_precision,
+        max_memory=normalize_max_memory(job.max_memory),
+    )
 
 
 def agent_training(job: JobConfig) -> AgentTraining:
     """How each agent trains: its policy source, ``agent_learning_rate`` and ``gradient_checkpointing``."""
-    return AgentTraining(policy_source(job), learning_rate=job.agent_learning_rate,
-                         gradient_checkpointing=job.gradient_checkpointing)
+    return AgentTraining(
+        policy_source(job), learning_rate=job.agent_learning_rate, gradient_checkpointing=job.gradient_checkpointing
+    )
 
 
 def ray_settings(job: JobConfig) -> RaySettings:

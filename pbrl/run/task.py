@@ -43,10 +43,18 @@ def resolve_task(job: JobConfig, run_dir: Path | None = None) -> Task:
     problems: list[Problem] = []
     base: Task | None = None
     if job.task == IN_PROCESS_TASK:
-        raise ConfigError([Problem("task", job.task, "this run's task was given as Python objects (callables or "
-                                   "in-memory items) to the trainer API and lives only in that process; give "
-                                   "module-level functions and dataset files (recorded by import path and file "
-                                   "name) to run its stages from the CLI or the UI")])
+        raise ConfigError(
+            [
+                Problem(
+                    "task",
+                    job.task,
+                    "this run's task was given as Python objects (callables or "
+                    "in-memory items) to the trainer API and lives only in that process; give "
+                    "module-level functions and dataset files (recorded by import path and file "
+                    "name) to run its stages from the CLI or the UI",
+                )
+            ]
+        )
     if job.task:
         try:
             base = get_task(job.task, **job.task_options)

@@ -112,8 +112,11 @@ def docs_terms(summary: str, explanation: str, item: dict[str, Any]) -> dict[str
     if not s or not e:
         return None
     lengths_ok = _within(len(s.split()), SUMMARY_WORDS) and _within(len(e.split()), EXPLANATION_WORDS)
-    return {"lengths": float(lengths_ok), "ratio": ratio_score(len(e) / len(s)),
-            "coverage": coverage(e, key_identifiers(item))}
+    return {
+        "lengths": float(lengths_ok),
+        "ratio": ratio_score(len(e) / len(s)),
+        "coverage": coverage(e, key_identifiers(item)),
+    }
 
 
 def docs_reward(
