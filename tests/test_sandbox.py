@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from pbrl.sandbox.runner import FILE_SIZE_LIMIT_BYTES, run_in_process_group, run_python, run_python_pair, sandbox_env
+from pbrl.sandbox.isolation import WORKDIR
+from pbrl.sandbox.runner import FILE_SIZE_LIMIT_BYTES, run_in_process_group, run_python, run_python_pair
 from pbrl.tasks.humaneval import load_problems
 from pbrl.tasks.humaneval_coop import coop_score, make_coop_reward
 from pbrl.tasks.humaneval_coop_harness import MAX_DEPTH, decode_reply, decode_value, encode_value
@@ -141,16 +143,17 @@ def test_process_group_is_killed_on_timeout_and_after_exit() -> None:
     assert live_group_members(int(left.stdout.split()[0])) == []
 
 
-def test_working_folder_is_fresh_and_removed_afterwards() -> None:
+def test_working_folder_is_fresh_and_removed_afterwards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the run's host folder (the code file) lives
     code = (
         "import os\nprint(os.getcwd())\nprint(os.listdir('.'))\n"
         "with open('inside.txt', 'w') as f:\n    f.write('kept?')\nprint(os.listdir('.'))"
     )
     result = run_python(code)
     workdir, before, after = result.stdout.splitlines()
-    assert (before, after) == ("[]", "['inside.txt']")
-    assert not Path(workdir).exists()
-    assert sandbox_env(workdir)["HOME"] == workdir
+    assert (workdir, before, after) == (WORKDIR, "[]", "['inside.txt']")  # the sandbox's own tmpfs
+    assert list(tmp_path.iterdir()) == []  # the host folder of the run is removed
+    assert run_python("import os\nprint(os.listdir('.'))").stdout == "[]\n"  # the next run starts empty
 
 
 def test_writes_and_reads_outside_the_working_folder_are_refused(tmp_path: Path) -> None:
@@ -169,7 +172,7 @@ def test_environment_does_not_leak_secrets(monkeypatch: pytest.MonkeyPatch) -> N
     result = run_python("import os\nprint(os.environ.get('PBRL_TEST_API_KEY'))\nprint(sorted(os.environ))")
     value, names = result.stdout.splitlines()
     assert value == "None"
-    assert names == "['HOME', 'LANG', 'PATH', 'PYTHONHASHSEED', 'PYTHONIOENCODING', 'TMPDIR']"
+    assert names == "['HOME', 'LANG', 'PATH', 'PWD', 'PYTHONHASHSEED', 'PYTHONIOENCODING', 'TMPDIR']"
 
 
 def test_sys_exit_code_comes_back() -> None:

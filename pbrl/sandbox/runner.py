@@ -1,56 +1,38 @@
-"""Run untrusted generated Python code in a separate, limited process (SPEC §9).
+"""Run untrusted generated Python code (and the judge that tests it) in operating-system isolation.
 
-What :func:`run_python` gives, layer by layer:
+Each run is a fresh interpreter inside a bubblewrap sandbox (:mod:`pbrl.sandbox.isolation`: its own mount,
+PID, network, IPC and UTS namespaces, a read-only system with the standard library only, a private size-capped
+tmpfs as the one writable place, no capability, ``nobody`` when pbrl runs as root, a seccomp filter). Around
+it, this module adds:
 
-Kernel level (hold whatever the code does):
-    * a separate process in its own session and process group; on timeout, and after every run, the
-      whole group gets SIGKILL before the leader is reaped (so the group id cannot have been reused);
-    * a wall-clock timeout measured by the parent;
-    * ``resource`` limits set by the child interpreter itself before any untrusted line runs (not in a
-      ``preexec_fn``, which can deadlock when the parent has threads): ``RLIMIT_AS`` (memory),
-      ``RLIMIT_CPU`` (SIGXCPU/SIGKILL), ``RLIMIT_FSIZE`` (largest file it may write; Python ignores
-      SIGXFSZ, so writes beyond it fail with ``OSError`` EFBIG), ``RLIMIT_NOFILE``,
-      ``RLIMIT_CORE`` = 0 and ``RLIMIT_NPROC`` = 0. Linux ignores ``RLIMIT_NPROC`` for the root user, so
-      under root it does **not** stop forks; the guard below does;
-    * a fresh temporary working folder (cwd, ``HOME`` and ``TMPDIR``), removed afterwards;
-    * an environment built from scratch (``PATH``, ``LANG``, ``HOME``, ``TMPDIR``, ``PYTHONHASHSEED=0``,
-      ``PYTHONIOENCODING``): nothing of the parent's environment (API keys, tokens) is inherited;
-    * the interpreter runs with ``-s -S -B -P``: no user or site packages, no bytecode writes, nothing
-      prepended to ``sys.path``; only the standard library can be imported. (``-I`` would also ignore
-      ``PYTHONHASHSEED``; the environment is ours, so ``-E`` is not needed, and the fixed hash seed makes
-      set/dict orders, hence rewards, reproducible.)
+* a wall-clock limit measured by the parent: the sandbox's process group is killed when it is reached and after
+  every run (bwrap dies with it, and with bwrap every process of its PID namespace);
+* ``resource`` limits set by the bootstrap (:mod:`pbrl.sandbox.child`) before any untrusted line runs:
+  ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no core files and
+  ``RLIMIT_NPROC`` = 0 (no fork, no thread: the bootstrap runs the code as ``nobody``, whose limit the kernel
+  enforces), plus a PEP 578 audit hook as defence in depth;
+* captured stdout and stderr cut to ``max_output_bytes``.
 
-Interpreter level (defence in depth, a PEP 578 audit hook installed by the child bootstrap,
-:mod:`pbrl.sandbox.child`, before the code runs; audit hooks cannot be removed from Python code, but PEP 578
-itself says they are not a security boundary):
-    * no process creation (``os.fork``/``exec``/``spawn``/``system``/``posix_spawn``,
-      ``subprocess``), no signals to other processes (``os.kill``/``killpg``; ``pidfd`` calls are
-      removed), no ``ctypes``, no sockets, no ``resource.setrlimit``, no ``chdir``/``chroot``;
-    * file writes, renames, deletions and permission changes only inside the working folder (and
-      ``/dev/null``); no symlinks or hard links;
-    * file reads only inside the working folder and the interpreter's standard-library folders (plus
-      ``/dev/null`` and ``/dev/urandom``); no other device file, even one created in the folder;
-    * no ``gc`` object walks (the one way to reach the hook function itself).
+Verdicts: untrusted code can read or change anything in its own interpreter, so no secret (the tests, their
+expected values, a result tag) and no verdict lives in its process. :func:`run_python_pair` runs it beside a
+*judge* in another sandbox that never runs it; the two share only two pipes, and the judge's stdout is a
+channel only pbrl reads. The judge must treat what comes through the pipe as untrusted data (decode it into
+exact built-in types; see :mod:`pbrl.tasks.humaneval_coop_harness`).
 
-Verdicts (reward hacking): untrusted code can read or change anything in its own interpreter. Frames are
-reachable (``sys._getframe``, and ``frame.f_back`` raises no audit event), so are builtins, modules and
-stdout, and it may exit at any moment. Hence no secret (a nonce, a result tag, the expected values) and no
-verdict may live in the process that runs the untrusted code. :func:`run_python_pair` runs the untrusted
-code next to a second, *judge* process that never runs it; they talk only through two pipes, and the judge's
-stdout is a channel the untrusted code cannot reach. The judge must treat whatever comes through the pipe as
-untrusted data (decode it into exact built-in types; see :mod:`pbrl.tasks.humaneval_coop_harness`).
+Where bubblewrap cannot run (:func:`pbrl.sandbox.isolation.isolation`), :func:`run_python` refuses with an
+:class:`~pbrl.errors.IsolationError`, unless the caller asks for ``unisolated=True`` (the
+``humaneval_coop`` option ``unsafe_run_untrusted_code_without_isolation``): then the code runs in a plain child
+process with the limits and the audit hook only, which does not stop file operations done in C code, reads of
+other processes' files or attacks on the interpreter.
 
-Not prevented: listing directories, reading file metadata, burning CPU or memory up to the limits,
-a wrong answer that is right by luck or by memorising the benchmark, and a deliberate attack on the
-interpreter itself (for example a crash bug that escapes the audit hook; then only the kernel limits above
-hold, and code running as the judge's user could signal or trace the judge). The code runs as the parent's
-user (dropping to ``nobody`` fails where the interpreter lives under a private home). For hostile models,
-run the trainer as an unprivileged user (then ``RLIMIT_NPROC`` = 0 holds in the kernel) or in a container.
+Not prevented: burning CPU and memory up to the limits, and answers that are right by luck or memorisation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import math
 import os
 import selectors
@@ -61,16 +43,21 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pbrl.errors import IsolationError
 from pbrl.sandbox import child as sandbox_child
+from pbrl.sandbox.isolation import CODE_PATH, WORKDIR, bwrap_argv, interpreter, isolation, sandbox_env, seccomp_program
 
 FILE_SIZE_LIMIT_BYTES = 16 * 2**20
 OPEN_FILES_LIMIT = 64
+DISK_MB = 64  # the sandbox's writable tmpfs (working folder, HOME, TMPDIR)
 MAIN_FILE = "__sandbox_main__.py"
+UNSAFE_OPTION = "unsafe_run_untrusted_code_without_isolation"
 _POLL_S = 0.05
+_END_WAIT_S = 5.0  # how long bwrap gets to reap a killed sandbox before its group is killed
 _READ_CHUNK = 65536
 
 
@@ -108,11 +95,14 @@ def run_python(
     cpu_s: int | None = None,
     max_output_bytes: int = 65536,
     pass_fds: Sequence[int] = (),
+    disk_mb: int = DISK_MB,
+    unisolated: bool = False,
 ) -> SandboxResult:
-    """Run ``code`` as ``__main__`` in a fresh sandboxed interpreter (the layers in the module docstring).
+    """Run ``code`` as ``__main__`` in a fresh, isolated interpreter (the layers in the module docstring).
 
     Args:
-        code: Python source. It runs with ``__name__ == "__main__"``; stdin is empty.
+        code: Python source. It runs with ``__name__ == "__main__"``; stdin is empty; cwd, ``HOME`` and
+            ``TMPDIR`` are the sandbox's private tmpfs.
         timeout_s: wall-clock limit in seconds (> 0).
         memory_mb: address-space limit in MiB (>= 32).
         cpu_s: CPU-time limit in seconds; default ``ceil(timeout_s) + 1``.
@@ -121,6 +111,9 @@ def run_python(
             ``sys.argv[1:]`` (decimal strings, in this order). The call takes them over: the parent's copies
             are closed once the process has started (or when it could not start), so that the reader on the
             other end of a pipe sees end-of-file when the process ends.
+        disk_mb: size of the sandbox's writable tmpfs in MiB (>= 1).
+        unisolated: run without operating-system isolation when bubblewrap is not available (unsafe: the limits
+            and the audit hook only). Ignored where isolation is available.
 
     Returns:
         A :class:`SandboxResult`. Never raises for anything the code does (syntax errors, exceptions,
@@ -128,29 +121,117 @@ def run_python(
 
     Raises:
         ValueError: a limit argument is out of range (names the argument).
+        IsolationError: bubblewrap cannot isolate the code here and ``unisolated`` is false.
         OSError: the sandbox process could not be started at all (machine out of processes/memory).
     """
     fds = [int(fd) for fd in pass_fds]
     try:
-        _check_limits(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_output_bytes=max_output_bytes)
+        _check_limits(
+            timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_output_bytes=max_output_bytes, disk_mb=disk_mb
+        )
+        state = isolation()
+        if not state.available and not unisolated:
+            raise IsolationError(
+                f"untrusted code needs operating-system isolation, and {state.reason}; install "
+                f"bubblewrap, or accept the risk with the task option {UNSAFE_OPTION}: true"
+            )
         cpu = int(cpu_s) if cpu_s is not None else math.ceil(timeout_s) + 1
-        workdir = os.path.realpath(tempfile.mkdtemp(prefix="pbrl-sandbox-"))
+        limits = [
+            str(memory_mb * 2**20),
+            str(cpu),
+            str(min(FILE_SIZE_LIMIT_BYTES, disk_mb * 2**20)),
+            str(OPEN_FILES_LIMIT),
+        ]
+        folder = os.path.realpath(tempfile.mkdtemp(prefix="pbrl-sandbox-"))
         try:
-            with open(os.path.join(workdir, MAIN_FILE), "w", encoding="utf-8") as f:
+            code_file = os.path.join(folder, MAIN_FILE)
+            with open(code_file, "w", encoding="utf-8") as f:
                 f.write(code)
+            if state.available:
+                return _run_isolated(code_file, limits, fds, state.as_root, timeout_s, max_output_bytes, disk_mb)
             argv = [
-                sys.executable, "-s", "-S", "-B", "-P", "-c", _bootstrap_source(),
-                workdir, MAIN_FILE, str(memory_mb * 2**20), str(cpu), str(FILE_SIZE_LIMIT_BYTES),
-                str(OPEN_FILES_LIMIT), *(str(fd) for fd in fds),
-            ]  # fmt: skip
+                sys.executable,
+                "-s",
+                "-S",
+                "-B",
+                "-P",
+                "-c",
+                _bootstrap_source(),
+                folder,
+                code_file,
+                *limits,
+                "keep-uid",
+                *(str(fd) for fd in fds),
+            ]
             return run_in_process_group(
-                argv, cwd=workdir, env=sandbox_env(workdir), timeout_s=timeout_s,
-                max_output_bytes=max_output_bytes, pass_fds=fds,
-            )  # fmt: skip
+                argv,
+                cwd=folder,
+                env=unisolated_env(folder),
+                timeout_s=timeout_s,
+                max_output_bytes=max_output_bytes,
+                pass_fds=fds,
+            )
         finally:
-            _remove_tree(workdir)
+            _remove_tree(folder)
     finally:
         _close_all(fds)  # when the process never started (run_in_process_group empties the list)
+
+
+def _run_isolated(
+    code_file: str,
+    limits: list[str],
+    fds: list[int],
+    as_root: bool,
+    timeout_s: float,
+    max_output_bytes: int,
+    disk_mb: int,
+) -> SandboxResult:
+    """One run in bubblewrap: the bootstrap reads :data:`CODE_PATH` (``code_file`` mounted read-only).
+
+    bwrap exits with the program's status, or 128 + N when a signal N killed it (RLIMIT_CPU's SIGXCPU, the
+    memory killer's SIGKILL): such statuses are reported as ``killed_signal`` (a program that calls
+    ``sys.exit(128 + N)`` itself looks the same; verdicts never rest on the untrusted program's status)."""
+    seccomp = seccomp_program()
+    info_read, info_write = os.pipe()  # bwrap reports the sandbox's first process (its PID namespace's init)
+    os.set_blocking(info_read, False)
+    code_fds = [str(fd) for fd in fds]
+    inherited = [*fds, *([] if seccomp is None else [seccomp]), info_write]
+    fds.clear()  # run_in_process_group closes them all once the process started
+    executable, _ = interpreter()
+    argv = [
+        *bwrap_argv(disk_mb=disk_mb, code_file=code_file, seccomp_fd=seccomp),
+        "--info-fd",
+        str(info_write),
+        "--",
+        executable,
+        "-s",
+        "-S",
+        "-B",
+        "-P",
+        "-c",
+        _bootstrap_source(),
+        WORKDIR,
+        CODE_PATH,
+        *limits,
+        "drop-to-nobody" if as_root else "keep-uid",
+        *code_fds,
+    ]
+    try:
+        result = run_in_process_group(
+            argv,
+            cwd="/",
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            timeout_s=timeout_s,
+            max_output_bytes=max_output_bytes,
+            pass_fds=inherited,
+            before_group_kill=lambda proc: _end_sandbox(proc, info_read),
+        )
+    finally:
+        os.close(info_read)
+    status = result.returncode
+    if status is not None and 128 < status <= 128 + 64:
+        return dataclasses.replace(result, returncode=None, killed_signal=status - 128)
+    return result
 
 
 def run_python_pair(
@@ -161,26 +242,33 @@ def run_python_pair(
     memory_mb: int = 512,
     cpu_s: int | None = None,
     max_output_bytes: int = 65536,
+    unisolated: bool = False,
 ) -> tuple[SandboxResult, SandboxResult]:
     """Run a judge and the untrusted code at once, each in its own sandbox, joined only by two pipes.
 
     Each process gets ``sys.argv[1]`` = the descriptor it reads the other's messages from and
     ``sys.argv[2]`` = the one it writes to the other. When one process ends, the other reads end-of-file.
-    The untrusted code cannot reach the judge's memory, stdout or exit status, so the judge's result is a
-    verdict channel it cannot forge (see "Verdicts" in the module docstring); it can only send bytes, which
-    the judge must decode as untrusted data. Arguments as in :func:`run_python`, applied to each process;
-    the call returns when both have ended (each within ``timeout_s``).
+    Each runs in its own sandbox, so the untrusted code cannot see or reach the judge's process, memory, stdout
+    or exit status: the judge's result is a verdict channel it cannot forge (see "Verdicts" in the module
+    docstring); it can only send bytes, which the judge must decode as untrusted data. Arguments as in
+    :func:`run_python`, applied to each process; the call returns when both have ended (each within
+    ``timeout_s``).
 
     Returns:
         (judge's result, untrusted code's result).
 
     Raises:
-        ValueError / OSError: as :func:`run_python`.
+        ValueError / IsolationError / OSError: as :func:`run_python`.
     """
     to_untrusted_r, to_untrusted_w = os.pipe()
     to_judge_r, to_judge_w = os.pipe()
     run = functools.partial(
-        run_python, timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_output_bytes=max_output_bytes
+        run_python,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        cpu_s=cpu_s,
+        max_output_bytes=max_output_bytes,
+        unisolated=unisolated,
     )
     results: dict[str, SandboxResult] = {}
     errors: list[BaseException] = []
@@ -206,16 +294,9 @@ def run_python_pair(
     return judge, results["untrusted"]
 
 
-def sandbox_env(workdir: str) -> dict[str, str]:
-    """The whole environment of a sandboxed process: an allowlist, nothing inherited from the parent."""
-    return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "HOME": workdir,
-        "TMPDIR": workdir,
-        "PYTHONHASHSEED": "0",
-        "PYTHONIOENCODING": "utf-8",
-    }
+def unisolated_env(workdir: str) -> dict[str, str]:
+    """The whole environment of an unisolated run: the sandbox's allowlist with ``workdir`` as HOME and TMPDIR."""
+    return {**sandbox_env(), "HOME": workdir, "TMPDIR": workdir}
 
 
 def run_in_process_group(
@@ -226,6 +307,7 @@ def run_in_process_group(
     timeout_s: float,
     max_output_bytes: int,
     pass_fds: list[int] | None = None,
+    before_group_kill: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> SandboxResult:
     """Run ``argv`` in a new session/process group with a wall-clock limit; kill the whole group after.
 
@@ -233,7 +315,8 @@ def run_in_process_group(
     children die too), always while the leader is still unreaped, so its id cannot name another group.
     stdout/stderr are read while the process runs (no pipe deadlock) and cut to ``max_output_bytes``.
     ``pass_fds`` are inherited by the process; the parent's copies are closed once it started (or failed to
-    start) and the list is emptied, so the caller cannot close them twice.
+    start) and the list is emptied, so the caller cannot close them twice. ``before_group_kill(proc)`` runs
+    first when the run ends (a sandbox ends its own processes there, see :func:`_end_sandbox`).
 
     Returns:
         A :class:`SandboxResult` (see its fields for how exits and signals are reported).
@@ -268,6 +351,8 @@ def run_in_process_group(
             else:  # both pipes closed by the code, process still running
                 time.sleep(min(remaining, _POLL_S))
     finally:
+        if before_group_kill is not None:
+            before_group_kill(proc)
         _kill_group(proc.pid)
         proc.wait()
         for fd, buf in captured.items():
@@ -291,7 +376,26 @@ def run_in_process_group(
     )
 
 
-def _check_limits(*, timeout_s: float, memory_mb: int, cpu_s: int | None, max_output_bytes: int) -> None:
+def _end_sandbox(bwrap: subprocess.Popen[bytes], info_read: int) -> None:
+    """End every process of a sandbox before its bwrap is killed: SIGKILL its PID namespace's init (the kernel
+    then kills the whole namespace and waits for it), then let bwrap reap it and exit (bounded). Killing only
+    bwrap would leave the namespace to die a moment after this call returned."""
+    try:
+        info = json.loads(os.read(info_read, 4096) or b"{}")
+    except (OSError, ValueError):  # bwrap failed before it started the sandbox
+        info = {}
+    child = info.get("child-pid")
+    if isinstance(child, int) and child > 1:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + _END_WAIT_S
+    while not _leader_exited(bwrap) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _check_limits(*, timeout_s: float, memory_mb: int, cpu_s: int | None, max_output_bytes: int, disk_mb: int) -> None:
     problems = []
     if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
         problems.append(f"timeout_s: got {timeout_s!r}; must be a finite number > 0")
@@ -301,6 +405,8 @@ def _check_limits(*, timeout_s: float, memory_mb: int, cpu_s: int | None, max_ou
         problems.append(f"cpu_s: got {cpu_s!r}; must be None or an int >= 1")
     if not (isinstance(max_output_bytes, int) and max_output_bytes >= 0):
         problems.append(f"max_output_bytes: got {max_output_bytes!r}; must be an int >= 0")
+    if not (isinstance(disk_mb, int) and disk_mb >= 1):
+        problems.append(f"disk_mb: got {disk_mb!r}; must be an int >= 1")
     if problems:
         raise ValueError("run_python: " + "; ".join(problems))
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from pbrl.errors import ConfigError, Problem
-from pbrl.sandbox.runner import run_python_pair
+from pbrl.sandbox.isolation import isolation
+from pbrl.sandbox.runner import UNSAFE_OPTION, run_python_pair
 from pbrl.tasks import humaneval_coop_harness
 from pbrl.tasks.base import RewardFunc, Task
 from pbrl.tasks.humaneval import check_two_agent_batch, item_field, split_problems
@@ -161,7 +162,7 @@ class CoopScore:
 
 def coop_score(
     aux_completion: str, main_completion: str, item: dict[str, Any], *, timeout_s: float = 10.0,
-    memory_mb: int = 512,
+    memory_mb: int = 512, unisolated: bool = False,
 ) -> CoopScore:  # fmt: skip
     """Score one joint response of ``humaneval_coop`` (both completions are fence-stripped first).
 
@@ -175,7 +176,7 @@ def coop_score(
         +0.5 agent 2's function calls ``aux``, agent 2 does not define its own ``aux``, and >= 1 test passed.
 
     The joint code runs with ``__name__ != "__main__"`` (so example blocks under that guard are skipped)
-    and its prints are discarded.
+    and its prints are discarded. ``unisolated``: see :func:`pbrl.sandbox.runner.run_python`.
     """
     aux_code, main_code = strip_fences(aux_completion), strip_fences(main_completion)
     entry_point = item_field(item, "entry_point")
@@ -189,7 +190,14 @@ def coop_score(
     passed = 0
     if parses and main is not None:
         passed = run_tests(
-            joint, problem_preamble(item), test_source, units, entry_point, timeout_s=timeout_s, memory_mb=memory_mb
+            joint,
+            problem_preamble(item),
+            test_source,
+            units,
+            entry_point,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            unisolated=unisolated,
         )
     return CoopScore(
         aux_defined=aux is not None and returns_value(aux),
@@ -203,7 +211,7 @@ def coop_score(
 
 def run_tests(
     program: str, preamble: str, test_source: str, units: Sequence[tuple[str, bool]], entry_point: str, *,
-    timeout_s: float, memory_mb: int,
+    timeout_s: float, memory_mb: int, unisolated: bool = False,
 ) -> int:  # fmt: skip
     """Run the test units against ``program``'s ``entry_point``; return the number of test units passed.
 
@@ -217,7 +225,7 @@ def run_tests(
     """
     judge, _candidate = run_python_pair(
         judge_source(preamble, test_source, units, entry_point), candidate_source(program, entry_point),
-        timeout_s=timeout_s, memory_mb=memory_mb,
+        timeout_s=timeout_s, memory_mb=memory_mb, unisolated=unisolated,
     )  # fmt: skip
     if judge.timed_out or judge.returncode != 0:
         return 0
@@ -245,7 +253,9 @@ def _harness_text() -> str:
     return Path(humaneval_coop_harness.__file__).read_text(encoding="utf-8")
 
 
-def make_coop_reward(*, timeout_s: float = 10.0, memory_mb: int = 512, max_workers: int = 1) -> RewardFunc:
+def make_coop_reward(
+    *, timeout_s: float = 10.0, memory_mb: int = 512, max_workers: int = 1, unisolated: bool = False
+) -> RewardFunc:
     """A ``humaneval_coop`` reward function with these sandbox limits, running ``max_workers`` at once.
 
     The function: ``(aux_completions, main_completions, *, prompts=None, batch_items) -> list[float]``,
@@ -264,7 +274,12 @@ def make_coop_reward(*, timeout_s: float = 10.0, memory_mb: int = 512, max_worke
 
         def score(j: int) -> float:
             return coop_score(
-                aux_completions[j], main_completions[j], items[j], timeout_s=timeout_s, memory_mb=memory_mb
+                aux_completions[j],
+                main_completions[j],
+                items[j],
+                timeout_s=timeout_s,
+                memory_mb=memory_mb,
+                unisolated=unisolated,
             ).total
 
         if max_workers <= 1 or len(items) <= 1:
@@ -284,12 +299,19 @@ def humaneval_coop_task(
     timeout_s: float = 10.0,
     memory_mb: int = 512,
     max_workers: int | None = None,
+    unsafe_run_untrusted_code_without_isolation: bool = False,
 ) -> Task:
     """Agent 1 writes a helper ``aux``, agent 2 the entry-point function; reward in [0, 4] from structure
     and the problem's tests run in the sandbox (:func:`pbrl.tasks.humaneval_coop.coop_score`).
 
     ``timeout_s`` / ``memory_mb`` limit each joint response's sandboxed test run; ``max_workers`` runs
-    that many sandboxes at once (default ``min(4, cpu count)``).
+    that many sandboxes at once (default ``min(4, cpu count)``). The tests run model-written code, which needs
+    operating-system isolation (bubblewrap, :mod:`pbrl.sandbox.isolation`): where it is not available the task
+    refuses to start, unless ``unsafe_run_untrusted_code_without_isolation`` is true (then the code runs in a
+    plain limited process: only for trusted models on a throw-away machine).
+
+    Raises:
+        ConfigError: an option is out of range, or isolation is unavailable and the unsafe option is not set.
     """
     problems = []
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
@@ -299,6 +321,19 @@ def humaneval_coop_task(
     if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
                                     or max_workers < 1):  # fmt: skip
         problems.append(Problem("max_workers", max_workers, "must be None or an int >= 1"))
+    unsafe = unsafe_run_untrusted_code_without_isolation
+    if not isinstance(unsafe, bool):
+        problems.append(Problem(UNSAFE_OPTION, unsafe, "must be true or false"))
+    elif not unsafe and not (state := isolation()).available:
+        problems.append(
+            Problem(
+                "task",
+                "humaneval_coop",
+                f"runs model-written code, which needs operating-system "
+                f"isolation, and {state.reason}; install bubblewrap, or set task_options: "
+                f"{{{UNSAFE_OPTION}: true}} to run it without isolation (unsafe)",
+            )
+        )
     try:
         train, evaluation = split_problems(num_train_items, num_eval_items)
     except ConfigError as exc:
@@ -309,7 +344,9 @@ def humaneval_coop_task(
     return Task(
         name="humaneval_coop",
         formatters=(aux_prompt, main_prompt),
-        reward_func=make_coop_reward(timeout_s=float(timeout_s), memory_mb=memory_mb, max_workers=workers),
+        reward_func=make_coop_reward(
+            timeout_s=float(timeout_s), memory_mb=memory_mb, max_workers=workers, unisolated=unsafe is True
+        ),
         train_items=train,
         eval_items=evaluation,
         reward_range=REWARD_RANGE,
