@@ -36,7 +36,7 @@ bench: install
 	$(PY) benchmarks/run_all.py --model $(MODEL)
 
 # Do the agents learn? Held-out eval reward per round with 95 % intervals and the paired gain vs round 0, over 3
-# seeds at the demo's sizes, 2 rounds each (README, "Learning benchmark"; about 30 min on 2 idle CPU cores, an hour
+# seeds at the demo's sizes, 2 rounds each (docs/results/learning.md#the-learning-benchmark; about 30 min on 2 idle CPU cores, an hour
 # on a busy machine). LEARN_ARGS=--quick: one seed; LEARN_ARGS="--scale full": the larger sizes, hours.
 LEARN_ARGS ?=
 learn: install
@@ -47,7 +47,7 @@ lint: install
 	$(VENV)/bin/ruff format --check pbrl stages flows tests benchmarks mutate
 	$(VENV)/bin/lint-imports
 
-# Mutation testing of the core modules (README, "Mutation testing"); not part of `make test`. It runs on a copy
+# Mutation testing of the core modules (docs/results/mutation.md); not part of `make test`. It runs on a copy
 # of the tree in MUTATE_DIR (mutmut writes a mutants/ folder there), niced for shared machines, and fails when
 # more than 5 % of the non-equivalent mutants survive. Configuration: [tool.mutmut] in pyproject.toml.
 MUTATE_DIR ?= $(or $(TMPDIR),/tmp)/pbrl-mutate

@@ -37,11 +37,12 @@ from benchkit import REPO_ROOT, check, print_checks, ratio, sizes_for, summary, 
 from pbrl.config import JobConfig, load_job
 from pbrl.run.folder import prepare_run
 
-TARGET_OVERHEAD_SHARE = 0.05  # SPEC §10: on the SmolLM2 demo
+TARGET_OVERHEAD_SHARE = 0.05  # docs/results/benchmarks.md#performance-targets: on the SmolLM2 demo
 ROUND = 1
 CONFIGS = REPO_ROOT / "flows" / "configs"
 # (config, overrides) per model. The tiny model runs the tiny config as it is. SmolLM2 runs the demo
-# config (SPEC §10 sets the target on the SmolLM2 demo) on 2 of its 4 train items with 32 of its 64 new
+# config (docs/results/benchmarks.md#performance-targets sets the target on the SmolLM2 demo) on 2 of its 4 train
+# items with 32 of its 64 new
 # tokens, so that a round takes about a minute on 2 cores instead of about four. The per-round overhead
 # is a roughly fixed number of seconds, so the smaller round gives an upper bound of the demo's share;
 # ``--set max_new_tokens=64 --set max_train_items=4`` runs the exact demo round.
@@ -215,8 +216,8 @@ def main() -> None:
                 "orchestration: Prefect overhead share of a round", share, TARGET_OVERHEAD_SHARE, higher_is_better=False
             ),
             "applies": args.model == "smollm2-135m-instruct",
-            "note": "SPEC target is for the SmolLM2 demo; on the tiny model stage work is ~1-3 s, so the fixed "
-            "per-round cost dominates (informational there)",
+            "note": "the target (docs/results/benchmarks.md#performance-targets) is for the SmolLM2 demo; on the tiny "
+            "model stage work is ~1-3 s, so the fixed per-round cost dominates (informational there)",
         },
         {
             "name": "orchestration: cached rerun states Cached",

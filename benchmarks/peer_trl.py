@@ -1,7 +1,8 @@
 """Benchmark: one agent trained with MADPO (pbrl) and with TRL's ``DPOTrainer`` on the same pairs, side by side.
 
 MADPO with one agent is reference-free DPO: the loss of a pair is −log σ(β Δ) with Δ = log π(a^w|h) − log π(a^l|h)
-(SPEC §5.5 with no other agents). TRL 1.16 has no ``reference_free`` switch, so its reference log-probs are made
+(docs/design/algorithms.md#madpo with no other agents). TRL 1.16 has no ``reference_free`` switch, so its reference
+log-probs are made
 exactly 0: ``precompute_ref_log_probs=True`` with the precompute pass replaced by zero columns (no reference
 forward is run or timed). Both sides get the same pairs as the same token ids (TRL's tokenization is skipped: the
 dataset holds ``prompt_ids`` / ``chosen_ids`` / ``rejected_ids``), in the same order (no shuffling: TRL's sampler is

@@ -1,5 +1,6 @@
 """Run the benchmarks (generation, scoring, orchestration, peer_trl, round, scale_out) in order, each in its own
-process, and print a table of their ratios with the targets of SPEC §10 and issue #14, and whether each was met.
+process, and print a table of their ratios with the targets of docs/results/benchmarks.md#performance-targets and
+issue #14, and whether each was met.
 ``peer_trl`` needs the ``bench`` extra (TRL); ``round`` runs one demo round (minutes on SmolLM2); ``scale_out``
 starts a local Ray (the ``ray`` extra, part of ``dev``).
 

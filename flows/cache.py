@@ -1,4 +1,5 @@
-"""Prefect tasks for the stages, and the one cache record of every stage run (SPEC §6).
+"""Prefect tasks for the stages, and the one cache record of every stage run
+(docs/design/architecture.md#caching-and-resume).
 
 One key per stage run (:func:`stage_key`): the stage name, the round, the stage config hash, the code
 version, the run id (the UUID in run.json, never a path), the task's fingerprint and the **content hashes**
@@ -75,6 +76,7 @@ _FRONT_END = {
     "run/progress.py",
     "reporting/report.py",
     "reporting/metrics.py",
+    "config/reference.py",
 }
 
 

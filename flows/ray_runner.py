@@ -1,4 +1,5 @@
-"""``runner: ray`` (SPEC §11): the item-parallel stages as shard tasks on prefect-ray's ``RayTaskRunner``.
+"""``runner: ray`` (docs/guides/ray.md#sharded-stages): the item-parallel stages as shard tasks on prefect-ray's
+``RayTaskRunner``.
 
 A sharded stage (:data:`SHARDED_STAGES`) that must run first maps one Prefect task per shard of ``shard_size``
 items (:mod:`pbrl.distributed.shards`) over a small subflow, ``pbrl-shards``, whose task runner is

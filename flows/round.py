@@ -1,4 +1,5 @@
-"""The round flow: the stages of one round, in order, as cached Prefect tasks (SPEC §4, §6)."""
+"""The round flow: the stages of one round, in order, as cached Prefect tasks (docs/design/architecture.md#the-round,
+docs/design/architecture.md#caching-and-resume)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Deployments for a running Prefect server (SPEC §6): a form per trainer, a config file, the JSON job, and
+"""Deployments for a running Prefect server (docs/guides/prefect-ui.md#serve-the-deployments): a form per trainer, a
+config file, the JSON job, and
 a nightly "one more iteration" deployment on a UTC cron schedule; each at most one run at a time.
 
 | deployment | parameters (the form in the Prefect UI) |

@@ -1,4 +1,5 @@
-"""Training flows for runs started from the Prefect UI (SPEC §6): a typed form per trainer, and a config file.
+"""Training flows for runs started from the Prefect UI (docs/guides/prefect-ui.md#serve-the-deployments): a typed form
+per trainer, and a config file.
 
 The Prefect UI renders a deployment's parameters from the flow's JSON schema, one field per top-level
 parameter: a string, number or boolean as an input, an ``enum`` (``Literal``) as a drop-down, a nullable

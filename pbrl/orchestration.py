@@ -1,4 +1,5 @@
-"""The one bridge from the library to Prefect (SPEC §1): imported lazily by the CLI and the trainer API,
+"""The one bridge from the library to Prefect (docs/design/architecture.md#front-doors): imported lazily by the CLI
+and the trainer API,
 so that ``import pbrl`` never imports Prefect."""
 
 from __future__ import annotations

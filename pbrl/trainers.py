@@ -1,4 +1,4 @@
-"""The public trainer API (SPEC §7), with the reference library's names.
+"""The public trainer API (docs/guides/python-api.md#the-python-api), with the reference library's names.
 
     from pbrl.trainers import MADPOIterTrainer, MADPOIterConfig
     trainer = MADPOIterTrainer(MADPOIterConfig(num_iterations=2), agent_model="smollm2-135m-instruct",
@@ -150,7 +150,8 @@ def _train(
 
 class MADPOTrainer:
     """MADPO, base: one collection among the agents' own candidates, then ``num_train_epochs`` of updates.
-    All-tie data returns without updating the policies and says so (SPEC §4)."""
+    All-tie data returns without updating the policies and says so
+    (docs/design/stages.md#when-there-is-nothing-to-learn)."""
 
     def __init__(self, config: MADPOConfig | None = None, **kwargs: Any):
         self.config, self.kwargs = config or MADPOConfig(), kwargs
@@ -173,7 +174,8 @@ class MARLHFTrainer:
     """MARLHF, base: one collection among the agents' own candidates, a joint reward model fitted on its pairs
     (fit-reward-model, Bradley–Terry), then ``num_train_epochs`` of RL against it (``rl_algorithm``: magrpo,
     mareinforce, marloo or maremax; optional reference KL). Evaluation uses the task reward. All-tie data
-    fits no reward model and returns without updating the policies, and says so (SPEC §4, §5.6, §5.7)."""
+    fits no reward model and returns without updating the policies, and says so
+    (docs/design/stages.md#when-there-is-nothing-to-learn)."""
 
     def __init__(self, config: MARLHFConfig | None = None, **kwargs: Any):
         self.config, self.kwargs = config or MARLHFConfig(), kwargs

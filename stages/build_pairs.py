@@ -1,4 +1,5 @@
-"""Stage 3, build-pairs: scores become (winner, loser) joint-response pairs (SPEC §5.2).
+"""Stage 3, build-pairs: scores become (winner, loser) joint-response pairs
+(docs/design/algorithms.md#pair-construction).
 
 Base trainers pair an item's own target candidates; iterative trainers compare target j with
 comparator j only. Ties (within ``tie_tolerance``) give no pair; a pair with an empty completion is
@@ -70,7 +71,9 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         "items": len(item_order),
     }
     outputs = [paths.pairs(round_index)]
-    if is_marlhf(job.trainer):  # the reward model's joint input ids, stored with the pairs (SPEC §5.6)
+    if is_marlhf(
+        job.trainer
+    ):  # the reward model's joint input ids, stored with the pairs (docs/design/algorithms.md#joint-reward-model)
         outputs.append(_write_joint_ids(paths, round_index, job, rows, record))
     if rejected:
         record.say(f"{rejected} pair(s) rejected: a winner or loser has an empty completion")
@@ -107,7 +110,8 @@ def _pair_row(round_index, pair_index, item_id, p: Pair, joint, by_side, mean, i
     if iterative:
         target_raw = raw_w if p.winner.side == "target" else raw_l
         comparator_raw = raw_w if p.winner.side == "comparator" else raw_l
-    # The prompts are the target's (SPEC §3); in every shipped comparator they are the same text.
+    # The prompts are the target's (docs/design/file-formats.md#pairs); in every shipped comparator they are the same
+    # text.
     prompt_rows = w if p.winner.side == "target" else lo
     return {
         "pair_id": f"r{round_index:04d}-p{pair_index:05d}",

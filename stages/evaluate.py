@@ -1,4 +1,5 @@
-"""Stage 8, evaluate: the current policies on the first ``eval_num_samples`` evaluation items (SPEC §4.8).
+"""Stage 8, evaluate: the current policies on the first ``eval_num_samples`` evaluation items
+(docs/design/stages.md#evaluate).
 
 ``eval_samples_per_item`` sampled completions per agent per item, each draw with its own seed from
 ``(run seed, stage, agent, item, sample)`` and *not* from the round, so every round samples with the same
@@ -130,6 +131,7 @@ def collect(
             [[g.text for g in gens] for gens in completions],
             prompts=[[prompts[a][j] for a in range(job.num_agents)] for j in range(len(draws))],
             batch_items=[item for item, _ in draws],
+            timeout_s=job.reward_timeout,
         )
         if draws and adapter is None
         else []
@@ -137,7 +139,9 @@ def collect(
     if (
         adapter is not None
     ):  # centralized collaboration: the task reward on the role texts (pbrl.generation.collaboration)
-        scores, _ = score_joint(adapter, task, [g.text for g in completions[0]], [item for item, _ in draws])
+        scores, _ = score_joint(
+            adapter, task, [g.text for g in completions[0]], [item for item, _ in draws], job.reward_timeout
+        )
     return [
         {
             "item_id": item["item_id"],

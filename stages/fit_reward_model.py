@@ -1,4 +1,5 @@
-"""Stage 6, fit-reward-model (MARLHF, SPEC §5.6): a freshly initialised joint reward model, fitted with the
+"""Stage 6, fit-reward-model (MARLHF, docs/design/algorithms.md#joint-reward-model): a freshly initialised joint
+reward model, fitted with the
 Bradley–Terry loss on the round's replay-selected pairs.
 
 The pairs' joint input ids come from ``rounds/<s>/pair_joint_ids.parquet`` of each pair's source round

@@ -1,4 +1,5 @@
-"""Stage 5, replay-select: this round's training pairs B(r) from the eligible stored rounds (SPEC §5.4).
+"""Stage 5, replay-select: this round's training pairs B(r) from the eligible stored rounds
+(docs/design/algorithms.md#replay-buffer).
 
 Eligible rounds come from the replay index, restricted to rounds <= r, so a resumed run never uses a
 later round left on disk by an earlier attempt. The selection is a list of (source round, pair index)

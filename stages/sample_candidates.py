@@ -1,7 +1,9 @@
-"""Stage 1, sample-candidates: every agent samples its candidates for every train item (SPEC §4.1).
+"""Stage 1, sample-candidates: every agent samples its candidates for every train item
+(docs/design/stages.md#sample-candidates).
 
 Round r samples from the policy after round r-1. Iterative trainers also collect the comparator side
-(SPEC §5.3) through one :class:`pbrl.generation.comparators.Comparator`, whatever its kind. Checkpoint sides are
+(docs/design/algorithms.md#comparators) through one :class:`pbrl.generation.comparators.Comparator`, whatever its
+kind. Checkpoint sides are
 batched across items and candidates; each row's tokens depend only on its seed
 ``(seed, round, side, agent, item, candidate)``. Comparator completions are stored in each target agent's
 vocabulary (text from another tokenizer, an API or a centralized response is encoded once, here).

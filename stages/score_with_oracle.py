@@ -1,4 +1,4 @@
-"""Stage 2, score-with-oracle: one shared score per joint response (SPEC §5.1).
+"""Stage 2, score-with-oracle: one shared score per joint response (docs/design/algorithms.md#oracle).
 
 Joint response = every agent's completion at the same (item, side, candidate index). The oracle is
 called on batches; a failed reward drops that joint response with a counted reason, and more than
@@ -82,7 +82,9 @@ def collect(
             )
             scores = [OracleScore(x, x) if x is not None else OracleScore(None, None, DROP_TOO_LONG) for x, _ in scored]
         elif adapter is not None:
-            scores, _ = score_joint(adapter, task, [g[0]["completion"] for g in groups], [wanted[k[0]] for k in chunk])
+            scores, _ = score_joint(
+                adapter, task, [g[0]["completion"] for g in groups], [wanted[k[0]] for k in chunk], job.reward_timeout
+            )
         else:
             scores = score_batch(
                 task.reward_func,
@@ -90,6 +92,7 @@ def collect(
                 [[g[a]["completion"] for g in groups] for a in range(job.num_agents)],
                 prompts=[[r["prompt"] for r in g] for g in groups],
                 batch_items=[wanted[k[0]] for k in chunk],
+                timeout_s=job.reward_timeout,
             )
         rows += [
             {

@@ -1,5 +1,7 @@
-"""Stage 7, update-policies: MADPO (SPEC §5.5), ``num_train_epochs`` passes over the selected pairs; or
-MARLHF policy learning (SPEC §5.7, :func:`pbrl.learning.rl.run_rl`): ``num_train_epochs`` passes over the round's
+"""Stage 7, update-policies: MADPO (docs/design/algorithms.md#madpo), ``num_train_epochs`` passes over the selected
+pairs; or
+MARLHF policy learning (docs/design/algorithms.md#marlhf-policy-learning, :func:`pbrl.learning.rl.run_rl`):
+``num_train_epochs`` passes over the round's
 train items (prompt ids as stored in this round's candidates), rollouts scored by the round's fitted reward
 model and written to ``rounds/<r>/rollouts.parquet``. A MARLHF round whose fit-reward-model fitted no model
 (no usable pairs) updates nothing, like a round without pairs.
@@ -185,7 +187,7 @@ def _run_madpo(
     write: Callable[[Path], None],
     concurrent: bool = False,
 ) -> StageManifest:
-    """MADPO (SPEC §5.5): ``num_train_epochs`` passes over ``pairs`` in batches, each a
+    """MADPO (docs/design/algorithms.md#madpo): ``num_train_epochs`` passes over ``pairs`` in batches, each a
     :func:`pbrl.learning.madpo.madpo_agents_step` over ``agents`` (in process, or Ray actors: results through
     ``gather``,
     ``concurrent``);
@@ -344,10 +346,11 @@ def _run_marlhf(
     policies: list[TrainablePolicy],
     tokenizers: list,
 ) -> StageManifest:
-    """MARLHF policy learning (SPEC §5.7, :func:`pbrl.learning.rl.run_rl`) against this round's fitted reward model,
+    """MARLHF policy learning (docs/design/algorithms.md#marlhf-policy-learning, :func:`pbrl.learning.rl.run_rl`)
+    against this round's fitted reward model,
     on every train item, with the prompt ids stored in this round's candidates. The rollouts are generated in
     process, or with ``runner: ray`` in shards on Ray workers (:func:`pbrl.distributed.ray_rollouts.ray_rollouts`,
-    SPEC §11):
+    docs/guides/ray.md#marlhf-rollouts-on-ray-workers):
     the same tokens, every row having its own seed."""
     paths, round_index, a, g = record.paths, record.round_index, job.num_agents, job.num_generations
     scorer = RewardScorer(

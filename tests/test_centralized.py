@@ -1,4 +1,5 @@
-"""Centralized comparator generation (SPEC §5.3): one comparator writes every role in one response, an adapter
+"""Centralized comparator generation (docs/design/algorithms.md#centralized-comparator-generation): one comparator
+writes every role in one response, an adapter
 splits it; an unparsable response drops that candidate (counted) and never aborts the round."""
 
 from __future__ import annotations
@@ -36,17 +37,24 @@ def test_tagged_prompt_lists_every_role_prompt_and_asks_for_each_section():
     assert prompt == (
         "You are a centralized coordinator writing the separate outputs of 3 agents that work together on one "
         "task. Each agent's original prompt follows.\n\n"
-        "Agent 1 original prompt:\nWrite A.\n\nAgent 2 original prompt:\nWrite B.\n\n"
-        "Agent 3 original prompt:\nWrite C.\n\n"
+        "Agent 0 original prompt:\nWrite A.\n\nAgent 1 original prompt:\nWrite B.\n\n"
+        "Agent 2 original prompt:\nWrite C.\n\n"
         "Write every agent's output, each inside its own tags, in this form and nothing else:\n"
-        "<agent_1>agent 1's output</agent_1>\n<agent_2>agent 2's output</agent_2>\n<agent_3>agent 3's output</agent_3>"
+        "<agent_0>agent 0's output</agent_0>\n<agent_1>agent 1's output</agent_1>\n<agent_2>agent 2's output</agent_2>"
     )
 
 
 def test_tagged_parse_takes_each_section_stripped_in_role_order_and_refuses_a_missing_one():
     adapter = TaggedAdapter()
+    # The reference's numbering (from 0, what the prompt asks for) ...
+    text = "noise <AGENT_1>\n second </agent_1> <agent_0>first\nline</agent_0> <agent_2>third</agent_2> tail"
+    assert adapter.parse_completion(text, 3) == ["first\nline", "second", "third"]
+    # ... and, when those sections are not all there, numbered from 1 (issue #29: a reference-format joint
+    # response used to be dropped as unparsable).
     text = "noise <AGENT_2>\n second </agent_2> <agent_1>first\nline</agent_1> <agent_3>third</agent_3> tail"
     assert adapter.parse_completion(text, 3) == ["first\nline", "second", "third"]
+    with pytest.raises(CentralizedParseError, match=r"<agent_1> \(numbered from 1: <agent_1>, <agent_3>\)$"):
+        adapter.parse_completion("<agent_0>a</agent_0><agent_2>c</agent_2>", 3)
     with pytest.raises(CentralizedParseError, match="<agent_2>"):
         adapter.parse_completion("<agent_1>a</agent_1><agent_3>c</agent_3>", 3)
     with pytest.raises(CentralizedParseError, match="<agent_1>"):
@@ -71,8 +79,20 @@ def test_an_adapter_returning_the_wrong_number_of_roles_is_a_bug_not_a_drop():
         def parse_completion(self, completion: str, num_agents: int) -> list[str]:
             return ["only one"]
 
-    with pytest.raises(ValueError, match="exactly 2 strings"):
+    with pytest.raises(ConfigError, match="exactly 2 strings"):
         split_roles(Bad(), "x", 2)  # type: ignore[arg-type]
+
+
+def test_an_adapter_returning_a_mapping_of_roles_is_refused_not_read_as_role_names():
+    """Issue #29: ``{role: text}`` passed the length check and its keys (strings) became the role texts."""
+
+    class Mapping:
+        def parse_completion(self, completion: str, num_agents: int) -> dict[str, str]:
+            return {"summary": "a text", "explanation": "another text"}
+
+    with pytest.raises(ConfigError) as info:
+        split_roles(Mapping(), "x", 2)  # type: ignore[arg-type]
+    assert info.value.problems[0].field == "comparator_centralized_adapter" and "got {'summary'" in str(info.value)
 
 
 # --------------------------------------------------------------------------------- through the stage

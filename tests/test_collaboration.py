@@ -1,4 +1,5 @@
-"""Centralized collaboration (``collaboration_mode: centralized``, SPEC §2, §5.5): one actor writes every role in one
+"""Centralized collaboration (``collaboration_mode: centralized``,
+docs/design/algorithms.md#centralized-collaboration): one actor writes every role in one
 joint response; the adapter splits it for the reward; MADPO learns from the joint completion as one sequence of the
 one policy; the run folder holds one policy, ``agent_0``."""
 
@@ -123,9 +124,9 @@ def test_the_actor_prompt_is_the_tagged_prompt_of_every_role_prompt():
     assert prompts[0] == (
         "You are a centralized coordinator writing the separate outputs of 2 agents that work together on one "
         "task. Each agent's original prompt follows.\n\n"
-        f"Agent 1 original prompt:\n{role[0]}\n\nAgent 2 original prompt:\n{role[1]}\n\n"
+        f"Agent 0 original prompt:\n{role[0]}\n\nAgent 1 original prompt:\n{role[1]}\n\n"
         "Write every agent's output, each inside its own tags, in this form and nothing else:\n"
-        "<agent_1>agent 1's output</agent_1>\n<agent_2>agent 2's output</agent_2>"
+        "<agent_0>agent 0's output</agent_0>\n<agent_1>agent 1's output</agent_1>"
     )
     decentralized = actor_prompts(task, list(task.train_items), centralized_adapter(parse_job(MINIMAL)))
     assert decentralized == [[TOY_PROMPTS[a].format(t=t) for t in ("apples", "rivers")] for a in range(2)]
@@ -148,7 +149,9 @@ def test_the_reward_sees_the_role_texts_and_role_prompts_and_a_missing_section_i
     ]
     scores, parsed = score_joint(TaggedAdapter(), task, texts, [items[0], items[1], items[1]])
     assert [s.raw for s in scores] == [3 + 60, None, 1 + 20]
-    assert scores[1].failure == "centralized_parse: missing or empty section(s) <agent_2>"
+    assert scores[1].failure == (
+        "centralized_parse: missing or empty section(s) <agent_0> (numbered from 1: <agent_2>)"
+    )
     assert [p.roles for p in parsed] == [["abc", "abcdef"], None, ["z", "xy"]]
     # one batched call over the parsed responses, with each one's role prompts and item
     assert seen == {
@@ -288,7 +291,10 @@ def test_a_joint_response_missing_a_section_is_dropped_and_counted_and_never_sto
     scores = read_rows(RunPaths(run_dir).scores(1), SCORES)
     failures = {(s["item_id"], s["candidate_index"]): s["failure"] for s in scores}
     assert {k for k, f in failures.items() if f} == broken
-    assert failures[("toy-000", 0)] == "centralized_parse: missing or empty section(s) <agent_2>"
+    assert (
+        failures[("toy-000", 0)]
+        == "centralized_parse: missing or empty section(s) <agent_0> (numbered from 1: <agent_2>)"
+    )
     # one scored candidate is left per item (toy-000 #2, toy-001 #1): no pair, and the round went on
     assert read_rows(RunPaths(run_dir).pairs(1), PAIRS) == [] and manifests["build-pairs"].counts["pairs"] == 0
 

@@ -1,5 +1,7 @@
-"""The `model` comparator (SPEC §5.3): explicit models with their own tokenizers and chat templates, and text
-from another vocabulary encoded once, at entry, with each target agent's tokenizer (SPEC §3)."""
+"""The `model` comparator (docs/design/algorithms.md#comparators): explicit models with their own tokenizers and chat
+templates, and text
+from another vocabulary encoded once, at entry, with each target agent's tokenizer
+(docs/design/file-formats.md#conventions)."""
 
 from __future__ import annotations
 

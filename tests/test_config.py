@@ -1,4 +1,5 @@
-"""Configuration models and rules (SPEC §2): defaults, every rule, all problems at once, YAML + overrides."""
+"""Configuration models and rules (docs/guides/configuration.md#configuration): defaults, every rule, all problems at
+once, YAML + overrides."""
 
 from __future__ import annotations
 
@@ -1186,7 +1187,7 @@ def test_is_iterative_unknown_name() -> None:
         is_iterative("madpo-iter")
 
 
-# SPEC §2's option table, transcribed: which trainers have each option.
+# docs/guides/configuration.md#configuration's option table, transcribed: which trainers have each option.
 SPEC_COMMON = {
     "num_agents",
     "num_turns",
@@ -1317,7 +1318,9 @@ def test_trainer_options_are_spec_section_2s(trainer: str) -> None:
 def test_run_fields_cover_spec_section_2() -> None:
     assert SPEC_RUN_FIELDS <= RUN_FIELDS
     assert not RUN_FIELDS & set().union(*SPEC_OPTIONS.values())
-    trainers = importlib.import_module("pbrl.trainers")  # SPEC §2: the configs are importable from pbrl.trainers
+    trainers = importlib.import_module(
+        "pbrl.trainers"
+    )  # docs/guides/configuration.md#configuration: the configs are importable from pbrl.trainers
     assert {t: getattr(trainers, c.__name__) for t, c in TRAINER_CONFIGS.items()} == TRAINER_CONFIGS
 
 
@@ -1326,3 +1329,19 @@ def test_field_descriptions_say_what_none_and_the_range_mean() -> None:
     assert "<trainer>-<UTC time YYYYmmdd-HHMMSS>" in schema["run_name"]["description"]
     assert (schema["temperature"]["minimum"], schema["temperature"]["maximum"]) == (0.0001, 100)
     assert "[1e-4, 100]" in schema["temperature"]["description"]
+
+
+def test_a_key_given_twice_is_an_error_not_the_last_one_winning(tmp_path):
+    """Issue #29: duplicate YAML keys were accepted, the last one winning."""
+    path = tmp_path / "dup.yaml"
+    path.write_text("trainer: madpo_iter\ntask: toy\nagent_model: m\ndpo_beta: 0.1\ndpo_beta: 0.5\n")
+    with pytest.raises(ConfigError, match=r"line 5, column 1: found duplicate key 'dpo_beta' \(first at line 4\)"):
+        load_job(path)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("trainer: madpo_iter\ntask: toy\nagent_model: m\ntask_options: {num_items: 2, num_items: 3}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'num_items'"):
+        load_job(nested)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("trainer: madpo_iter\ntask: toy\nagent_model: m\n")
+    with pytest.raises(ConfigError, match="duplicate key 'a'"):
+        load_job(ok, ["task_options={a: 1, a: 2}"])

@@ -1,4 +1,5 @@
-"""Actor-critic backends of MARLHF (SPEC §5.7, pbrl.learning.critics): advantages, the clipped value loss, explained
+"""Actor-critic backends of MARLHF (docs/design/algorithms.md#critics, pbrl.learning.critics): advantages, the clipped
+value loss, explained
 variance, critic inputs, the iac value head on the policy backbone, learning, checkpoints, the RL loop, preflight."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``benchmarks/learning.py`` (``make learn``): its held-out pairs by hand, and one whole run of the script on the
 tiny model whose JSON is checked against the run's own files and a brute-force scorer.
 
-The README quotes this benchmark's tables; these tests keep the numbers behind them honest: the held-out pairs
+docs/results/learning.md quotes this benchmark's tables; these tests keep the numbers behind them honest: the held-out
+pairs
 are each evaluation item's best and worst draw, the held-out pair accuracy is the sign of the implicit MADPO
 margin of the round's policy against round 0's (computed here one row at a time with a plain forward, not with
 :func:`pbrl.learning.logprobs.sequence_logprobs`), and the per-round figures are the evaluate stage's.

@@ -115,7 +115,8 @@ def test_nan_margin_skips_the_step_and_leaves_state_bitwise(tiny_model_dir, monk
 
 
 def test_gradient_weight_is_the_joint_margins_for_every_agent(tiny_model_dir):
-    """One pair, plain SGD at lr 1: madpo_step moves agent i by β σ(−β Σ_j Δ_j) ∇Δ_i (SPEC §5.5), the same
+    """One pair, plain SGD at lr 1: madpo_step moves agent i by β σ(−β Σ_j Δ_j) ∇Δ_i
+    (docs/design/algorithms.md#loss-and-gradient), the same
     weight for every agent; ∇Δ_i and Δ_i come from a brute-force, unpadded forward and backward."""
     beta = 0.5
     agents = []

@@ -141,3 +141,41 @@ def test_failures_under_the_share_are_dropped_and_counted(tiny_model_dir, tmp_pa
     assert any("6 joint response(s) dropped: reward is not finite" in m for m in manifest.messages)
     pairs = STAGE_MODULES["build-pairs"].run(run_dir, 1, job)
     assert pairs.counts["items_without_pairs"] >= 1  # toy-001 has no scored candidates left
+
+
+def test_each_joint_response_gets_its_own_copy_of_its_item():
+    """Issue #29: every joint response of an item received the same dict, so a reward that changes it scored
+    identical logic 1, 2 on one side and 3, 4 on the other."""
+
+    def counting_reward(a, b, batch_items=None):
+        out = []
+        for item in batch_items:
+            item["calls"] = item.get("calls", 0) + 1
+            out.append(float(item["calls"]))
+        return out
+
+    item = {"item_id": "x"}
+    scores = score_batch(counting_reward, None, [["a"] * 4, ["b"] * 4], batch_items=[item] * 4)
+    assert [s.raw for s in scores] == [1.0, 1.0, 1.0, 1.0] and item == {"item_id": "x"}
+
+
+def test_a_reward_that_never_returns_is_a_counted_failure_within_reward_timeout():
+    """Issue #29: a reward function that never returned hung the run without a word."""
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def stuck(a, b):
+        release.wait(60)
+        return [1.0] * len(a)
+
+    start = time.monotonic()
+    scores = score_batch(stuck, None, [["a", "b"], ["c", "d"]], timeout_s=0.5)
+    release.set()
+    assert time.monotonic() - start < 30  # returned at the limit, not after the function
+    assert [s.failure for s in scores] == [
+        "reward_func test_a_reward_that_never_returns_is_a_counted_failure_within_"
+        "reward_timeout.<locals>.stuck did not return within reward_timeout=0.5 s"
+    ] * 2
+    assert score_batch(lambda a, b: [2.0] * len(a), None, [["a"], ["b"]], timeout_s=5)[0].raw == 2.0

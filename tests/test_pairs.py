@@ -1,4 +1,5 @@
-"""Pair construction and selection (SPEC §5.2), checked against pair lists written out by hand."""
+"""Pair construction and selection (docs/design/algorithms.md#pair-construction), checked against pair lists written
+out by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The core modules pinned where ``make mutate`` found behaviour no test checked (README, "Mutation testing").
+"""The core modules pinned where ``make mutate`` found behaviour no test checked
+(docs/results/mutation.md#the-last-measured-run).
 
 Each test names the kind of wrong version it kills; the expectations are worked out by hand in the test.
 Wrong versions (mutmut ids of ``pbrl/*``) made to fail here, by family:

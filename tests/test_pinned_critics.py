@@ -1,5 +1,7 @@
-"""The actor-critic parts (``pbrl/learning/critics.py``, SPEC §5.7) pinned where ``make mutate`` found behaviour no test
-checked (README, "Mutation testing"). Expectations are worked out by hand in each test, never by calling the
+"""The actor-critic parts (``pbrl/learning/critics.py``, docs/design/algorithms.md#critics) pinned where ``make
+mutate`` found behaviour no test
+checked (docs/results/mutation.md#the-last-measured-run). Expectations are worked out by hand in each test, never by
+calling the
 code under test.
 
 Wrong versions (mutmut ids of ``pbrl/learning/critics.py``) made to fail here, by family:

@@ -1,4 +1,4 @@
-"""MADPO's learning step pinned by its direction and its coupling (SPEC §5.5), on the tiny model.
+"""MADPO's learning step pinned by its direction and its coupling (docs/design/algorithms.md#madpo), on the tiny model.
 
 Wrong versions of ``pbrl.learning.madpo.madpo_agents_step`` that these tests make fail (re-check by applying each to
 a copy

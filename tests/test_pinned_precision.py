@@ -1,5 +1,6 @@
-"""Mixed precision (``pbrl/models/precision.py``) pinned where ``make mutate`` found behaviour no test checked (README,
-"Mutation testing"). Expectations are worked out by hand (torch's documented GradScaler defaults, file names).
+"""Mixed precision (``pbrl/models/precision.py``) pinned where ``make mutate`` found behaviour no test checked
+(docs/results/mutation.md#the-last-measured-run). Expectations are worked out by hand (torch's documented GradScaler
+defaults, file names).
 
 Wrong versions (mutmut ids of ``pbrl/models/precision.py``) made to fail here, by family:
 

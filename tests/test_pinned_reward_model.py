@@ -1,5 +1,7 @@
-"""The joint reward model (``pbrl/learning/reward_model.py``, SPEC §5.6) pinned where ``make mutate`` found behaviour no
-fast test checked (README, "Mutation testing"). The stage tests of ``tests/test_reward_model.py`` run a whole
+"""The joint reward model (``pbrl/learning/reward_model.py``, docs/design/algorithms.md#joint-reward-model) pinned
+where ``make mutate`` found behaviour no
+fast test checked (docs/results/mutation.md#the-last-measured-run). The stage tests of ``tests/test_reward_model.py``
+run a whole
 MARLHF round in a module fixture, too slow to run once per mutant; these pin the same pieces without a round.
 Expectations are worked out by hand (one-token templates, a one-parameter stand-in scorer whose AdamW step is
 known in closed form), or come from the tokenizer itself, never from the function under test.

@@ -1,5 +1,7 @@
-"""The RL modules (``pbrl/learning/rl.py``, SPEC §5.7) pinned where ``make mutate`` found behaviour no test checked
-(README, "Mutation testing"). Expectations are worked out by hand in each test (never by calling the code
+"""The RL modules (``pbrl/learning/rl.py``, docs/design/algorithms.md#marlhf-policy-learning) pinned where ``make
+mutate`` found behaviour no test checked
+(docs/results/mutation.md#the-last-measured-run). Expectations are worked out by hand in each test (never by calling
+the code
 under test), or come from a brute-force reference.
 
 Wrong versions (mutmut ids of ``pbrl/learning/rl.py``) made to fail here, by family:

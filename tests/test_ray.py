@@ -1,4 +1,4 @@
-"""``runner: ray`` (SPEC §11): sharded stages on prefect-ray, byte-identical to the local run.
+"""``runner: ray`` (docs/guides/ray.md#sharded-stages): sharded stages on prefect-ray, byte-identical to the local run.
 
 The tests that need Ray are skipped when the ``ray`` extra is not installed (the ``dev`` extra has it, so CI
 runs them). The flow tests start one local Ray with 2 CPUs for the

@@ -1,4 +1,5 @@
-"""Replay buffer selection (SPEC §5.4): eligibility, weights, sample sizes, sampling and argument checks."""
+"""Replay buffer selection (docs/design/algorithms.md#replay-buffer): eligibility, weights, sample sizes, sampling and
+argument checks."""
 
 from __future__ import annotations
 

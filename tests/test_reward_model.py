@@ -1,4 +1,5 @@
-"""The joint reward model (SPEC §5.6): template and truncation, pooling under padding, Bradley–Terry fitting,
+"""The joint reward model (docs/design/algorithms.md#joint-reward-model): template and truncation, pooling under
+padding, Bradley–Terry fitting,
 safe save/load, and the fit-reward-model stage on the tiny model."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""MARLHF policy learning (SPEC §5.7): advantage backends, reference KL, the per-agent update and the RL loop."""
+"""MARLHF policy learning (docs/design/algorithms.md#marlhf-policy-learning): advantage backends, reference KL, the
+per-agent update and the RL loop."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The sandbox for generated code (SPEC §9): limits hold, the parent is unharmed, nothing leaks or lingers,
+"""The sandbox for generated code (docs/design/architecture.md#the-code-sandbox): limits hold, the parent is unharmed,
+nothing leaks or lingers,
 and the code cannot read or forge the verdict on it (issue #16 item 10)."""
 
 from __future__ import annotations

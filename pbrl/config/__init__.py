@@ -1,9 +1,10 @@
-"""The pbrl configuration (SPEC §2): import every configuration name from here.
+"""The pbrl configuration (docs/reference/options.md#options-reference): import every configuration name from here.
 
 One frozen pydantic model per trainer (``MADPOConfig``, ``MARLHFConfig``, ``MADPOIterConfig``,
 ``MARLHFIterConfig``), the run-level ``RunConfig``, and flat job models (run fields + one trainer's
 fields) that YAML files and the Prefect flow parameter use. Option names and defaults are the reference
-library's (CoMLRL ``comlrl.trainers.preference``) except the ★ changes of SPEC §2. There are no aliases,
+library's (CoMLRL ``comlrl.trainers.preference``) except the ★ changes of docs/reference/options.md#options-reference.
+There are no aliases,
 no normalisation and no type coercion: ``'td-lambda'`` is an error, not ``'lambda_decay'``, and ``true`` is
 not 1. Every entry (:func:`parse_job`, :func:`load_job`, :func:`make_job`, direct construction such as
 ``MADPOConfig(dpo_beta=0)``) raises one :class:`~pbrl.errors.ConfigError` listing every problem at once.

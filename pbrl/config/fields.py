@@ -1,8 +1,10 @@
-"""The fields of the pbrl configuration (SPEC §2): types, defaults, single-field ranges and descriptions.
+"""The fields of the pbrl configuration (docs/reference/options.md#options-reference): types, defaults, single-field
+ranges and descriptions.
 
 Fields are grouped in field-only mixins (``_CommonFields``, ``_IterativeFields`` ...) that the trainer,
 run and job models of :mod:`pbrl.config` combine; nothing here has behaviour. Option names and defaults are
-the reference library's (CoMLRL ``comlrl.trainers.preference``) except the ★ changes of SPEC §2.
+the reference library's (CoMLRL ``comlrl.trainers.preference``) except the ★ changes of
+docs/reference/options.md#options-reference.
 
 Scalars are strict: ``true`` is not the number 1 and ``2024`` is not the string ``'2024'`` (a YAML user
 who writes ``num_iterations: true`` or ``run_name: 2024`` gets an error, not a silent conversion). The one
@@ -514,6 +516,12 @@ class _RunFields(_Fields):
         ge=0,
         le=1,
         description="Share of joint responses whose reward may fail (dropped and counted) before the round stops.",
+    )
+    reward_timeout: StrictFloat = Field(
+        600.0,
+        gt=0,
+        description="Seconds one reward_func call may take; past it the call is abandoned and its joint responses "
+        "are dropped and counted like any reward failure.",
     )
     generation_batch_size: StrictInt = Field(64, ge=1, description="Rows (prompt x candidate) per generate call.")
     eval_samples_per_item: StrictInt = Field(

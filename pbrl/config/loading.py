@@ -42,7 +42,24 @@ _HASH_EXCLUDED = frozenset({"run_name", "output_dir", "runner", "ray_address", "
 
 
 class _YAMLLoader(yaml.SafeLoader):
-    """SafeLoader that also reads exponent numbers without a dot or exponent sign (``1e-5``, ``2.0e5``)."""
+    """SafeLoader that also reads exponent numbers without a dot or exponent sign (``1e-5``, ``2.0e5``) and
+    refuses a key given twice in one mapping (YAML forbids it; PyYAML would keep the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: PyYAML's own error follows
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})", key_node.start_mark,
+                )  # fmt: skip
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
 
 
 _YAMLLoader.add_implicit_resolver(
@@ -66,7 +83,8 @@ def parse_job(data: Mapping[str, Any], *, warn: bool = True) -> JobConfig:
     Raises:
         ConfigError: listing every problem at once: a missing/unknown ``trainer`` (alone, since it decides
             the options), unknown options (with a suggestion), type and range errors, and the cross-field
-            rules of SPEC §2 — the rules are checked on the given values that passed type validation plus
+            rules of docs/guides/configuration.md#strict-types-no-aliases — the rules are checked on the given values
+            that passed type validation plus
             the trainer's defaults, and rules that read an invalid option are skipped.
     """
     return _parse_job(data, warn=warn)

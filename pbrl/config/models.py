@@ -1,4 +1,5 @@
-"""The configuration models of pbrl (SPEC §2): one frozen pydantic model per trainer, the run-level model,
+"""The configuration models of pbrl (docs/reference/options.md#options-reference): one frozen pydantic model per
+trainer, the run-level model,
 and the flat job models (run fields + one trainer's fields) that YAML files and the Prefect flow use.
 
 The fields are in :mod:`pbrl.config.fields`, the cross-field rules in :mod:`pbrl.config.rules`; the only

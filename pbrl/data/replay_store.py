@@ -1,7 +1,8 @@
 """The replay folder on disk: per-round pair files in the reference format and the replay index.
 
 ``<replay_dir>/iteration_<rrrr>.json`` holds round r's pairs as ``{"iteration", "num_pairs", "pairs"}``
-(record keys in the order of SPEC §3). ``index.json`` lists the rounds this run stored, with content
+(record keys in the order of docs/design/file-formats.md#replay-pair-files). ``index.json`` lists the rounds this run
+stored, with content
 hashes; it names its run by the run id (the UUID in run.json, never a path), so a folder holding another
 run's files is never written into or read, while a run folder that was moved or copied still owns its own.
 """
@@ -95,7 +96,8 @@ def check_owned(directory: Path, identity: str) -> dict[str, Any]:
 
 
 def pair_record(row: PairRow) -> dict[str, Any]:
-    """A pairs.parquet row as a reference-format record (SPEC §3 keys first, then pbrl's extras)."""
+    """A pairs.parquet row as a reference-format record (docs/design/file-formats.md#replay-pair-files keys first,
+    then pbrl's extras)."""
     record = {
         "prompts": row["prompts"],
         "winner_completions": row["winner_completions"],

@@ -1,4 +1,5 @@
-"""Typed Parquet schemas of a run folder (SPEC §3), declared once, and their loud readers and atomic writers."""
+"""Typed Parquet schemas of a run folder (docs/design/file-formats.md#parquet-tables), declared once, and their loud
+readers and atomic writers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Run folders (SPEC §3): the layout, atomic writes, content hashes and stage manifests written last."""
+"""Run folders (docs/design/file-formats.md#the-run-folder): the layout, atomic writes, content hashes and stage
+manifests written last."""
 
 from __future__ import annotations
 
@@ -153,7 +154,8 @@ def remove_stale_temporaries(paths: RunPaths) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- layout
 class RunPaths:
-    """The fixed layout of one run folder (SPEC §3). Paths only; nothing is read or created."""
+    """The fixed layout of one run folder (docs/design/file-formats.md#the-run-folder). Paths only; nothing is read or
+    created."""
 
     def __init__(self, run_dir: str | Path):
         self.root = Path(run_dir)
@@ -194,7 +196,8 @@ class RunPaths:
 
 
 def read_run_id(paths: RunPaths) -> str:
-    """The run's identity: the UUID in run.json (SPEC §3). A folder moved or copied keeps it; no path is
+    """The run's identity: the UUID in run.json (docs/design/file-formats.md#the-run-folder). A folder moved or copied
+    keeps it; no path is
     part of it.
 
     Raises:

@@ -1,4 +1,5 @@
-"""``runner: ray``: the agents of a MADPO update-policies as Ray actors, one per agent (SPEC §11, issue #15).
+"""``runner: ray``: the agents of a MADPO update-policies as Ray actors, one per agent
+(docs/guides/ray.md#agents-as-ray-actors, issue #15).
 
 Each :class:`AgentActor` loads its agent's trainable policy and AdamW state from the round's start checkpoint
 (:func:`pbrl.models.policies.trainable_agent`, the code of the in-process path) and keeps them for the stage. Per batch

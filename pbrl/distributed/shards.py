@@ -1,4 +1,4 @@
-"""Shards of an item-parallel stage (SPEC §11): the plan, the shard files and the gather.
+"""Shards of an item-parallel stage (docs/guides/ray.md#sharded-stages): the plan, the shard files and the gather.
 
 A sharded stage (sample-candidates, score-with-oracle, evaluate) splits its items into contiguous shards of
 ``shard_size`` items. Each shard runs the stage's own per-item code over its items and writes its rows to

@@ -1,16 +1,20 @@
-"""Centralized comparator generation (SPEC §5.3): one comparator writes every role in one response.
+"""Centralized comparator generation (docs/design/algorithms.md#centralized-comparator-generation): one comparator
+writes every role in one response.
 
 An adapter turns the agents' own prompts for an item into one centralized prompt, and parses the joint
 response back into one text per role. The default, :class:`TaggedAdapter`, asks for sections
-``<agent_1>…</agent_1>`` … ``<agent_n>…</agent_n>`` (1-based, as the reference's
-``TaggedCentralizedComparatorAdapter``). Another adapter is plugged in by import path
-``"pkg.module:Name"`` (a class, instantiated without arguments, or an object) through :func:`load_adapter`.
+``<agent_0>…</agent_0>`` … ``<agent_{n-1}>…</agent_{n-1}>``, numbered from 0 as the reference's
+``TaggedCentralizedComparatorAdapter`` numbers them ("Agent 0 original prompt"), and reads responses in either
+numbering: the 0-based tags when every one of them is there, else the 1-based ``<agent_1>`` … ``<agent_n>``
+(what pbrl asked for before 2026-12-02, and what a model may write on its own). Another adapter is plugged in
+by import path ``"pkg.module:Name"`` (a class, instantiated without arguments, or an object) through
+:func:`load_adapter`.
 
 A response that cannot be parsed raises :class:`CentralizedParseError`; the caller drops that candidate and
 counts it (★ the reference aborts training on it). The same adapter splits the joint responses of centralized
 collaboration (``collaboration_mode: centralized``, :mod:`pbrl.generation.collaboration`) for the task reward.
 
-The centralized prompt of the default adapter (``{n}`` agents, ``{i}`` 1-based)::
+The centralized prompt of the default adapter (``{n}`` agents, ``{i}`` from 0)::
 
     You are a centralized coordinator writing the separate outputs of {n} agents that work together on
     one task. Each agent's original prompt follows.
@@ -20,9 +24,9 @@ The centralized prompt of the default adapter (``{n}`` agents, ``{i}`` 1-based):
     ...
 
     Write every agent's output, each inside its own tags, in this form and nothing else:
-    <agent_1>agent 1's output</agent_1>
+    <agent_0>agent 0's output</agent_0>
     ...
-    <agent_{n}>agent {n}'s output</agent_{n}>
+    <agent_{n-1}>agent {n-1}'s output</agent_{n-1}>
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ class CentralizedAdapter(Protocol):
 
 
 class TaggedAdapter:
-    """The default adapter: ``<agent_i>…</agent_i>`` sections, i = 1..n (case-insensitive, content stripped)."""
+    """The default adapter: ``<agent_i>…</agent_i>`` sections, i = 0..n−1 as the reference asks for them, or
+    1..n (case-insensitive, content stripped; module docstring)."""
 
     def build_prompt(self, item: Mapping[str, Any], agent_prompts: Sequence[str]) -> str:
         n = len(agent_prompts)
@@ -68,24 +73,31 @@ class TaggedAdapter:
             "together on one task. Each agent's original prompt follows.",
             "",
         ]
-        for i, prompt in enumerate(agent_prompts, start=1):
+        for i, prompt in enumerate(agent_prompts):
             parts += [f"Agent {i} original prompt:", prompt, ""]
         parts.append("Write every agent's output, each inside its own tags, in this form and nothing else:")
-        parts += [f"<agent_{i}>agent {i}'s output</agent_{i}>" for i in range(1, n + 1)]
+        parts += [f"<agent_{i}>agent {i}'s output</agent_{i}>" for i in range(n)]
         return "\n".join(parts)
 
     def parse_completion(self, completion: str, num_agents: int) -> list[str]:
-        roles: list[str] = []
-        missing: list[str] = []
-        for i in range(1, num_agents + 1):
-            match = re.search(rf"<agent_{i}>(.*?)</agent_{i}>", completion, flags=re.IGNORECASE | re.DOTALL)
-            text = match.group(1).strip() if match else ""
-            if not text:
-                missing.append(f"<agent_{i}>")
-            roles.append(text)
-        if missing:
-            raise CentralizedParseError(f"missing or empty section(s) {', '.join(missing)}")
-        return roles
+        zero_based = _sections(completion, range(num_agents))
+        if all(zero_based):
+            return zero_based
+        one_based = _sections(completion, range(1, num_agents + 1))
+        if all(one_based):
+            return one_based
+        missing = ", ".join(f"<agent_{i}>" for i, text in enumerate(zero_based) if not text)
+        missing_one = ", ".join(f"<agent_{i + 1}>" for i, text in enumerate(one_based) if not text)
+        raise CentralizedParseError(f"missing or empty section(s) {missing} (numbered from 1: {missing_one})")
+
+
+def _sections(completion: str, numbers: range) -> list[str]:
+    """The stripped text of each ``<agent_i>…</agent_i>`` section, i in ``numbers`` ("" when absent)."""
+    texts = []
+    for i in numbers:
+        match = re.search(rf"<agent_{i}>(.*?)</agent_{i}>", completion, flags=re.IGNORECASE | re.DOTALL)
+        texts.append(match.group(1).strip() if match else "")
+    return texts
 
 
 def load_adapter(path: str | None) -> CentralizedAdapter:
@@ -124,15 +136,26 @@ def parse_roles(adapter: CentralizedAdapter, completion: str, num_agents: int) -
     ``(None, reason)`` (the adapter's :class:`CentralizedParseError` message; the caller drops and counts it).
 
     Raises:
-        ValueError: the adapter returned something other than ``num_agents`` strings (a bug in the adapter,
-            never dropped silently).
+        ConfigError: naming the adapter, when it returned anything but a list (or tuple) of exactly
+            ``num_agents`` strings (a bug in the adapter, never dropped silently: a dict ``{role: text}`` would
+            make the role names the texts).
     """
     try:
         roles = adapter.parse_completion(completion, num_agents)
     except CentralizedParseError as exc:
         return None, str(exc) or "unparsable"
-    if isinstance(roles, str) or len(roles) != num_agents or not all(isinstance(r, str) for r in roles):
-        raise ValueError(f"{ADAPTER_FIELD}: parse_completion must return exactly {num_agents} strings, got {roles!r}")
+    if not isinstance(roles, list | tuple) or len(roles) != num_agents or not all(isinstance(r, str) for r in roles):
+        shown = repr(roles)[:120]
+        raise ConfigError(
+            [
+                Problem(
+                    ADAPTER_FIELD,
+                    type(adapter).__name__,
+                    f"parse_completion must return a list of "
+                    f"exactly {num_agents} strings (one per role, in role order), got {shown}",
+                )
+            ]
+        )
     return list(roles), None
 
 
@@ -140,8 +163,7 @@ def split_roles(adapter: CentralizedAdapter, completion: str, num_agents: int) -
     """The role texts of one joint response, or None when the adapter cannot parse it (the caller counts it).
 
     Raises:
-        ValueError: the adapter returned something other than ``num_agents`` strings (a bug in the adapter,
-            never dropped silently).
+        ConfigError: as :func:`parse_roles`.
     """
     return parse_roles(adapter, completion, num_agents)[0]
 

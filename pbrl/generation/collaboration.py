@@ -1,4 +1,5 @@
-"""Centralized collaboration (``collaboration_mode: centralized``, SPEC §2 and §5.5): one actor writes every role.
+"""Centralized collaboration (``collaboration_mode: centralized``,
+docs/design/algorithms.md#centralized-collaboration): one actor writes every role.
 
 In the default, ``decentralized`` collaboration, agent i is a policy of its own that answers its own prompt h_i.
 In ``centralized`` collaboration (the reference's option, CoMLRL ``preference/collaboration.py``) there is **one
@@ -11,7 +12,8 @@ actor**, a single policy, and ``num_agents`` counts the *roles* it plays:
   them as on decentralized rows (:func:`score_joint`: every role's completion list, the role prompts,
   the items). A joint response the adapter cannot parse, or one with an empty role, is **dropped with a
   counted reason** (``centralized_parse: …`` in the scores / eval tables); it never stops the round;
-* MADPO learns from the joint completion as one sequence of the one policy (SPEC §5.5): with one actor the
+* MADPO learns from the joint completion as one sequence of the one policy
+(docs/design/algorithms.md#centralized-collaboration): with one actor the
   joint margin is that sequence's log-prob margin, every completion token scored, EOS included;
 * iterative trainers compare with comparator joint responses written by the same kind of one actor on the
   same joint prompt: ``comparator_generation_mode`` is ``centralized`` (set so by the configuration, as the
@@ -116,9 +118,10 @@ def parse_joint(adapter: CentralizedAdapter, text: str, num_roles: int) -> Parse
 
 
 def score_joint(
-    adapter: CentralizedAdapter, task: Task, texts: Sequence[str], items: Sequence[Item]
+    adapter: CentralizedAdapter, task: Task, texts: Sequence[str], items: Sequence[Item], timeout_s: float | None = None
 ) -> tuple[list[OracleScore], list[ParsedJoint]]:
-    """Score n joint responses with the task reward on their role texts (SPEC §5.1, one batched call).
+    """Score n joint responses with the task reward on their role texts (docs/design/algorithms.md#oracle, one batched
+    call).
 
     The reward sees exactly what it sees for decentralized rows: one list of completions per role
     (``len(task.formatters)`` roles), ``prompts=`` each response's role prompts and ``batch_items=`` the items.
@@ -127,6 +130,7 @@ def score_joint(
     Args:
         texts: the n joint completions (actor 0's text).
         items: the n task items, in the same order.
+        timeout_s: ``reward_timeout`` of the reward call (:func:`pbrl.preference.oracle.score_batch`).
 
     Returns:
         (n scores, n parses), in input order.
@@ -147,6 +151,7 @@ def score_joint(
             [[parsed[j].roles[i] for j in ok] for i in range(num_roles)],  # type: ignore[index]
             prompts=[[role_prompts[i][n] for i in range(num_roles)] for n in range(len(ok))],
             batch_items=ok_items,
+            timeout_s=timeout_s,
         )
         for j, s in zip(ok, got, strict=True):
             scores[j] = s

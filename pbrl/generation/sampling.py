@@ -42,7 +42,8 @@ from pbrl.models.forward import distinct_prompts, eval_mode
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How every row is sampled; plain values a stage builds from its job (SPEC §4.1, §4.8).
+    """How every row is sampled; plain values a stage builds from its job (docs/design/stages.md#sample-candidates,
+    docs/design/stages.md#evaluate).
 
     Attributes:
         max_new_tokens: most tokens generated per row, ≥ 1.

@@ -1,4 +1,5 @@
-"""Critics of the actor-critic MARLHF backends (SPEC §5.7): ``maac`` (one centralized critic) and ``iac`` (one
+"""Critics of the actor-critic MARLHF backends (docs/design/algorithms.md#critics): ``maac`` (one centralized critic)
+and ``iac`` (one
 critic per agent).
 
 **What a critic reads.** With ``critic_type: v`` a critic predicts the value of the history *before* the action
@@ -59,7 +60,7 @@ _WEIGHTS, _OPTIMIZER, _META = "weights.safetensors", "optimizer.pt", "critic.jso
 
 # ---------------------------------------------------------------------------------------------- pure parts
 def actor_critic_advantages(returns: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """A = R − V with V a constant (detached): returns (n,), values (n,) → (n,). SPEC §5.7."""
+    """A = R − V with V a constant (detached): returns (n,), values (n,) → (n,). docs/design/algorithms.md#critics."""
     return returns - values.detach().to(returns.dtype)
 
 

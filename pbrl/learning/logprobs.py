@@ -1,6 +1,7 @@
 """Sequence log-probabilities of completions under a causal LM, batched with padding.
 
-MADPO (SPEC §5.5) needs log π(a | h) for every completion of every pair: the sum of the log-probs of
+MADPO (docs/design/algorithms.md#madpo) needs log π(a | h) for every completion of every pair: the sum of the
+log-probs of
 *every* completion token, the last one and EOS included (★ the reference library drops the last token).
 Scoring is batched and padded, yet gives the same numbers as scoring each sequence alone: the attention
 mask and the position ids come from the sequence lengths, never from comparing ids with the pad id

@@ -2,7 +2,7 @@
 Bradley–Terry loss, the policy-gradient loss and the k3 KL estimate of MARLHF's RL step, and the critics'
 clipped value loss.
 
-MADPO (reference-free DPO on the joint margin of all agents, docs: design/algorithms, MADPO). Source: DPO (Rafailov
+MADPO (reference-free DPO on the joint margin of all agents, docs/design/algorithms.md#madpo). Source: DPO (Rafailov
 et al. 2023, "Direct Preference Optimization", eq. 7) without a reference model,
 in the multi-agent joint-margin form of CoMLRL's preference trainer: with per-agent margins
 Δ_i = log π_i(a^w_i | h_i) − log π_i(a^l_i | h_i) and joint margin Δ = Σ_i Δ_i, the per-pair loss is

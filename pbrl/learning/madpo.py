@@ -1,4 +1,5 @@
-"""One MADPO update step over a batch of pairs (SPEC §5.5): every agent moves with its own margin and the
+"""One MADPO update step over a batch of pairs (docs/design/algorithms.md#the-update-step): every agent moves with its
+own margin and the
 others' margins detached, so the credit weight −β σ(−βΔ) is the joint margin's for every agent.
 
 With several agents, the margins of agents 1…a−1 are first computed without gradients (their detached values
@@ -268,7 +269,8 @@ def madpo_agents_step(
     and the margins its training forward computes before it steps (the same function on the same weights
     with the same dropout seeds, hence the same values, bitwise on CPU) are its "others" term for the
     agents after it. That saves one of the step's 3a forward-or-backward passes per micro-batch (a
-    detached forward costs about half a forward and backward; measured on SmolLM2, README "Benchmarks")
+    detached forward costs about half a forward and backward; measured on SmolLM2,
+    docs/results/benchmarks.md#shared-prompts-and-memory)
     and gives the same step.
 
     Raises:

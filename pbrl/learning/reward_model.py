@@ -1,4 +1,5 @@
-"""The joint reward model of MARLHF (SPEC §5.6): one scalar score for a whole joint response.
+"""The joint reward model of MARLHF (docs/design/algorithms.md#joint-reward-model): one scalar score for a whole joint
+response.
 
 **Joint input**: :mod:`pbrl.learning.joint_template`.
 

@@ -1,4 +1,5 @@
-"""MARLHF policy learning (SPEC §5.7): rollouts scored by the frozen joint reward model, group advantages,
+"""MARLHF policy learning (docs/design/algorithms.md#marlhf-policy-learning): rollouts scored by the frozen joint
+reward model, group advantages,
 an optional reference KL, and one REINFORCE-style update per agent.
 
 Per batch of items, each agent samples G = ``num_generations`` responses per item (the seeded batched

