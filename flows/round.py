@@ -9,9 +9,8 @@ from prefect import flow
 
 from flows.artifacts import publish_round
 from flows.cache import run_stage_task
-from pbrl.config import JobConfig
+from pbrl.config import JobConfig, is_marlhf
 from pbrl.data.storage import record_state
-from pbrl.learning.reward_model import is_marlhf
 from pbrl.run.progress import publish
 
 

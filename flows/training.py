@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from flows.ray_runner import ray_session
 from flows.round import call_stage, evaluation_due, round_flow
 from pbrl.config import JobConfig, is_iterative, num_rounds
 from pbrl.reporting.metrics import write_run_metrics
-from pbrl.run.folder import open_job, prepare_run, with_run_name
+from pbrl.run.folder import open_job, prepare_run, run_dir_for, run_lock, with_run_name
 
 
 def _flow_run_name() -> str:
@@ -41,15 +42,20 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         ``{"run_dir", "messages", "stages": [{"stage", "round", "state"}]}``.
     """
     config = with_run_name(config)
-    run_dir = str(prepare_run(config, resume=resume, run_dir=Path(run_dir) if run_dir else None))
-    stages: list[dict[str, Any]] = []
-    with ray_session(config):  # runner 'ray': one Ray connection for the whole run; nothing for 'local'
-        if evaluation_due(config, 0):
-            stages.append(call_stage("evaluate", run_dir, 0, config))
-        for r in range(1, num_rounds(config) + 1):
-            stages.extend(round_flow(run_dir, config.run_name, r, config))
-            write_run_metrics(run_dir)
-    write_run_metrics(run_dir)
+    folder = Path(run_dir) if run_dir else run_dir_for(config)
+    with contextlib.ExitStack() as held:
+        if (folder / "run.json").is_file():  # a run that exists is held before anything reads or writes it
+            held.enter_context(run_lock(folder))
+        run_dir = str(prepare_run(config, resume=resume, run_dir=folder))
+        held.enter_context(run_lock(folder))  # re-entrant; a new run's folder exists from here on
+        stages: list[dict[str, Any]] = []
+        with ray_session(config):  # runner 'ray': one Ray connection for the whole run; nothing for 'local'
+            if evaluation_due(config, 0):
+                stages.append(call_stage("evaluate", run_dir, 0, config))
+            for r in range(1, num_rounds(config) + 1):
+                stages.extend(round_flow(run_dir, config.run_name, r, config))
+                write_run_metrics(run_dir)
+        write_run_metrics(run_dir)
     messages = [f"round {s['round']} {s['stage']}: {m}" for s in stages for m in s["manifest"].get("messages", [])]
     for m in messages:
         print(m)

@@ -20,10 +20,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pbrl.config import ConfigNotice, JobConfig, is_centralized, load_job, num_rounds, parse_job
-from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest, read_states
+from pbrl.config import ConfigNotice, JobConfig, is_centralized, load_job, num_rounds
+from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest, read_states, trainer_stages
 from pbrl.distributed.shards import require_ray_extra
-from pbrl.errors import expected_error
+from pbrl.errors import ConfigError, expected_error
 from pbrl.run import progress
 
 app = typer.Typer(
@@ -127,16 +127,11 @@ def _print_rounds(run_dir: Path) -> None:
 
 
 def _runner_set(runner: str | None) -> list[str]:
-    """``--runner X`` as the override ``runner=X`` (validated with every other option)."""
-    return [] if runner is None else [f"runner={runner}"]
-
-
-def _with_runner(job: JobConfig, runner: str) -> JobConfig:
-    """A stored job with another runner, validated like a config file (``ray_address`` is kept only for ray)."""
-    data = job.model_dump(mode="json") | {"runner": runner}
-    if runner != "ray":
-        data["ray_address"] = None
-    return parse_job(data)
+    """``--runner X`` as the override ``runner=X`` (validated with every other option); another runner than ray
+    also clears ``ray_address``, which only ray reads."""
+    if runner is None:
+        return []
+    return [f"runner={runner}"] + ([] if runner == "ray" else ["ray_address="])
 
 
 def _train_with_progress(job: JobConfig, resume: bool) -> dict[str, Any]:
@@ -187,7 +182,7 @@ def train(
     Example: pbrl train flows/configs/tiny-madpo-iter.yaml --set num_iterations=3 --run-name try-1
     """
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
-    from pbrl.run.folder import open_job, run_dir_for  # deferred: imports torch and transformers (seconds)
+    from pbrl.run.folder import open_run, run_dir_for, start_problems  # deferred: imports torch (seconds)
     from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
 
     if run is not None and not resume:
@@ -198,13 +193,19 @@ def train(
     folder: Path | None = run
     try:
         with _expected_errors(2):
-            job = open_job(run) if run is not None else _load(config, [*(set_ or []), *_runner_set(runner)], run_name)
-            if run is not None and runner is not None:  # a stored run may resume on another runner
-                job = _with_runner(job, runner)
+            if run is not None:  # the stored job; --set and --runner may change what a resume may change
+                job = open_run(run, [*(set_ or []), *_runner_set(runner)])
+            else:
+                job = _load(config, [*(set_ or []), *_runner_set(runner)], run_name)
             folder = run if run is not None else run_dir_for(job)
+            problems = start_problems(job, folder, resume=resume)  # before Prefect starts: one clear message
+            if problems:
+                raise ConfigError(problems)
+            if resume and not (folder / "run.json").is_file():
+                err.print(f"note: no run at {folder} yet: starting it")
             # A resumed run reads its stored items; a new one's items are loaded and formatted here.
             stored = folder / "items.parquet"
-            preflight(job, check_items=not (resume and stored.is_file()))  # before Prefect: one clear message
+            preflight(job, check_items=not (resume and stored.is_file()))
             require_ray_extra(job.runner)
         orchestration.mark_interrupts()
         with _expected_errors(1):
@@ -239,15 +240,22 @@ def stage(
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
     orchestration.quiet_libraries()  # before the stages import transformers
-    from pbrl.run.folder import open_job  # deferred: imports torch and transformers (seconds)
+    from pbrl.run.folder import open_run, run_holder, start_problems  # deferred: imports torch (seconds)
 
     if name not in STAGES:
         raise _fail(ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}"))
-    if not (run / "run.json").is_file():
-        raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
-
     with _expected_errors(2):
-        last = num_rounds(open_job(run))
+        job = open_run(run)
+        if name not in trainer_stages(job.trainer):
+            raise _fail(
+                ValueError(
+                    f"{name} is not a stage of trainer {job.trainer!r}; its stages: "
+                    f"{', '.join(trainer_stages(job.trainer))}"
+                )
+            )
+        if run_holder(run) is not None:  # before Prefect starts: the holder is named
+            raise ConfigError(start_problems(job, run, resume=True))
+        last = num_rounds(job)
     lowest = 0 if name == "evaluate" else 1
     if not lowest <= round_ <= last:
         raise _fail(ValueError(f"--round: got {round_}; this run has rounds {lowest}..{last} for {name}"))

@@ -185,10 +185,11 @@ def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, An
     quiet_libraries()
     from flows.cache import run_recorded  # deferred: flows import Prefect, which reads its settings at first import
     from pbrl.reporting.metrics import write_run_metrics  # deferred: imports torch (after quiet_libraries)
-    from pbrl.run.folder import open_job  # deferred: imports torch (after quiet_libraries)
+    from pbrl.run.folder import open_job, run_lock  # deferred: imports torch (after quiet_libraries)
 
-    manifest = run_recorded(stage, run_dir, round_index, open_job(run_dir))
-    write_run_metrics(run_dir)
+    with run_lock(run_dir):
+        manifest = run_recorded(stage, run_dir, round_index, open_job(run_dir))
+        write_run_metrics(run_dir)
     return {
         "stage": stage,
         "round": round_index,

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from pbrl.config import JobConfig, is_iterative, num_actors
+from pbrl.config import JobConfig, is_iterative, is_marlhf, num_actors
 from pbrl.data.schema import PAIR_JOINT_IDS, PAIRS, SCORES, read_joint_responses, read_rows, write_table
 from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.learning.joint_template import joint_template_for, pair_joint_rows
-from pbrl.learning.reward_model import is_marlhf, pair_joint_ids_path
+from pbrl.learning.reward_model import pair_joint_ids_path
 from pbrl.preference.pairs import Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
 from pbrl.run.settings import policy_source
 from pbrl.run.stage_record import StageRecord

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from pbrl.config import JobConfig, actor_job
+from pbrl.config import JobConfig, actor_job, is_marlhf
 from pbrl.data.replay_store import run_identity, stored_rounds
 from pbrl.data.schema import (
     ROLLOUTS,
@@ -59,7 +59,7 @@ from pbrl.learning.critics import ACTOR_CRITIC, Critic, CriticSet, CriticSpec, n
 from pbrl.learning.env_steps import NEVER_LOGGED, env_step_axis, train_log
 from pbrl.learning.joint_template import joint_template_for
 from pbrl.learning.madpo import LocalAgent, PairBatch, StepAgent, madpo_agents_step
-from pbrl.learning.reward_model import RewardScorer, is_marlhf, reward_device, reward_model_dir
+from pbrl.learning.reward_model import RewardScorer, reward_device, reward_model_dir
 from pbrl.learning.rl import ReferencePolicy, RLSettings, rl_metrics, rollouts_path, run_rl
 from pbrl.models.loading import resolve_devices
 from pbrl.models.policies import (

@@ -255,3 +255,106 @@ def test_train_output_has_no_weight_bars_or_futurewarnings(tmp_path):
     assert "Finished in state Completed()" in out.stderr  # the log is there, only the noise is gone
     for noise in NOISE:
         assert noise not in out.stderr, (noise, out.stderr)
+
+
+# ---------------------------------------------------------------- issue #29: resume options, run in use, messages
+def test_resume_applies_the_set_options_a_resume_may_change_and_names_the_others(tiny_model_dir, tmp_path):
+    """``pbrl train --run RUN --resume --set num_iterations=3`` used to ignore every --set (2 rounds, exit 0)."""
+    from pbrl.run.folder import open_run
+    from tests.helpers import new_run
+
+    run_dir, _ = new_run(tiny_model_dir, tmp_path)
+    assert open_run(run_dir, ["num_iterations=3"]).num_iterations == 3
+    assert open_run(run_dir, ["runner=local", "shard_size=4"]).shard_size == 4
+    out = runner.invoke(app, ["train", "--run", str(run_dir), "--resume", "--set", "dpo_beta=0.5", "--set", "seed=7"])
+    assert out.exit_code == 2
+    assert "dpo_beta: got 0.5; differs from the stored run (0.1)" in out.output and "seed: got 7" in out.output
+    assert "temporary server" not in out.output  # refused before Prefect started
+
+
+def test_a_run_argument_that_is_not_a_run_folder_is_one_error_line(tmp_path):
+    afile = tmp_path / "a.txt"
+    afile.write_text("x")
+    for target, what in ((afile, "is not a folder"), (tmp_path, "is not a run folder (no run.json)")):
+        out = runner.invoke(app, ["train", "--run", str(target), "--resume"])
+        assert out.exit_code == 2 and what in out.output and "Traceback" not in out.output
+
+
+def test_a_stage_of_another_trainer_is_named_as_such(tiny_model_dir, tmp_path):
+    from tests.helpers import new_run
+
+    run_dir, _ = new_run(tiny_model_dir, tmp_path)
+    out = runner.invoke(app, ["stage", "fit-reward-model", "--run", str(run_dir), "--round", "1"])
+    assert out.exit_code == 2
+    assert "fit-reward-model is not a stage of trainer 'madpo_iter'" in out.output
+
+
+def test_an_existing_run_without_resume_is_refused_before_prefect_starts(tiny_model_dir, tmp_path):
+    from tests.helpers import new_run
+
+    run_dir, job = new_run(tiny_model_dir, tmp_path)
+    config = tmp_path / "again.yaml"
+    config.write_text(
+        f"trainer: madpo_iter\ntask: toy\ntask_options: {{num_items: 4}}\nagent_model: {tiny_model_dir}\n"
+        f"output_dir: {tmp_path}\nrun_name: run\n"
+    )
+    out = runner.invoke(app, ["train", str(config)])
+    assert out.exit_code == 2 and "already exists" in out.output and "temporary server" not in out.output
+
+
+def test_a_second_process_on_a_run_in_use_is_refused_with_the_holder(tiny_model_dir, tmp_path):
+    """Issue #29: the second process waited for the stage lock, then recomputed the stage and replaced
+    checkpoints/round_0001 under the first."""
+    import time
+
+    from tests.helpers import new_run
+
+    run_dir, _ = new_run(tiny_model_dir, tmp_path)
+    ready = tmp_path / "held"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import pathlib, time, sys\nfrom pbrl.run.folder import run_lock\n"
+                f"with run_lock(pathlib.Path({str(run_dir)!r})):\n"
+                f"    pathlib.Path({str(ready)!r}).touch()\n    time.sleep(60)\n"
+            ),
+        ],
+        cwd=Path(__file__).parents[1],
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for args in (
+            ["train", "--run", str(run_dir), "--resume"],
+            ["stage", "evaluate", "--run", str(run_dir), "--round", "0"],
+        ):
+            out = runner.invoke(app, args)
+            assert out.exit_code == 2, out.output
+            assert f"is in use by process {holder.pid} on host" in out.output
+        from pbrl.errors import ConfigError
+        from pbrl.run.folder import run_lock
+
+        with pytest.raises(ConfigError, match=f"in use by process {holder.pid}"):
+            with run_lock(run_dir):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    from pbrl.run.folder import run_holder, run_lock
+
+    assert run_holder(run_dir) is None  # the kernel released the dead holder's lock: nothing stale
+    with run_lock(run_dir), run_lock(run_dir):  # re-entrant in one process
+        assert run_holder(run_dir) is None
+
+
+def test_resume_of_a_run_that_does_not_exist_yet_says_it_starts_one(tmp_path):
+    """Issue #29: ``pbrl train CONFIG --resume`` with a missing run quietly started a new one (``--run X --resume``
+    refuses): it now says so in one line (``make demo`` relies on starting with --resume)."""
+    config = tmp_path / "new.yaml"
+    config.write_text(f"trainer: madpo_iter\ntask: toy\nagent_model: {tmp_path / 'no-model'}\noutput_dir: {tmp_path}\n")
+    out = runner.invoke(app, ["train", str(config), "--resume"])
+    assert f"note: no run at {tmp_path / 'new'} yet: starting it" in " ".join(out.output.split())
+    assert out.exit_code == 2  # then preflight names the missing model, before anything starts

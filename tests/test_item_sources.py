@@ -288,3 +288,21 @@ def test_a_yaml_mapping_is_a_dataset_spec_through_the_whole_start(tiny_model_dir
     run_dir = prepare_run(job, resume=False)
     assert read_items(RunPaths(run_dir), "train") == EXPECTED
     assert read_items_sources(RunPaths(run_dir).items)["train"]["source"]["spec"]["path"] == "json"
+
+
+def test_non_utf8_bytes_in_a_jsonl_dataset_are_one_clear_error(tmp_path):
+    """Issue #29: a non-UTF-8 byte gave a UnicodeDecodeError traceback (as a dataset spec the same file gave a
+    clean error)."""
+    from pbrl.data.items import load_item_source
+
+    bad = tmp_path / "items.jsonl"
+    bad.write_bytes(b'{"item_id": "a", "topic": "ok"}\n{"item_id": "b", "topic": "caf\xe9"}\n')
+    with pytest.raises(ConfigError) as info:
+        load_item_source(bad, field="train_dataset")
+    (problem,) = info.value.problems
+    assert (problem.field, problem.value) == ("train_dataset", f"{bad}:2")
+    assert "is not UTF-8 text (byte 31 of the line: b'\\xe9')" in problem.message
+    corrupt = tmp_path / "items.parquet"
+    corrupt.write_bytes(b"not parquet")
+    with pytest.raises(ConfigError, match="not a readable Parquet file"):
+        load_item_source(corrupt, field="eval_dataset")

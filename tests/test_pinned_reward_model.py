@@ -371,7 +371,7 @@ def test_heldout_split_edges():
 
 
 def test_is_marlhf_names_the_two_marlhf_trainers():
-    from pbrl.learning.reward_model import is_marlhf
+    from pbrl.config import is_marlhf
 
     assert is_marlhf("marlhf") and is_marlhf("marlhf_iter")
     assert not is_marlhf("madpo") and not is_marlhf("madpo_iter")

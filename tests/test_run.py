@@ -295,3 +295,22 @@ def test_preflight_refuses_full_fine_tuning_that_would_be_offloaded(tiny_model_d
         preflight(job)
     preflight(tiny_job(tiny_model_dir, tmp_path, agent_devices="auto", max_memory={"cpu": "100KB"}, lora_r=4))
     assert not (tmp_path / "run").exists()
+
+
+def test_task_option_errors_keep_their_quotes_and_name_the_options(tiny_model_dir, tmp_path):
+    """Issue #29: a task_options error lost its closing quote (the message was stripped of quotes)."""
+    from pbrl.errors import ConfigError
+    from pbrl.run.task import resolve_task
+    from tests.helpers import tiny_job
+
+    with pytest.raises(ConfigError) as info:
+        resolve_task(tiny_job(tiny_model_dir, tmp_path, task_options={"num_itemz": 3}))
+    assert str(info.value.problems[0]) == (
+        "task_options: got {'num_itemz': 3}; unknown option(s) 'num_itemz' of task "
+        "'toy'; its options: num_agents, num_items"
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve_task(tiny_job(tiny_model_dir, tmp_path, task="toyy", task_options={}))
+    assert str(info.value.problems[0]) == (
+        "task: got 'toyy'; unknown task 'toyy'; registered: humaneval_coop, humaneval_docs, toy"
+    )

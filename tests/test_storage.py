@@ -201,3 +201,42 @@ def test_every_table_has_a_typed_record_with_exactly_its_columns_in_order():
             else list(typing.get_type_hints(record))
         )
         assert fields == schema.names, name
+
+
+def test_a_full_disk_is_named_as_such_with_the_path_and_nothing_stored_is_lost(tmp_path, monkeypatch):
+    """Issue #29: a full disk showed "unexpected pos 4928 vs 4820" in 5 tracebacks, never "no space left"."""
+    import errno
+
+    import pyarrow as pa
+
+    from pbrl.data import storage
+    from pbrl.data.schema import write_table
+    from pbrl.errors import ArtifactError
+
+    schema = pa.schema([("x", pa.int32())])
+    target = tmp_path / "t.parquet"
+    write_table(target, [{"x": 1}], schema)
+    before = target.read_bytes()
+
+    def enospc(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("pyarrow.parquet.write_table", enospc)
+    with pytest.raises(ArtifactError, match=r"t\.parquet: no space left on device \(.* MiB free in "):
+        write_table(target, [{"x": 2}], schema)
+
+    def short_write(*args, **kwargs):  # pyarrow's own wording when a write comes up short
+        raise OSError("unexpected pos 4928 vs 4820")
+
+    monkeypatch.setattr("pyarrow.parquet.write_table", short_write)
+    monkeypatch.setattr(storage, "_free_bytes", lambda folder: 4096)  # the disk is (nearly) full
+    with pytest.raises(ArtifactError, match="no space left on device"):
+        write_table(target, [{"x": 2}], schema)
+    monkeypatch.setattr(storage, "_free_bytes", lambda folder: 10 * 2**30)  # a full disk it is not: kept as is
+    with pytest.raises(OSError, match="unexpected pos"):
+        write_table(target, [{"x": 2}], schema)
+    assert target.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["t.parquet"]
+    with pytest.raises(ArtifactError, match="no space left"):
+        with storage.atomic_dir(tmp_path / "ckpt"):
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+    assert not (tmp_path / "ckpt").exists()

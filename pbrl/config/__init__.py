@@ -22,6 +22,7 @@ The code is split along its seams:
 from __future__ import annotations
 
 from pbrl.config.loading import (
+    apply_overrides,
     config_hash,
     load_job,
     make_job,
@@ -52,6 +53,7 @@ from pbrl.config.models import (
     collect_problems,
     is_centralized,
     is_iterative,
+    is_marlhf,
     job_adapter,
     num_actors,
     num_rounds,
@@ -76,11 +78,13 @@ __all__ = [
     "MADPOIterJob",
     "MARLHFIterJob",
     "ConfigNotice",
+    "apply_overrides",
     "collect_problems",
     "config_hash",
     "actor_job",
     "is_centralized",
     "is_iterative",
+    "is_marlhf",
     "load_job",
     "num_actors",
     "num_rounds",

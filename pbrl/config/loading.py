@@ -162,6 +162,16 @@ def load_job(path: str | Path, overrides: Sequence[str] = ()) -> JobConfig:
         raise ConfigError(
             [Problem("config file", str(path), f"must hold a mapping of option: value, not a {type(data).__name__}")]
         )
+    return apply_overrides(data, overrides)
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> JobConfig:
+    """``data`` (a flat mapping of options) with ``"key=value"`` overrides applied in order, validated.
+
+    Raises:
+        ConfigError: every problem of the overrides (malformed, unknown option) and of the merged options at once.
+    """
+    data = dict(data)
     problems: list[Problem] = []
     for text in overrides:
         try:

@@ -206,6 +206,14 @@ def is_iterative(trainer: str) -> bool:
     return trainer.endswith("_iter")
 
 
+MARLHF_TRAINERS = ("marlhf", "marlhf_iter")
+
+
+def is_marlhf(trainer: str) -> bool:
+    """Whether ``trainer`` fits a reward model and learns by RL (MARLHF, base or iterative)."""
+    return trainer in MARLHF_TRAINERS
+
+
 def num_rounds(job: Any) -> int:
     """Rounds of a run: base trainers collect once; iterative trainers run ``num_iterations`` rounds."""
     return job.num_iterations if is_iterative(job.trainer) else 1

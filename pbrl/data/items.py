@@ -84,14 +84,30 @@ def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, 
             raise ConfigError([Problem(field, str(source), "file not found")])
         if path.suffix == ".jsonl":
             items = []
-            for n, line in enumerate(path.read_text().splitlines(), 1):
+            for n, raw in enumerate(path.read_bytes().splitlines(), 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ConfigError(
+                        [
+                            Problem(
+                                field,
+                                f"{path}:{n}",
+                                f"is not UTF-8 text (byte {exc.start + 1} of "
+                                f"the line: {raw[exc.start : exc.start + 1]!r}); save the file as UTF-8",
+                            )
+                        ]
+                    ) from None
                 if line.strip():
                     try:
                         items.append(json.loads(line))
                     except json.JSONDecodeError as exc:
                         raise ConfigError([Problem(field, f"{path}:{n}", f"malformed JSON line ({exc})")]) from exc
         elif path.suffix == ".parquet":
-            items = pq.read_table(path).to_pylist()
+            try:
+                items = pq.read_table(path).to_pylist()
+            except Exception as exc:  # pyarrow raises several types for corrupt or non-Parquet files
+                raise ConfigError([Problem(field, str(path), f"not a readable Parquet file ({exc})")]) from None
         else:
             raise ConfigError(
                 [

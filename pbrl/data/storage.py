@@ -4,6 +4,7 @@ manifests written last."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pbrl.config import is_marlhf
 from pbrl.errors import ArtifactError
 
 STAGES = (
@@ -31,6 +33,11 @@ STAGES = (
 )
 
 
+def trainer_stages(trainer: str) -> tuple[str, ...]:
+    """The stages of a round of ``trainer``: fit-reward-model belongs to the MARLHF trainers only."""
+    return tuple(s for s in STAGES if s != "fit-reward-model" or is_marlhf(trainer))
+
+
 # ---------------------------------------------------------------------------------------------- atomic I/O
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
@@ -41,16 +48,17 @@ def atomic_path(path: Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with _disk_full_named(path):
+        fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            yield tmp
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -58,13 +66,56 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; on success it replaces ``path`` (old contents removed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}.", dir=path.parent))
+    with _disk_full_named(path):
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}.", dir=path.parent))
+        try:
+            yield tmp
+            replace_dir(tmp, path)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+# Below this many free bytes a failed write is taken for a full disk, whatever the writer's own message says
+# (pyarrow reports a short write as "unexpected pos 4928 vs 4820", torch and safetensors in their own words).
+FULL_DISK_BYTES = 1 << 20
+
+
+@contextlib.contextmanager
+def _disk_full_named(path: Path) -> Iterator[None]:
+    """Turn a write that failed on a full disk (ENOSPC or EDQUOT anywhere in the exception chain, or any error
+    while less than :data:`FULL_DISK_BYTES` are free) into one :class:`ArtifactError` naming the file and the free
+    space. Whatever was stored before stays as it was: the writers write a temporary name first."""
     try:
-        yield tmp
-        replace_dir(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        yield
+    except ArtifactError:
+        raise
+    except Exception as exc:
+        free = _free_bytes(path.parent)
+        full = any(getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) for e in _chain(exc))
+        if full or (free is not None and free < FULL_DISK_BYTES):
+            where = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
+            raise ArtifactError(
+                f"{path}: no space left on device ({where} in {path.parent}); free some space "
+                "or point output_dir elsewhere, then resume (what was stored before is intact)"
+            ) from exc
+        raise
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 def replace_dir(tmp: Path, dest: Path) -> None:

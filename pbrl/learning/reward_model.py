@@ -44,14 +44,6 @@ _META = "reward_model.json"
 _HEAD = "head.safetensors"
 
 
-MARLHF_TRAINERS = ("marlhf", "marlhf_iter")
-
-
-def is_marlhf(trainer: str) -> bool:
-    """Whether ``trainer`` fits a reward model and learns by RL (MARLHF, base or iterative)."""
-    return trainer in MARLHF_TRAINERS
-
-
 class JointRewardModel(nn.Module):
     """Backbone (a causal LM's base model, or a peft model around it) + a scalar head (h → 1)."""
 

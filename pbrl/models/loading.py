@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import tempfile
-import uuid
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +28,7 @@ from huggingface_hub import constants, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from pbrl.data.storage import atomic_dir
+from pbrl.data.storage import atomic_dir, atomic_path
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.lora import LoraSettings, lora_module_names, with_lora
 from pbrl.models.packaged import PACKAGED_MODELS, prepare_packaged_model
@@ -360,15 +359,8 @@ def resolve_devices(spec: str | list[str] | None, n: int, *, field: str = "agent
 
 def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
     """Write ``optimizer.state_dict()`` with ``torch.save`` atomically (temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
+    with atomic_path(Path(path)) as tmp:  # a full disk is named (pbrl.data.storage)
         torch.save(optimizer.state_dict(), tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def load_optimizer_state(path: Path) -> dict[str, Any]:

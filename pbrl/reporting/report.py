@@ -56,7 +56,7 @@ def write_report_png(run_dir: str | Path, table: pd.DataFrame | None = None) -> 
         loss_label, acc_label = "reward-model loss", "reward-model held-out accuracy"
     tr = table.get(loss_col)
     ax1.set(title="Evaluation reward per round", xlabel="round", ylabel="mean reward")
-    ax1.legend(loc="best")
+    _legend(ax1, loc="best")
     if tr is not None and tr.notna().any():
         ax2.plot(tr.dropna().index, tr.dropna().values, marker="o", color="tab:red", label=loss_label)
         ax2.set(ylabel="loss (nats)")
@@ -65,9 +65,9 @@ def write_report_png(run_dir: str | Path, table: pd.DataFrame | None = None) -> 
         ax3 = ax2.twinx()
         ax3.plot(acc.dropna().index, acc.dropna().values, marker="s", color="tab:green", label=acc_label)
         ax3.set(ylabel="pair accuracy", ylim=(0, 1))
-        ax3.legend(loc="lower right")
+        _legend(ax3, loc="lower right")
     ax2.set(title="Training per round", xlabel="round")
-    ax2.legend(loc="upper right")
+    _legend(ax2, loc="upper right")
     for ax in (ax1, ax2):
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(run_dir.name)
@@ -76,3 +76,9 @@ def write_report_png(run_dir: str | Path, table: pd.DataFrame | None = None) -> 
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _legend(ax, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    """A legend only where something is labelled (matplotlib warns about an empty one: a round with no update)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
+import socket
 import uuid
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pbrl
-from pbrl.config import JobConfig, config_hash, parse_job, stage_config_hash
+from pbrl.config import JobConfig, apply_overrides, config_hash, parse_job, stage_config_hash
 from pbrl.data.items import load_run_items, write_items
 from pbrl.data.replay_store import adopt_legacy_index, check_owned, replay_dir, run_identity
 from pbrl.data.storage import RunPaths, atomic_dir, read_json, remove_stale_temporaries, write_json
@@ -19,6 +25,10 @@ from pbrl.run.preflight import preflight
 from pbrl.run.settings import policy_source
 from pbrl.run.task import attach_task, attached_task
 from pbrl.tasks.base import Task
+
+RUN_LOCK = ".pbrl-run.lock"  # in the run folder: held (flock) by the process working on the run
+# The options a resume may change: they key no stage's cache (pbrl.config.loading: stage_config_hash).
+RESUMABLE_CHANGES = frozenset({"num_iterations", "runner", "ray_address", "shard_size", "run_name", "output_dir"})
 
 
 def generated_run_name(trainer: str, now: datetime | None = None) -> str:
@@ -96,21 +106,170 @@ def write_run_json(paths: RunPaths, job: JobConfig) -> None:
 
 
 def check_resumable(paths: RunPaths, job: JobConfig) -> None:
-    """Refuse to continue a run folder made with another configuration (num_iterations may grow).
+    """Refuse to continue a run folder with a configuration that changes what its finished stages computed.
+
+    A resume may change only the options that key no stage's cache (:func:`pbrl.config.stage_config_hash`):
+    ``num_iterations`` (more rounds), ``runner``, ``ray_address``, ``shard_size``, ``run_name`` and
+    ``output_dir``.
 
     Raises:
-        ConfigError: naming every field whose value differs from the stored run.
+        ConfigError: naming every other field whose value differs from the stored run.
     """
     stored = open_job(paths.root)
     if stage_config_hash(stored) == stage_config_hash(job):
         return
     a, b = stored.model_dump(mode="json"), job.model_dump(mode="json")
     diffs = [
-        Problem(k, b.get(k), f"differs from the stored run ({a.get(k)!r}); start a new run_name instead")
+        Problem(
+            k,
+            b.get(k),
+            f"differs from the stored run ({a.get(k)!r}) and would change what its finished "
+            "stages computed; a resume may change num_iterations, runner, ray_address and shard_size only; "
+            "start a new run_name for other options",
+        )
         for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k) and k not in ("num_iterations", "run_name", "output_dir")
+        if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES
     ]
     raise ConfigError(diffs or [Problem("config", "?", "differs from the stored run")])
+
+
+def open_run(run_dir: Path, overrides: Sequence[str] = ()) -> JobConfig:
+    """The job of the existing run ``run_dir`` (:func:`open_job`), with ``"key=value"`` overrides applied and
+    checked as a resume may change it (:func:`check_resumable`): e.g. ``num_iterations=3`` adds rounds.
+
+    Raises:
+        ConfigError: ``run_dir`` is not a run folder (named), an override is invalid, or it changes an option
+            that a resume may not change.
+        ArtifactError: run.json is unreadable.
+    """
+    folder = Path(run_dir)
+    if not folder.is_dir() or not RunPaths(folder).run_json.is_file():
+        what = "is not a folder" if not folder.is_dir() else "is not a run folder (no run.json)"
+        raise ConfigError(
+            [Problem("run", str(folder), f"{what}; give a folder that pbrl train created, e.g. storage/runs/NAME")]
+        )
+    job = open_job(folder)
+    if not overrides:
+        return job
+    data = job.model_dump(mode="json")
+    changed = apply_overrides(data, overrides)
+    check_resumable(RunPaths(folder), changed)
+    return changed
+
+
+def start_problems(job: JobConfig, run_dir: Path, *, resume: bool) -> list[Problem]:
+    """What stops ``job`` from starting (or, with ``resume``, continuing) in ``run_dir``, checked before any
+    work or Prefect server starts: the folder exists and ``resume`` is off; it exists but is not a run; the stored
+    run has another configuration; another process holds the run (:func:`run_lock`)."""
+    paths = RunPaths(run_dir)
+    if paths.run_json.is_file():
+        if not resume:
+            return [
+                Problem(
+                    "run_name",
+                    job.run_name,
+                    f"run folder {run_dir} already exists; continue it with "
+                    "--resume (CLI) or resume=True (Python API), or choose another run name",
+                )
+            ]
+        try:
+            check_resumable(paths, job)
+            holder = run_holder(run_dir)
+        except ConfigError as exc:
+            return exc.problems
+        return [] if holder is None else [_in_use(run_dir, holder)]
+    if Path(run_dir).exists() and any(Path(run_dir).iterdir()):
+        return [
+            Problem(
+                "run_name",
+                job.run_name,
+                f"{run_dir} exists and is not a run folder (no run.json); remove it or choose another run name",
+            )
+        ]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------- in use
+# Held locks of this process (path -> depth): flock locks belong to an open file, so a process that takes its own
+# run's lock again (the trainer API around the flow) must not open the file a second time.
+_HELD: dict[str, tuple[int, int]] = {}
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold the run folder for this process: a second process (``pbrl train``, ``pbrl stage``, a UI run) on the
+    same run is refused with the holder's pid and host instead of recomputing stages under it. The lock is an
+    ``flock`` on ``<run>/.pbrl-run.lock`` (released by the kernel when the holder dies, so none is ever left
+    stale); the file records the holder for the message. Re-entrant within a process.
+
+    Raises:
+        ConfigError: another process holds the run.
+    """
+    key = str(Path(run_dir).resolve())
+    if key in _HELD:
+        fd, depth = _HELD[key]
+        _HELD[key] = (fd, depth + 1)
+        try:
+            yield
+        finally:
+            fd, depth = _HELD[key]
+            _HELD[key] = (fd, depth - 1)
+        return
+    path = Path(run_dir) / RUN_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise ConfigError([_in_use(run_dir, holder or {})]) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(
+        fd,
+        json.dumps(
+            {"pid": os.getpid(), "host": socket.gethostname(), "since": datetime.now(UTC).isoformat(timespec="seconds")}
+        ).encode(),
+        0,
+    )
+    _HELD[key] = (fd, 1)
+    try:
+        yield
+    finally:
+        _HELD.pop(key, None)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def run_holder(run_dir: Path) -> dict[str, object] | None:
+    """The process holding ``run_dir`` (``{"pid", "host", "since"}``), or None when it is free or held by this
+    process."""
+    path = Path(run_dir) / RUN_LOCK
+    if str(Path(run_dir).resolve()) in _HELD or not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _read_holder(fd) or {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_holder(fd: int) -> dict[str, object] | None:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"null")
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _in_use(run_dir: Path, holder: dict[str, object]) -> Problem:
+    who = f"process {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+    since = f" since {holder['since']}" if holder.get("since") else ""
+    return Problem("run", str(run_dir), f"is in use by {who}{since}; wait for it to end (or stop it) and resume then")
 
 
 # ---------------------------------------------------------------------------------------------- prepare

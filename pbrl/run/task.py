@@ -11,7 +11,7 @@ from typing import Any
 from pbrl.config import JobConfig
 from pbrl.errors import ConfigError, Problem
 from pbrl.tasks.base import Task, import_object
-from pbrl.tasks.registry import get_task
+from pbrl.tasks.registry import TASKS, get_task
 
 # Tasks given as Python objects through the trainer API, keyed by resolved run folder. Stages run in the
 # same process as the trainer (Prefect's default thread runner), so they find them here.
@@ -58,8 +58,12 @@ def resolve_task(job: JobConfig, run_dir: Path | None = None) -> Task:
     if job.task:
         try:
             base = get_task(job.task, **job.task_options)
-        except (KeyError, TypeError, ValueError) as exc:
-            problems.append(Problem("task", job.task, str(exc).strip("'\"")))
+        except ConfigError as exc:  # the factory's own checks, each naming its option
+            problems += exc.problems
+        except KeyError as exc:  # an unknown task: the message is the KeyError's argument (str() would quote it)
+            problems.append(Problem("task", job.task, str(exc.args[0]) if exc.args else "unknown task"))
+        except (TypeError, ValueError) as exc:
+            problems.append(_task_options_problem(job.task, job.task_options, exc))
 
     def _import(field: str, path: str) -> Any:
         try:
@@ -101,3 +105,21 @@ def task_fingerprint(task: Task) -> str:
         except (OSError, TypeError):
             pass
     return h.hexdigest()
+
+
+def _task_options_problem(task: str, options: dict[str, Any], exc: Exception) -> Problem:
+    """The problem of ``task_options`` that a task factory refused: unknown names are listed with the task's
+    options; anything else keeps the factory's message whole."""
+    try:
+        accepted = list(inspect.signature(TASKS[task]).parameters)
+    except (KeyError, TypeError, ValueError):
+        accepted = []
+    unknown = [name for name in options if accepted and name not in accepted]
+    if unknown:
+        return Problem(
+            "task_options",
+            options,
+            f"unknown option(s) {', '.join(repr(n) for n in unknown)} of task "
+            f"{task!r}; its options: {', '.join(accepted)}",
+        )
+    return Problem("task_options", options, f"task {task!r} refused them: {exc}")

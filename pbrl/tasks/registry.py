@@ -29,5 +29,5 @@ def task_names() -> list[str]:
 def get_task(name: str, **options: Any) -> Task:
     """Build the registered task ``name``. Raises KeyError naming the known tasks."""
     if name not in TASKS:
-        raise KeyError(f"task: unknown task {name!r}; registered: {', '.join(task_names())}")
+        raise KeyError(f"unknown task {name!r}; registered: {', '.join(task_names())}")
     return TASKS[name](**options)
