@@ -3,6 +3,7 @@ docs/design/architecture.md#caching-and-resume)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow
@@ -11,7 +12,7 @@ from flows.artifacts import publish_round
 from flows.cache import run_stage_task
 from pbrl.config import JobConfig, is_marlhf
 from pbrl.data.storage import record_state
-from pbrl.run.progress import publish
+from pbrl.run.progress import Event, publish
 
 
 def call_stage(stage: str, run_dir: str, round_index: int, job: JobConfig, *, force: bool = False) -> dict[str, Any]:
@@ -21,11 +22,20 @@ def call_stage(stage: str, run_dir: str, round_index: int, job: JobConfig, *, fo
     Returns:
         ``{"stage", "round", "state", "manifest"}`` where state is Prefect's ("Completed" or "Cached").
     """
-    publish({"event": "start", "stage": stage, "round": round_index})
+    publish(Event("stage_start", run_dir, round_index, stage))
+    started = time.monotonic()
     state = run_stage_task(stage, run_dir, round_index, job, force=force)
     record_state(run_dir, round_index, stage, state.name, None if state.is_completed() else str(state.message))
-    manifest = state.result()  # re-raises the stage's error: the round fails, later stages do not run
-    publish({"event": "done", "stage": stage, "round": round_index, "state": state.name})
+    try:
+        manifest = state.result()  # re-raises the stage's error: the round fails, later stages do not run
+    except BaseException:
+        publish(Event("stage_end", run_dir, round_index, stage, state="Failed", seconds=time.monotonic() - started))
+        raise
+    publish(Event(
+        "stage_end", run_dir, round_index, stage, state=state.name, seconds=time.monotonic() - started,
+        metrics=manifest.get("metrics", {}), counts=manifest.get("counts", {}),
+        messages=tuple(manifest.get("messages", [])),
+    ))  # fmt: skip
     return {"stage": stage, "round": round_index, "state": state.name, "manifest": manifest}
 
 
@@ -37,6 +47,7 @@ def evaluation_due(job: JobConfig, round_index: int) -> bool:
 @flow(name="pbrl-round", flow_run_name="{run_name}-round-{round_index}", log_prints=True)
 def round_flow(run_dir: str, run_name: str, round_index: int, job: JobConfig) -> list[dict[str, Any]]:
     """Collect, store, select and learn: one round of preference-based training."""
+    publish(Event("round_start", run_dir, round_index))
     done = [
         call_stage("sample-candidates", run_dir, round_index, job),
         call_stage("score-with-oracle", run_dir, round_index, job),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,9 @@ from prefect.runtime import flow_run
 from flows.ray_runner import ray_session
 from flows.round import call_stage, evaluation_due, round_flow
 from pbrl.config import JobConfig, is_iterative, num_rounds
-from pbrl.reporting.metrics import write_run_metrics
+from pbrl.reporting.metrics import round_table, write_run_metrics
 from pbrl.run.folder import open_job, prepare_run, run_dir_for, run_lock, with_run_name
+from pbrl.run.progress import Event, publish
 
 
 def _flow_run_name() -> str:
@@ -49,13 +51,23 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         run_dir = str(prepare_run(config, resume=resume, run_dir=folder))
         held.enter_context(run_lock(folder))  # re-entrant; a new run's folder exists from here on
         stages: list[dict[str, Any]] = []
-        with ray_session(config):  # runner 'ray': one Ray connection for the whole run; nothing for 'local'
-            if evaluation_due(config, 0):
-                stages.append(call_stage("evaluate", run_dir, 0, config))
-            for r in range(1, num_rounds(config) + 1):
-                stages.extend(round_flow(run_dir, config.run_name, r, config))
-                write_run_metrics(run_dir)
-        write_run_metrics(run_dir)
+        started = time.monotonic()
+        publish(Event("run_start", run_dir))
+        try:
+            with ray_session(config):  # runner 'ray': one Ray connection for the whole run; nothing for 'local'
+                if evaluation_due(config, 0):
+                    publish(Event("round_start", run_dir, 0))
+                    stages.append(call_stage("evaluate", run_dir, 0, config))
+                    _round_end(run_dir, 0, started)
+                for r in range(1, num_rounds(config) + 1):
+                    round_started = time.monotonic()
+                    stages.extend(round_flow(run_dir, config.run_name, r, config))
+                    _round_end(run_dir, r, round_started)
+            write_run_metrics(run_dir)
+        except BaseException:
+            publish(Event("run_end", run_dir, state="Failed", seconds=time.monotonic() - started))
+            raise
+        publish(Event("run_end", run_dir, state="Completed", seconds=time.monotonic() - started))
     messages = [f"round {s['round']} {s['stage']}: {m}" for s in stages for m in s["manifest"].get("messages", [])]
     for m in messages:
         print(m)
@@ -64,6 +76,15 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         "messages": messages,
         "stages": [{k: s[k] for k in ("stage", "round", "state")} for s in stages],
     }
+
+
+def _round_end(run_dir: str, round_index: int, started: float) -> None:
+    """Rebuild metrics.parquet and publish the round's row of the round table (a ``round_end`` event)."""
+    write_run_metrics(run_dir)
+    table = round_table(run_dir)
+    row = table.loc[round_index] if round_index in table.index else None
+    metrics = {} if row is None else {k: float(v) for k, v in row.items() if v == v}  # NaN: not measured
+    publish(Event("round_end", run_dir, round_index, metrics=metrics, seconds=time.monotonic() - started))
 
 
 @flow(name="pbrl-add-iteration", flow_run_name="{run_name}-add-iteration", log_prints=True)

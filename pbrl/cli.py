@@ -148,10 +148,10 @@ def _train_with_progress(job: JobConfig, resume: bool) -> dict[str, Any]:
     ) as bar:
         task_id = bar.add_task(f"{job.run_name}: starting", total=None)
 
-        def on_event(event: dict) -> None:
-            if event["event"] == "start":
-                bar.update(task_id, description=f"{job.run_name}: round {event['round']} {event['stage']}")
-            else:
+        def on_event(event: progress.Event) -> None:
+            if event.kind == "stage_start":
+                bar.update(task_id, description=f"{job.run_name}: round {event.round} {event.stage}")
+            elif event.kind == "stage_end":
                 bar.advance(task_id)
 
         unsubscribe = progress.subscribe(on_event)

@@ -35,6 +35,7 @@ from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.models.policies import load_agent, policy_checkpoint
 from pbrl.preference.oracle import score_batch
 from pbrl.reporting.stats import SampleKey, mean_interval, paired_difference
+from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter, policy_source
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task
@@ -109,6 +110,7 @@ def collect(
         batch_size=job.eval_batch_size,
     )  # rows per generate call
     prompts, completions = [], []
+    progress = Progress(str(paths.root), round_index, NAME, job.num_agents * len(draws), "rows")
     for agent, agent_prompts in enumerate(actor_prompts(task, [item for item, _ in draws], adapter)):
         policy = load_agent(policy_source(job), agent, checkpoint, trainable=False)
         seeds = [eval_seed(job.seed, agent, item["item_id"], s) for item, s in draws]
@@ -120,6 +122,7 @@ def collect(
             seeds,
             settings,
             row_names=names,
+            on_rows=progress.advance,
         )
         prompts.append(agent_prompts)
         completions.append(gens)

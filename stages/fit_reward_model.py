@@ -103,6 +103,12 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     model = new_reward_model(spec, seed=seed("init"), device=device)
     train_idx, held_idx = heldout_split(len(usable), HELDOUT_SHARE, seed("heldout"))
     train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
+    progress = record.progress(job.reward_num_train_epochs * -(-len(train) // job.reward_train_batch_size), "steps")
+
+    def on_step(loss: float) -> None:
+        progress.advance()
+        record.log(progress.done, {"rm/loss": loss})
+
     stats = fit_bradley_terry(
         model,
         train,
@@ -111,6 +117,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         learning_rate=job.reward_learning_rate,
         seed=seed("order"),
         max_grad_norm=job.max_grad_norm,
+        on_step=on_step,
     )
     fitted, heldout = pair_metrics(model, train, SCORE_BATCH), pair_metrics(model, held, SCORE_BATCH)
     save_reward_model(model, spec, out, max_length=job.reward_max_length)

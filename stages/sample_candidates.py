@@ -37,6 +37,7 @@ from pbrl.generation.comparators import (
 )
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.models.policies import load_agent
+from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter, policy_source
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task
@@ -141,9 +142,8 @@ def collect(
     all items.
     """
     task = resolve_task(job, paths.root)
-    job = actor_job(
-        job
-    )  # centralized collaboration: one actor, agent_0, on the joint prompt (pbrl.generation.collaboration)
+    # Centralized collaboration: one actor, agent_0, on the joint prompt (pbrl.generation.collaboration).
+    job = actor_job(job)
     comp = comparator(paths, round_index, job)
     plan = sides(paths, round_index, job, comp)
     settings = sampling_settings(job)
@@ -154,6 +154,8 @@ def collect(
 
     rows: list[CandidateRow] = []
     prompts, prompt_ids, tokenizers = [], [], []
+    total = job.num_agents * len(items) * sum(s.num_candidates for s in plan)
+    progress = Progress(str(paths.root), round_index, NAME, total, "rows")
     for agent, agent_prompts in enumerate(actor_prompts(task, items, centralized_adapter(job))):
         prompts.append(agent_prompts)
         for (checkpoint, _), group in groups.items():
@@ -177,7 +179,13 @@ def collect(
             ]
             names = [f"agent {agent}, item {items[i]['item_id']!r}, {side} candidate {k}" for side, i, k in requests]
             gens = generate(
-                policy.model, policy.tokenizer, [ids[i] for _, i, _ in requests], seeds, settings, row_names=names
+                policy.model,
+                policy.tokenizer,
+                [ids[i] for _, i, _ in requests],
+                seeds,
+                settings,
+                row_names=names,
+                on_rows=progress.advance,
             )
             rows += [
                 CandidateRow(

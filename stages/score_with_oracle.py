@@ -28,6 +28,7 @@ from pbrl.generation.collaboration import (
 from pbrl.learning.joint_template import DROP_TOO_LONG
 from pbrl.learning.reward_model import RewardScorer, newest_reward_model, reward_device
 from pbrl.preference.oracle import OracleScore, score_batch
+from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task
@@ -73,6 +74,7 @@ def collect(
             model[1], job.num_agents, device=reward_device(job.reward_model_device, job.agent_devices, job.num_agents)
         )
     rows = []
+    progress = Progress(str(paths.root), round_index, NAME, len(keys), "joint responses")
     for start in range(0, len(keys), BATCH):
         chunk = keys[start : start + BATCH]
         groups = [joint[k] for k in chunk]
@@ -105,6 +107,7 @@ def collect(
             }
             for (item_id, side, index), s in zip(chunk, scores, strict=True)
         ]
+        progress.advance(len(chunk))
     return rows, {}
 
 

@@ -198,6 +198,9 @@ def _run_madpo(
     batch_sizes: list[int] = []
     margin_sums = torch.zeros(job.num_agents, dtype=torch.float64)
     n_margins = 0
+    total_steps = job.num_train_epochs * -(-len(pairs) // job.train_batch_size)
+    progress = record.progress(total_steps, "steps")
+    live = _LiveLog(record, job, start)
     for _ in range(job.num_train_epochs):
         order = item_grouped_order(pairs, rng.permutation(len(pairs)))
         for begin in range(0, len(pairs), job.train_batch_size):
@@ -225,6 +228,8 @@ def _run_madpo(
             n_margins += int(finite.sum())
             for i, s in enumerate(stats.skipped):
                 skipped[i] += int(s)
+            live.step(len(chunk), {"madpo/loss": stats.loss, "madpo/accuracy": stats.accuracy})
+            progress.advance()
 
     step_metrics = [{"madpo/loss": loss, "madpo/accuracy": acc} for loss, acc in zip(losses, accuracies, strict=True)]
     checkpoint, axis, log = _save_round(
@@ -275,6 +280,36 @@ def _load_policies(job: JobConfig, start: Path) -> tuple[list[TrainablePolicy], 
 def _write_agents(policies: list[TrainablePolicy], folder: Path) -> None:
     for agent, policy in enumerate(policies):
         write_agent(policy, folder / f"agent_{agent}")
+
+
+class _LiveLog:
+    """Publishes each update step's metrics as it ends, on the steps the reference's ``logging_steps`` gate
+    logs (the same rows as the manifest's ``train_log``)."""
+
+    def __init__(self, record: StageRecord, job: JobConfig, start: Path) -> None:
+        self.record, self.job = record, job
+        self.previous = read_trainer_state(start)
+        self.batch_sizes: list[int] = []
+        self.metrics: list[dict[str, float]] = []
+
+    def step(self, batch_size: int, metrics: dict[str, float]) -> None:
+        self.batch_sizes.append(batch_size)
+        self.metrics.append(metrics)
+        axis = env_step_axis(
+            self.batch_sizes,
+            start=self.previous.get("env_step", 0),
+            environment_steps_per_pair=self.job.environment_steps_per_pair,
+            use_environment_step=self.job.use_environment_step,
+        )
+        logged = train_log(
+            self.metrics,
+            axis,
+            logging_steps=self.job.logging_steps,
+            last_logged=self.previous.get("last_logged_env_step", NEVER_LOGGED),
+        )
+        if logged and int(logged[-1]["env_step"]) == axis[-1]:  # this step is one the gate logs
+            finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
+            self.record.log(len(self.metrics), finite, env_step=axis[-1])
 
 
 def _save_round(
@@ -426,6 +461,13 @@ def _run_marlhf(
                 [f"agent {agent}, item {item!r}, rollout {k}" for item, k in draws],
             )
 
+        progress = record.progress(rl.epochs * -(-len(item_ids) // rl.batch_size), "steps")
+        live = _LiveLog(record, job, start)
+
+        def on_step(items: int, metrics: dict[str, float]) -> None:
+            live.step(items, metrics)
+            progress.advance()
+
         result = run_rl(
             policies,
             [[prompts[item][i] for item in item_ids] for i in range(a)],
@@ -437,6 +479,7 @@ def _run_marlhf(
             order_seed=seed("order"),
             dropout_seed=lambda agent, step: seed("dropout", agent, index=step),
             critics=critics,
+            on_step=on_step,
         )
     rollouts = rollouts_path(paths.round_dir(round_index))
     write_table(rollouts, result.rollouts, ROLLOUTS)

@@ -17,7 +17,7 @@ Shape legend: b batch (rows), t tokens, v vocab.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any, Literal
@@ -301,6 +301,7 @@ def generate(
     *,
     row_names: Sequence[str] | None = None,
     share_prompts: bool = True,
+    on_rows: Callable[[int], None] | None = None,
 ) -> list[Generation]:
     """Sample one completion per (prompt_ids[r], seeds[r]) row; repeat a prompt for K candidates.
 
@@ -326,6 +327,7 @@ def generate(
         settings: see :class:`SamplingSettings`.
         row_names: b labels naming each row in errors (e.g. "agent 0, item 'q1', target candidate 2");
             None names them "row r".
+        on_rows: called with the number of rows after each generate chunk (a stage's progress).
 
     Returns:
         b :class:`Generation` in row order: ``finish_reason`` "eos" when a stop id was generated (kept as
@@ -371,4 +373,6 @@ def generate(
                 completion, reason, stop_id = _cut(row, stop_ids, settings.max_new_tokens)
                 text = tokenizer.decode(completion, skip_special_tokens=True)
                 results[r] = Generation(completion, text, reason, seed, stop_id)
+            if on_rows is not None:
+                on_rows(len(chunk))
     return [results[r] for r in range(len(prompt_ids))]

@@ -19,7 +19,7 @@ Shape legend: b batch (rows), t tokens, h hidden size.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -215,11 +215,13 @@ def fit_bradley_terry(
     learning_rate: float,
     seed: int,
     max_grad_norm: float | None,
+    on_step: Callable[[float], None] | None = None,
 ) -> dict[str, int]:
     """Fit ``model`` in place: ``epochs`` passes over ``pairs`` (winner ids, loser ids) in a seeded order,
     ``batch_size`` pairs per AdamW step (torch defaults besides ``lr``), winner and loser rows in one padded
     forward, gradient norm clipped to ``max_grad_norm`` (None: not clipped). A step whose loss or gradient
-    norm is not finite is skipped (parameters and optimizer state untouched) and counted.
+    norm is not finite is skipped (parameters and optimizer state untouched) and counted. ``on_step(loss)`` is
+    called after every step (the stage's progress).
 
     Returns:
         ``{"steps": n, "skipped_steps": n}``.
@@ -235,6 +237,8 @@ def fit_bradley_terry(
             scores = model([p[0] for p in chunk] + [p[1] for p in chunk])  # (2b,)
             loss = bradley_terry_loss(scores[: len(chunk)], scores[len(chunk) :]).mean()
             steps += 1
+            if on_step is not None:
+                on_step(float(loss.detach()))
             optimizer.zero_grad(set_to_none=True)
             if not torch.isfinite(loss):
                 skipped += 1

@@ -232,6 +232,7 @@ def run_rl(
     order_seed: int,
     dropout_seed: Callable[[int, int], int | None],
     critics: CriticSet | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> RLResult:
     """``settings.epochs`` passes over the items in seeded order, ``settings.batch_size`` items per step.
 
@@ -247,6 +248,7 @@ def run_rl(
         order_seed: seed of the item order of every epoch.
         dropout_seed: (agent, step) → the dropout seed of that training forward (None: no dropout).
         critics: the critics of an actor-critic backend (``maac``/``iac``), updated in place; None otherwise.
+        on_step: called after each step with its item count and metrics (the stage's live log and progress).
 
     Raises:
         ValueError: an actor-critic backend without critics, or critics with a group backend.
@@ -342,6 +344,8 @@ def run_rl(
             out.steps += 1
             out.batch_sizes.append(len(rows_items))
             out.step_metrics.append(metrics)
+            if on_step is not None:
+                on_step(len(rows_items), metrics)
     return out
 
 

@@ -1,19 +1,110 @@
-"""A tiny hook so that a front end (the CLI's progress bar) hears when a stage finishes."""
+"""What happens in a run, as events for the front ends: the CLI's progress display and log lines, the Prefect run
+logger, trainer callbacks and experiment trackers all listen to the same events.
+
+A stage (or the flow around it) :func:`publish` es an :class:`Event`; every listener added with :func:`subscribe`
+hears it, in the publishing thread. Listeners must be quick and must not raise (an exception in one is logged and
+the others still hear the event). Events of stages that run in other processes (Ray shards) stay there: their
+front ends hear the start and the end of the stage, not its rows.
+
+Kinds, in the order a run produces them::
+
+    run_start → (round_start → (stage_start → progress* → log* → stage_end)* → round_end)* → run_end
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
 
-_listeners: list[Callable[[dict[str, Any]], None]] = []
+log = logging.getLogger(__name__)
+
+Kind = Literal["run_start", "run_end", "round_start", "round_end", "stage_start", "stage_end", "progress", "log"]
 
 
-def subscribe(listener: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
-    """Call ``listener(event)`` for every stage event; returns a function that unsubscribes."""
-    _listeners.append(listener)
-    return lambda: _listeners.remove(listener)
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened in a run.
+
+    Attributes:
+        kind: see the module docstring.
+        run_dir: the run folder.
+        round: the round (0 = the baseline evaluation); None for run events.
+        stage: the stage name (``sample-candidates`` …); None for run and round events.
+        done / total / unit: ``progress``: units done so far out of ``total`` (``rows``, ``joint responses``,
+            ``steps``); total may be None when unknown.
+        step: ``log``: the optimizer step within the stage (1-based); ``env_step`` the reference's x-axis.
+        metrics: ``log``: the step's metrics (``madpo/loss`` …); ``stage_end``: the manifest's metrics;
+            ``round_end``: the round's row of the round table (``eval_reward``, ``paired`` …).
+        counts: ``stage_end``: the manifest's counts.
+        seconds: ``stage_end`` / ``round_end`` / ``run_end``: wall time.
+        state: ``stage_end``: Prefect's state (``Completed``, ``Cached``, ``Failed``); ``run_end``: ``Completed`` or
+            ``Failed``.
+        messages: ``stage_end``: the manifest's messages.
+    """
+
+    kind: Kind
+    run_dir: str | None = None
+    round: int | None = None
+    stage: str | None = None
+    done: int | None = None
+    total: int | None = None
+    unit: str | None = None
+    step: int | None = None
+    env_step: int | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    counts: Mapping[str, int] = field(default_factory=dict)
+    seconds: float | None = None
+    state: str | None = None
+    messages: tuple[str, ...] = ()
 
 
-def publish(event: dict[str, Any]) -> None:
-    for listener in list(_listeners):
-        listener(event)
+Listener = Callable[[Event], None]
+_listeners: list[Listener] = []
+_lock = threading.Lock()
+
+
+def subscribe(listener: Listener) -> Callable[[], None]:
+    """Call ``listener(event)`` for every event from now on; returns a function that unsubscribes it."""
+    with _lock:
+        _listeners.append(listener)
+
+    def unsubscribe() -> None:
+        with _lock:
+            if listener in _listeners:
+                _listeners.remove(listener)
+
+    return unsubscribe
+
+
+def publish(event: Event) -> None:
+    """Hand ``event`` to every listener (a listener that raises is logged and skipped)."""
+    with _lock:
+        listeners = list(_listeners)
+    for listener in listeners:
+        try:
+            listener(event)
+        except Exception:  # a broken front end must not stop training
+            log.exception("progress listener %r failed on a %s event", listener, event.kind)
+
+
+class Progress:
+    """The progress of one unit of work inside a stage (rows sampled, joint responses scored, steps trained):
+    :meth:`advance` publishes a ``progress`` event at most every ``every`` units and always at the end."""
+
+    def __init__(self, run_dir: str, round_index: int, stage: str, total: int | None, unit: str, every: int = 1):
+        self.run_dir, self.round, self.stage, self.total, self.unit = run_dir, round_index, stage, total, unit
+        self.every, self.done, self._shown = max(1, every), 0, 0
+
+    def advance(self, n: int = 1) -> None:
+        """``n`` more units done."""
+        self.done += n
+        if self.done - self._shown >= self.every or (self.total is not None and self.done >= self.total):
+            self._shown = self.done
+            publish(
+                Event(
+                    "progress", self.run_dir, self.round, self.stage, done=self.done, total=self.total, unit=self.unit
+                )
+            )

@@ -17,6 +17,7 @@ from typing import Any
 
 from pbrl.config import JobConfig, stage_config_hash
 from pbrl.data.storage import RunPaths, StageManifest, hash_files, write_manifest
+from pbrl.run.progress import Event, Progress, publish
 
 log = logging.getLogger("pbrl.stages")
 PEAK_RSS_METRIC = "resource/peak_rss_mb"
@@ -41,6 +42,26 @@ class StageRecord:
         self.metrics: dict[str, float] = {}
         self.details: dict[str, Any] = {}
         self.messages: list[str] = []
+
+    def progress(self, total: int | None, unit: str, every: int = 1) -> Progress:
+        """A progress counter of this stage's work (``total`` units of ``unit``), published as it advances
+        (:mod:`pbrl.run.progress`)."""
+        return Progress(str(self.paths.root), self.round_index, self.stage, total, unit, every)
+
+    def log(self, step: int, metrics: dict[str, float], env_step: int | None = None) -> None:
+        """Publish one training step's metrics (a ``log`` event: the CLI, the Prefect run log, callbacks and
+        trackers show them)."""
+        publish(
+            Event(
+                "log",
+                str(self.paths.root),
+                self.round_index,
+                self.stage,
+                step=step,
+                env_step=env_step,
+                metrics=dict(metrics),
+            )
+        )
 
     def say(self, message: str) -> None:
         """A message for people: logged now and kept in the manifest."""
