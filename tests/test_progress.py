@@ -71,3 +71,40 @@ def test_a_training_run_publishes_every_kind_of_event_in_order(tiny_model_dir, t
     logs = [e for e in heard if e.kind == "log"]
     assert logs and all("madpo/loss" in e.metrics for e in logs)
     assert "eval_reward" in heard[[e.kind for e in heard].index("round_end", kinds.index("round_start", 1))].metrics
+
+
+def test_each_event_reads_as_one_line():
+    from pbrl.run.progress import describe
+
+    assert describe(Event("stage_start", "r", 1, "build-pairs")) == "round 1 build-pairs: started"
+    assert (
+        describe(Event("stage_end", "r", 1, "build-pairs", state="Completed", seconds=2.25, counts={"pairs": 16}))
+        == "round 1 build-pairs: done in 2.2 s (pairs 16)"
+    )
+    assert describe(Event("stage_end", "r", 2, "evaluate", state="Cached")) == "round 2 evaluate: cached"
+    assert describe(Event("progress", "r", 1, "sample-candidates", done=24, total=48, unit="rows")) == (
+        "round 1 sample-candidates: 24/48 rows"
+    )
+    assert describe(Event("log", "r", 1, "update-policies", step=3, metrics={"madpo/loss": 0.69314})) == (
+        "round 1 update-policies step 3: madpo/loss 0.6931"
+    )
+    assert (
+        describe(
+            Event(
+                "round_end",
+                "r",
+                3,
+                seconds=271,
+                metrics={
+                    "eval_reward": 2.6,
+                    "eval_lo": 2.44,
+                    "eval_hi": 2.75,
+                    "paired": 0.44,
+                    "paired_lo": 0.2,
+                    "paired_hi": 0.65,
+                },
+            )
+        )
+        == "round 3: done in 271 s — eval 2.6 [2.44, 2.75], paired gain +0.44 [+0.2, +0.65]"
+    )
+    assert describe(Event("run_end", "runs/x", state="Completed", seconds=60)) == "run runs/x: completed after 60 s"

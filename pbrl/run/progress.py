@@ -108,3 +108,42 @@ class Progress:
                     "progress", self.run_dir, self.round, self.stage, done=self.done, total=self.total, unit=self.unit
                 )
             )
+
+
+def describe(event: Event) -> str | None:
+    """The one line a person reads for ``event`` (the CLI's redirected output and the Prefect run log show the
+    same lines); None for events that have no line of their own."""
+    where = f"round {event.round} {event.stage}" if event.stage else f"round {event.round}"
+    if event.kind == "stage_start":
+        return f"{where}: started"
+    if event.kind == "stage_end":
+        if event.state == "Failed":
+            return f"{where}: failed after {event.seconds or 0:.1f} s"
+        counts = ", ".join(f"{k} {v}" for k, v in event.counts.items())
+        how = "cached" if event.state == "Cached" else f"done in {event.seconds or 0:.1f} s"
+        return f"{where}: {how}" + (f" ({counts})" if counts else "")
+    if event.kind == "progress":
+        of = f"/{event.total}" if event.total is not None else ""
+        return f"{where}: {event.done}{of} {event.unit}"
+    if event.kind == "log":
+        shown = "  ".join(f"{k} {v:.4g}" for k, v in event.metrics.items())
+        return f"{where} step {event.step}: {shown}"
+    if event.kind == "round_end":
+        m = event.metrics
+        parts = []
+        if "eval_reward" in m:
+            parts.append(f"eval {m['eval_reward']:.3g}" + _interval(m.get("eval_lo"), m.get("eval_hi")))
+        if "paired" in m:
+            parts.append(f"paired gain {m['paired']:+.3g}" + _interval(m.get("paired_lo"), m.get("paired_hi"), "+"))
+        return f"round {event.round}: done in {event.seconds or 0:.0f} s" + (f" — {', '.join(parts)}" if parts else "")
+    if event.kind == "run_start":
+        return f"run {event.run_dir}: started"
+    if event.kind == "run_end":
+        return f"run {event.run_dir}: {(event.state or 'ended').lower()} after {event.seconds or 0:.0f} s"
+    return None
+
+
+def _interval(low: float | None, high: float | None, sign: str = "") -> str:
+    if low is None or high is None:
+        return ""
+    return f" [{low:{sign}.3g}, {high:{sign}.3g}]"
