@@ -46,6 +46,11 @@ class SamplingError(RuntimeError):
     """Sampling cannot go on (non-finite logits or probabilities); the message names the agent and item rows."""
 
 
+class RemoteServiceError(RuntimeError):
+    """A remote service (the API comparator) refused, redirected or malformed a request, or kept failing until
+    its retry budget was spent; the message names the status, the URL (without credentials) and what to change."""
+
+
 class IsolationError(RuntimeError):
     """Untrusted code would have to run without operating-system isolation; the message says why and how to fix."""
 
@@ -60,6 +65,7 @@ EXPECTED_ERRORS: tuple[type[Exception], ...] = (
     TransientError,
     RewardContractError,
     SamplingError,
+    RemoteServiceError,
     IsolationError,
 )
 

@@ -77,7 +77,7 @@ class Stub:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1/endpoint"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def __enter__(self) -> Stub:
         return self
@@ -329,6 +329,7 @@ API = {
 CREDENTIALS = [
     ("url-userinfo", {"comparator_api_url": f"https://user:{SECRET}@api.example/v1"}, "comparator_api_url"),
     ("url-user-only", {"comparator_api_url": f"https://{SECRET}@api.example/v1"}, "comparator_api_url"),
+    ("url-unparsable", {"comparator_api_url": f"https://user:{SECRET}@[::1/v1"}, "comparator_api_url"),
     *[
         (f"query-{name}", {"comparator_api_url": f"https://api.example/v1?x=1&{name}={SECRET}"}, "comparator_api_url")
         for name in ("key", "api_key", "token", "access_token", "auth", "signature", "sig", "code", "X-Goog-Api-Key")

@@ -303,8 +303,9 @@ class _IterativeFields(_Fields):
     )
     comparator_api_headers: dict[NonEmptyStr, StrictStr] | None = Field(
         None,
-        description="Extra HTTP headers of every API request; a header that carries a key (Authorization, "
-        "x-api-key, api-key) is refused: the key comes from comparator_api_key_env.",
+        description="Extra HTTP headers of every API request; a header named like a credential (Authorization, "
+        "Cookie, anything with key, token, secret, auth, password) is refused: the key comes from "
+        "comparator_api_key_env.",
     )
     comparator_api_extra_body: dict[NonEmptyStr, Any] | None = Field(
         None, description="JSON fields merged last into every API request body."
@@ -315,7 +316,11 @@ class _IterativeFields(_Fields):
     comparator_api_response_field: NonEmptyStr = Field(
         "completions", description="Generic format: dotted path of the list of completions in the JSON response."
     )
-    comparator_api_timeout: StrictFloat = Field(120.0, gt=0, description="Timeout of one API request, in seconds.")
+    comparator_api_timeout: StrictFloat = Field(
+        120.0,
+        gt=0,
+        description="Total deadline of one API request (connect, send and every read of the answer), in seconds.",
+    )
     comparator_api_max_concurrency: StrictInt = Field(4, ge=1, description="Most API requests in flight at once.")
     preference_replay_mode: Literal["current", "nearest_k", "all_history", "lambda_decay"] = Field(
         "current",

@@ -15,6 +15,7 @@ import annotated_types
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
+from pbrl.config.trainer_rules import api_shown_value
 from pbrl.errors import ConfigError, Problem
 
 _BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
@@ -38,7 +39,7 @@ def field_problems(err: ValidationError, fields: Mapping[str, FieldInfo], data: 
     for name, errors in grouped.items():
         info = fields.get(name)
         value = data.get(name)  # the raw value given (None when missing)
-        problems.append(Problem(name, value, _message(errors, info, value)))
+        problems.append(Problem(name, api_shown_value(name, value), _message(errors, info, value)))
     return problems
 
 

@@ -1,5 +1,5 @@
-"""API comparators over httpx (SPEC §5.3.1): request bodies, headers, response parsing, retries and a bound
-on the requests in flight.
+"""API comparators over httpx (docs/design/algorithms.md#api-comparators): request bodies, headers, response
+parsing, retries, a deadline and a size cap per request, and a bound on the requests in flight.
 
 Formats (``comparator_api_format``):
 
@@ -20,57 +20,121 @@ format              request body                                                
 ``comparator_api_extra_body`` is merged last into every body; None values are dropped. A server that
 returns fewer answers than asked is asked again for the rest (a top-up); more are cut to the number asked.
 
-Retries (exponential backoff with full jitter, ``Retry-After`` honoured as a lower bound) on 429, 5xx,
-timeouts and connection errors; any other 4xx is tried once. At most ``max_concurrency`` requests are in
-flight (one ``asyncio.Semaphore`` over an ``httpx.AsyncClient``).
+**One request.** ``comparator_api_timeout`` (``ApiSettings.timeout``, seconds) is the *total* deadline of one
+request: connect, send and every read of the answer, however slowly a server trickles it. At most
+``max_response_bytes`` (:data:`MAX_RESPONSE_BYTES`, 8 MiB, after content decoding) of an answer are read; the
+body is streamed and reading stops beyond the cap. Redirects are never followed (the request carries the key,
+which must not go to another address): a 3xx is reported as a redirect, with its ``Location``. At most
+``max_concurrency`` requests are in flight (one ``asyncio.Semaphore`` over an ``httpx.AsyncClient``).
 
-The key is read from the environment variable named ``key_env`` at call time, only into the request header;
-it is redacted from every error message (a server may echo it back) and never stored or logged.
+**Retries: one budget.** The client owns the only retry budget of a request: ``max_attempts`` requests sent
+(5 by default), on 408, 429, 5xx, a missed deadline and connection errors, with exponential backoff and full
+jitter (tenacity) and at least the server's ``Retry-After`` (delta-seconds or an HTTP date). Every wait is
+logged (logger ``pbrl.generation.api_client``, WARNING) with its length, its reason and the attempt. A
+``Retry-After`` beyond ``retry_after_max`` (:data:`RETRY_AFTER_MAX`, 60 s) is not waited for: the request
+gives up at once, naming the server's value. When the budget is spent the client raises
+:class:`ApiRetriesSpentError`, which is *not* a :class:`~pbrl.errors.TransientError`, so Prefect's stage
+retries (:mod:`flows.retry`) never resend API requests and its message counts the requests really sent. The
+answers already received are stored by the stage, so ``pbrl train --resume`` later asks only for the rest.
+Any other 4xx, a redirect, a malformed or oversized answer is tried once.
+
+**Errors.** Every failure is an :class:`ApiComparatorError` — an expected error
+(:data:`pbrl.errors.EXPECTED_ERRORS`), shown by the CLI as one ``error:`` line — naming the format, the item,
+the HTTP status, the URL (without credentials) and what to change.
+
+**The key** is read from the environment variable named ``key_env`` at call time, only into the request header;
+it is never stored or logged. Credentials in the settings themselves (URL user info or query keys, auth-like
+headers, secret-like body fields) are refused before anything is sent (:mod:`pbrl.config.trainer_rules`). Every
+text that leaves the client — exception messages, log lines, quoted server bodies, ``Location`` headers and the
+answers themselves — goes through :class:`Redactor`, which replaces any piece of at least
+:data:`REDACT_MIN_CHARS` characters of the key (the whole key when shorter), as sent or percent-, JSON- or
+base64-encoded, whatever its position or cut.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import datetime
 import email.utils
 import json
+import logging
+import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from pbrl.errors import TransientError
+from pbrl.config.trainer_rules import api_credential_problems, safe_url
+from pbrl.errors import ConfigError, RemoteServiceError
 from pbrl.generation.sampling import SamplingSettings
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("generic", "openai", "anthropic", "openai_responses")
 ANTHROPIC_VERSION = "2023-06-01"
-_BODY_SHOWN = 300  # characters of a server's error body quoted in an error
+RETRY_AFTER_MAX = 60.0  # seconds: the longest server Retry-After waited for; beyond it the request gives up
+MAX_RESPONSE_BYTES = 8 * 2**20  # bytes of one answer read at most (after content decoding)
+ERROR_BODY_BYTES = 64 * 2**10  # bytes of a non-2xx body read at most: only its start is quoted
+REDACT_MIN_CHARS = 8  # any piece of the key this long (the whole key when shorter) is redacted
+HIDDEN = "<hidden>"
+_BODY_SHOWN = 300  # characters of a server's body quoted in an error
+_RETRIED_STATUSES = frozenset({408, 429})  # and every 5xx
 
 
-class ApiComparatorError(RuntimeError):
-    """An API comparator request failed for good. Names the format, the item and the HTTP status (None when
-    no response came back); never the key.
+class ApiComparatorError(RemoteServiceError):
+    """An API comparator request failed for good: refused (4xx), redirected, answered malformed or too large,
+    or its retry budget was spent. An expected error (:class:`~pbrl.errors.RemoteServiceError`): the CLI prints its
+    message as one ``error:`` line, and it is never retried by the stage. The message names the format, the URL
+    (without credentials), the
+    item, the HTTP status and what to change; never the key.
 
     Attributes:
-        status: HTTP status code, or None (timeout, connection error, malformed answer).
+        status: HTTP status code, or None (timeout, connection error, no response).
         api_format: the ``comparator_api_format``.
         item: the item id (and agent) the request was for.
+        url: the endpoint, credentials hidden (None when no request was made).
     """
 
-    def __init__(self, message: str, *, status: int | None, api_format: str, item: str):
-        self.status, self.api_format, self.item = status, api_format, item
-        super().__init__(
-            f"API comparator ({api_format}), {item}: {message}" + (f" [HTTP {status}]" if status is not None else "")
-        )
+    def __init__(self, message: str, *, status: int | None, api_format: str, item: str, url: str | None = None):
+        self.status, self.api_format, self.item, self.url = status, api_format, item, url
+        where = f" at {url}" if url else ""
+        super().__init__(f"API comparator ({api_format}){where}, {item}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only arguments do not survive pickle's default (Prefect stores a failed task's exception).
+        return _rebuild_error, (type(self), self.args, dict(self.__dict__))
 
 
-class ApiTransientError(ApiComparatorError, TransientError):
-    """Retries ran out on a transient failure (429, 5xx, timeout, connection error): worth retrying the stage,
-    which resumes from the answers already stored."""
+def _rebuild_error(cls: type[ApiComparatorError], args: tuple[Any, ...], state: dict[str, Any]) -> ApiComparatorError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+class ApiRetriesSpentError(ApiComparatorError):
+    """A request's one retry budget is spent on transient failures (408, 429, 5xx, a missed deadline,
+    connection errors), or the server asked to wait longer than ``retry_after_max``. Deliberately not a
+    :class:`~pbrl.errors.TransientError`: the client already retried, and stage retries would multiply its
+    requests (see the module docstring). Try again later; the answers received so far are kept.
+
+    Attributes:
+        attempts: requests tried for this answer (the message counts them).
+        sent: of those, requests that reached the server (the others could not connect).
+        retry_after: the server's last ``Retry-After`` in seconds, or None.
+    """
+
+    def __init__(self, message: str, *, attempts: int = 0, sent: int = 0, retry_after: float | None = None, **kw: Any):
+        super().__init__(message, **kw)
+        self.attempts, self.sent, self.retry_after = attempts, sent, retry_after
 
 
 @dataclass(frozen=True)
@@ -79,7 +143,7 @@ class ApiSettings:
 
     Attributes:
         api_format: one of :data:`FORMATS`.
-        url: endpoint URL.
+        url: endpoint URL (no credentials: refused before sending).
         model: model name sent in the body (None: not sent).
         key_env: NAME of the environment variable holding the key (None: no key header).
         key_header / key_prefix: header carrying the key and the text before it ("" = the bare key).
@@ -87,10 +151,13 @@ class ApiSettings:
         extra_body: JSON fields merged last into every body.
         max_n_per_request: openai: most answers asked per request (None = all still missing).
         response_field: generic: dotted path of the answer list in the response JSON.
-        timeout: seconds per request.
+        timeout: seconds, the total deadline of one request (connect, send and every read).
         max_concurrency: most requests in flight.
-        max_attempts: tries per request, ≥ 1 (transient failures only are retried).
+        max_attempts: ≥ 1, times one request (or one top-up) is sent at most: the whole retry budget, the stage
+            never retries it (transient failures only are retried).
         backoff_base / backoff_max: seconds; attempt a waits uniform(0, min(max, base·2^a)), at least Retry-After.
+        retry_after_max: seconds; a longer server Retry-After gives the request up instead of waiting.
+        max_response_bytes: bytes of one response read at most (after content decoding); more is an error.
     """
 
     api_format: str
@@ -108,10 +175,14 @@ class ApiSettings:
     max_attempts: int = 5
     backoff_base: float = 1.0
     backoff_max: float = 60.0
+    retry_after_max: float = RETRY_AFTER_MAX
+    max_response_bytes: int = MAX_RESPONSE_BYTES
 
     def __post_init__(self) -> None:
         if self.api_format not in FORMATS:
             raise ValueError(f"comparator_api_format: got {self.api_format!r}; allowed: {', '.join(FORMATS)}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts: got {self.max_attempts}; must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -135,7 +206,8 @@ class ApiAnswer:
 
 
 def build_body(settings: ApiSettings, sampling: SamplingSettings, request: ApiRequest, n: int) -> dict[str, Any]:
-    """The JSON body of one request asking ``n`` answers (SPEC §5.3.1); None values dropped, extra_body last."""
+    """The JSON body of one request asking ``n`` answers (docs/design/algorithms.md#api-comparators); None values
+    dropped, extra_body last."""
     messages = [{"role": "user", "content": request.prompt}]
     if settings.api_format == "generic":
         body: dict[str, Any] = {
@@ -249,94 +321,371 @@ def parse_answers(settings: ApiSettings, data: Any) -> list[ApiAnswer]:
     return [ApiAnswer("".join(parts), "length" if incomplete else "api")]
 
 
-def retry_after_seconds(response: httpx.Response) -> float:
-    """The ``Retry-After`` header in seconds (delta-seconds or an HTTP date); 0 when absent or unreadable."""
-    value = response.headers.get("retry-after")
+_DELTA_SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")  # digits only: never "inf" or "nan"
+
+
+def retry_after_seconds(response: httpx.Response | Mapping[str, str]) -> float | None:
+    """The server's ``Retry-After`` (of a response, or its headers) in seconds from now: delta-seconds or an
+    HTTP date (a past date gives 0). None when absent or unreadable. Unbounded: the caller compares it with its
+    cap (a date in 2099 is about 2.3e9 s)."""
+    value = (response.headers if isinstance(response, httpx.Response) else response).get("retry-after")
     if value is None:
-        return 0.0
+        return None
+    number = _DELTA_SECONDS.match(value)
+    if number:
+        return float(number.group(1))
     try:
-        return max(0.0, float(value))
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return 0.0
-        return max(0.0, when.timestamp() - time.time())
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000": RFC 9110 dates are GMT
+        when = when.replace(tzinfo=datetime.UTC)
+    seconds = when.timestamp() - time.time()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
-def _redact(text: str, key: str | None) -> str:
-    return text.replace(key, "<hidden>") if key else text
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # keeps every length
+
+
+def _encodings(secret: str) -> set[str]:
+    """The forms in which a server may echo ``secret``: as sent, percent-encoded (path, query or form style),
+    JSON-escaped (with or without ``\\/``), Python-repr-escaped, base64 on its own."""
+    as_json = json.dumps(secret)[1:-1]
+    raw = secret.encode("utf-8", errors="replace")
+    forms = {
+        secret,
+        quote(secret, safe=""),
+        quote(secret),
+        quote_plus(secret, safe=""),
+        as_json,
+        as_json.replace("/", "\\/"),
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        repr(secret)[1:-1],
+        base64.b64encode(raw).decode().rstrip("="),
+        base64.urlsafe_b64encode(raw).decode().rstrip("="),
+    }
+    return {form for form in forms if form}
+
+
+class Redactor:
+    """Hides a secret in any text: every stretch that shares at least ``min_chars`` consecutive characters with
+    the secret (the whole secret when it is shorter) — in any form of :func:`_encodings`, ASCII case ignored —
+    becomes ``<hidden>``, whatever its position or where a truncation cut it. Text without it comes back as is.
+
+    Written here rather than taken from a library: log-scrubbing libraries replace whole known values (or
+    patterns of known key formats), not every long-enough piece of one value, which is what a server echoing a
+    truncated key leaves behind. Cost: a few ``str.find`` calls (C) per text, however long.
+    """
+
+    def __init__(self, secret: str | None, min_chars: int = REDACT_MIN_CHARS):
+        self._windows: dict[int, set[str]] = {}  # length n -> every n-character piece of every form
+        self._anchors: set[tuple[str, int]] = set()  # (aligned block of a form, n)
+        if not secret:
+            return
+        for form in _encodings(secret):
+            low = form.translate(_ASCII_LOWER)
+            n = min(min_chars, len(low))
+            self._windows.setdefault(n, set()).update(low[i : i + n] for i in range(len(low) - n + 1))
+            # Every n-character piece of the form contains one of its blocks of h = ceil(n/2) characters that start
+            # at a multiple of h, so finding those few blocks finds every piece.
+            h = (n + 1) // 2
+            self._anchors.update((low[k : k + h], n) for k in range(0, len(low) - h + 1, h))
+
+    def __call__(self, text: str) -> str:
+        """``text`` with every piece of the secret replaced by ``<hidden>``."""
+        if not self._anchors or not text:
+            return text
+        low = text.translate(_ASCII_LOWER)
+        spans: list[tuple[int, int]] = []
+        for block, n in self._anchors:
+            windows = self._windows[n]
+            at = low.find(block)
+            while at != -1:
+                spans += [(s, s + n) for s in range(max(0, at - n + len(block)), at + 1) if low[s : s + n] in windows]
+                at = low.find(block, at + 1)
+        if not spans:
+            return text
+        merged: list[list[int]] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:  # overlapping or touching pieces: one <hidden>
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        out, pos = [], 0
+        for start, end in merged:
+            out += [text[pos:start], HIDDEN]
+            pos = end
+        return "".join(out) + text[pos:]
 
 
 class _Retryable(Exception):
-    """A failure worth another attempt: the message, the HTTP status (None without a response) and the
-    server's ``Retry-After`` in seconds (the lower bound of the next wait)."""
+    """A failure worth another attempt: what happened, the HTTP status (None without a response), the server's
+    ``Retry-After`` in seconds (None: not given or unreadable) and as written."""
 
-    def __init__(self, failure: str, status: int | None, wait_at_least: float):
+    def __init__(self, failure: str, status: int | None, retry_after: float | None = None, raw: str | None = None):
         super().__init__(failure)
-        self.failure, self.status, self.wait_at_least = failure, status, wait_at_least
+        self.failure, self.status, self.retry_after, self.raw_retry_after = failure, status, retry_after, raw
+
+
+class _TooLarge(Exception):
+    def __init__(self, status: int, declared: int | None):
+        super().__init__(status, declared)
+        self.status, self.declared = status, declared
+
+
+def _refusal_hint(status: int, settings: ApiSettings) -> str:
+    """What to change after a 4xx refusal (other than 408 and 429, which are retried)."""
+    key = (
+        f"the key in the environment variable {settings.key_env} (comparator_api_key_env)"
+        if settings.key_env
+        else "that a key is sent: set comparator_api_key_env to the NAME of the variable holding it"
+    )
+    if status == 401:
+        return (
+            f"the server did not accept the key: check {key}, comparator_api_key_header and comparator_api_key_prefix"
+        )
+    if status == 403:
+        return f"the key may not use this endpoint or model: check {key} and comparator_api_model"
+    if status == 404:
+        return "nothing at this address: check comparator_api_url (the full endpoint path) and comparator_api_model"
+    if status == 405:
+        return "this address does not take POST requests: check comparator_api_url (the full endpoint path)"
+    if status == 413:
+        return (
+            "the request is too large: shorten the prompts or lower max_new_tokens / comparator_api_max_n_per_request"
+        )
+    return (
+        "the server refused the request: check comparator_api_model, comparator_api_extra_body and the sampling "
+        f"options against comparator_api_format ('{settings.api_format}')"
+    )
+
+
+def _malformed_hint(settings: ApiSettings) -> str:
+    field_hint = " and comparator_api_response_field" if settings.api_format == "generic" else ""
+    return (
+        f"the answer is not a '{settings.api_format}' response: check comparator_api_format{field_hint} and "
+        "comparator_api_url"
+    )
 
 
 class _Client:
-    """One fetch: the async client, the semaphore and the key (held in memory only)."""
+    """One fetch: the async client, the semaphore and the key (held in memory only, redacted everywhere)."""
 
     def __init__(self, settings: ApiSettings, sampling: SamplingSettings, key: str | None):
-        self.settings, self.sampling, self.key = settings, sampling, key
+        self.settings, self.sampling = settings, sampling
+        self.redact = Redactor(key)
         self.headers = build_headers(settings, key)
         self.semaphore = asyncio.Semaphore(settings.max_concurrency)
+        self.url = self.redact(safe_url(settings.url))
 
-    def error(self, cls: type[ApiComparatorError], message: str, status: int | None, request: ApiRequest):
-        return cls(_redact(message, self.key), status=status, api_format=self.settings.api_format, item=request.name)
+    def error(
+        self, cls: type[ApiComparatorError], message: str, status: int | None, request: ApiRequest, **kw: Any
+    ) -> ApiComparatorError:
+        return cls(
+            self.redact(message),
+            status=status,
+            api_format=self.settings.api_format,
+            item=self.redact(request.name),
+            url=self.url,
+            **kw,
+        )
+
+    def quoted(self, raw: bytes) -> str:
+        """The start of a server's body, fit to show: redacted whole (a key across the cut is hidden too), cut,
+        then quoted on one line."""
+        return repr(self.redact(raw.decode("utf-8", errors="replace"))[:_BODY_SHOWN])
+
+    async def _exchange(self, client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
+        """One POST and its answer, read as a stream within the deadline and the size cap.
+
+        Raises:
+            TimeoutError / httpx.TimeoutException: the deadline passed. httpx.HTTPError: the request failed.
+            _TooLarge: a 2xx answer beyond ``max_response_bytes`` (reading stopped there).
+        """
+        s = self.settings
+        # httpx's timeouts bound each phase (connect, each read or write, the pool), never the whole request, so
+        # a server trickling bytes could hold one request indefinitely; the stdlib's asyncio.timeout around the
+        # whole exchange is the total deadline (httpx's own timeout stays as the per-phase bound).
+        async with asyncio.timeout(s.timeout):
+            async with client.stream(
+                "POST", s.url, json=body, headers=self.headers, timeout=s.timeout, follow_redirects=False
+            ) as response:
+                ok = response.is_success
+                limit = s.max_response_bytes if ok else min(s.max_response_bytes, ERROR_BODY_BYTES)
+                declared = response.headers.get("content-length", "").strip()
+                if ok and declared.isdigit() and int(declared) > limit:
+                    raise _TooLarge(response.status_code, int(declared))
+                data = bytearray()
+                async for chunk in response.aiter_bytes():  # decoded (gzip ...): the cap holds after decoding
+                    data += chunk
+                    if len(data) > limit:
+                        if ok:
+                            raise _TooLarge(response.status_code, None)
+                        del data[limit:]  # an error body: only its start is ever shown
+                        break
+                return response.status_code, response.headers, bytes(data)
 
     async def _attempt(
-        self, client: httpx.AsyncClient, request: ApiRequest, body: dict[str, Any], n: int
+        self, client: httpx.AsyncClient, request: ApiRequest, body: dict[str, Any], n: int, tries: dict[str, int]
     ) -> list[ApiAnswer]:
-        """One POST. Raises _Retryable on 429, 5xx, timeouts and connection errors; ApiComparatorError on
-        any other refusal or a malformed answer (never retried)."""
+        """One POST. Raises _Retryable on 408, 429, 5xx, a missed deadline and connection errors;
+        ApiComparatorError on any other refusal, a redirect, a malformed or oversized answer (never retried)."""
         s = self.settings
+        tries["attempts"] += 1
+        tries["sent"] += 1
         try:
             async with self.semaphore:
-                response = await client.post(s.url, json=body, headers=self.headers, timeout=s.timeout)
-        except httpx.TimeoutException:
-            raise _Retryable(f"timed out after {s.timeout} s", None, 0.0) from None
+                status, headers, raw = await self._exchange(client, body)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            if isinstance(exc, httpx.ConnectTimeout):
+                tries["sent"] -= 1
+            raise _Retryable(
+                f"no complete answer within the {s.timeout:g} s deadline of one request "
+                "(comparator_api_timeout: connect, send and every read together)",
+                None,
+            ) from None
+        except httpx.LocalProtocolError as exc:
+            tries["sent"] -= 1
+            var = s.key_env or "comparator_api_key_env"
+            raise self.error(
+                ApiComparatorError,
+                f"the request could not be sent ({type(exc).__name__}: {exc}): check that {var} holds only the key "
+                "(no spaces or line breaks), comparator_api_key_header and comparator_api_headers",
+                None,
+                request,
+            ) from None
         except httpx.TransportError as exc:
-            raise _Retryable(f"connection error ({type(exc).__name__}: {exc})", None, 0.0) from None
-        status = response.status_code
-        if status < 400:
+            if isinstance(exc, httpx.ConnectError):
+                tries["sent"] -= 1
+            raise _Retryable(f"connection error ({type(exc).__name__}: {exc})", None) from None
+        except httpx.InvalidURL as exc:  # settings built without the config's checks
+            raise self.error(
+                ApiComparatorError, f"comparator_api_url is not a valid URL ({exc})", None, request
+            ) from None
+        except httpx.HTTPError as exc:  # e.g. a body that does not decode (gzip): malformed, not worth retrying
+            raise self.error(
+                ApiComparatorError, f"the answer could not be read ({type(exc).__name__}: {exc})", None, request
+            ) from None
+        except _TooLarge as exc:
+            size = f"{exc.declared} bytes declared" if exc.declared is not None else "more, reading stopped there"
+            raise self.error(
+                ApiComparatorError,
+                f"HTTP {exc.status}, answer larger than the cap of {s.max_response_bytes} bytes per response "
+                f"({size}; pbrl.generation.api_client.MAX_RESPONSE_BYTES): ask for fewer answers per request "
+                "(comparator_api_max_n_per_request) or fewer tokens (max_new_tokens), or check comparator_api_url",
+                exc.status,
+                request,
+            ) from None
+        if 200 <= status < 300:
             try:
-                return parse_answers(s, response.json())[:n]
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                answers = parse_answers(s, json.loads(raw))[:n]
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as exc:
+                reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
                 raise self.error(
-                    ApiComparatorError, f"malformed response ({exc}): {response.text[:_BODY_SHOWN]!r}", status, request
+                    ApiComparatorError,
+                    f"HTTP {status}, malformed response ({reason}): {self.quoted(raw)}; {_malformed_hint(s)}",
+                    status,
+                    request,
                 ) from None
-        if status != 429 and status < 500:
-            raise self.error(ApiComparatorError, f"refused: {response.text[:_BODY_SHOWN]!r}", status, request)
-        raise _Retryable(f"transient failure: {response.text[:_BODY_SHOWN]!r}", status, retry_after_seconds(response))
+            return [ApiAnswer(self.redact(a.text), a.finish_reason) for a in answers]
+        if 300 <= status < 400:
+            location = headers.get("location")
+            where = f"redirect to {safe_url(location)!r}" if location else "redirect (no Location given)"
+            raise self.error(
+                ApiComparatorError,
+                f"HTTP {status} {where}: pbrl does not follow redirects (the request carries the key, which must "
+                "not go to another address); set comparator_api_url to the address that answers",
+                status,
+                request,
+            )
+        if status in _RETRIED_STATUSES or status >= 500:
+            raw_after = headers.get("retry-after")
+            raise _Retryable(f"HTTP {status}: {self.quoted(raw)}", status, retry_after_seconds(headers), raw_after)
+        raise self.error(
+            ApiComparatorError,
+            f"HTTP {status}, refused: {self.quoted(raw)}; {_refusal_hint(status, s)}",
+            status,
+            request,
+        )
+
+    def _spent(self, exc: _Retryable, request: ApiRequest, tries: dict[str, int], elapsed: float) -> ApiComparatorError:
+        """The error once a request's retry budget is spent (or its Retry-After is beyond the cap)."""
+        s = self.settings
+        attempts, sent = tries["attempts"], tries["sent"]
+        if exc.retry_after is not None and exc.retry_after > s.retry_after_max:
+            why = (
+                f"the server asked to wait (Retry-After: {exc.raw_retry_after!r}, {exc.retry_after:.0f} s), longer "
+                f"than pbrl waits ({s.retry_after_max:g} s, pbrl.generation.api_client.RETRY_AFTER_MAX), so gave up"
+            )
+        else:
+            why = "gave up, the retry budget spent"
+        unsent = f", {attempts - sent} could not connect" if sent < attempts else ""
+        return self.error(
+            ApiRetriesSpentError,
+            f"{exc.failure}; {why} after {attempts} attempt(s) in {elapsed:.1f} s ({sent} request(s) sent{unsent}; "
+            f"at most {s.max_attempts} per request, and the stage does not retry them). Try again later: the answers "
+            "received so far are kept, and `pbrl train --run RUN --resume` asks only for the rest",
+            exc.status,
+            request,
+            attempts=attempts,
+            sent=sent,
+            retry_after=exc.retry_after,
+        )
 
     async def post(self, client: httpx.AsyncClient, request: ApiRequest, n: int) -> list[ApiAnswer]:
-        """One request with retries (tenacity: exponential backoff with full jitter, at least Retry-After);
-        its answers (possibly fewer than ``n``)."""
+        """One request with retries (tenacity: exponential backoff with full jitter, at least Retry-After, a log
+        line per wait); its answers (possibly fewer than ``n``).
+
+        Raises:
+            ApiRetriesSpentError: the retry budget is spent, or Retry-After is beyond ``retry_after_max``.
+            ApiComparatorError: refused, redirected, malformed or oversized (not retried).
+        """
         s = self.settings
         body = build_body(s, self.sampling, request, n)
         backoff = wait_random_exponential(multiplier=s.backoff_base, max=s.backoff_max)
+        tries = {"attempts": 0, "sent": 0}
+        started = time.monotonic()
+
+        def failed(state: RetryCallState) -> _Retryable:
+            exc = state.outcome.exception() if state.outcome else None
+            return exc if isinstance(exc, _Retryable) else _Retryable("", None)
 
         def wait(state: RetryCallState) -> float:
-            failed = state.outcome.exception() if state.outcome else None
-            return max(getattr(failed, "wait_at_least", 0.0), backoff(state))
+            return max(failed(state).retry_after or 0.0, backoff(state))
+
+        def beyond_cap(state: RetryCallState) -> bool:
+            after = failed(state).retry_after
+            return after is not None and after > s.retry_after_max
+
+        def announce(state: RetryCallState) -> None:
+            exc, sleep = failed(state), state.next_action.sleep if state.next_action else 0.0
+            if exc.raw_retry_after is None:
+                reason = ""
+            elif exc.retry_after is None:
+                reason = f", Retry-After {exc.raw_retry_after!r} unreadable, ignored"
+            else:
+                reason = f", at least the server's Retry-After: {exc.raw_retry_after!r}"
+            k = state.attempt_number
+            log.warning(
+                "%s",
+                self.redact(
+                    f"API comparator ({s.api_format}) at {self.url}, {request.name}: attempt {k} of {s.max_attempts} "
+                    f"failed ({exc.failure}); waiting {sleep:.2f} s{reason} before attempt {k + 1}"
+                ),
+            )
 
         try:
             async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(s.max_attempts),
+                stop=stop_after_attempt(s.max_attempts) | beyond_cap,
                 wait=wait,
                 retry=retry_if_exception_type(_Retryable),
+                before_sleep=announce,
                 reraise=True,
             ):
                 with attempt:
-                    return await self._attempt(client, request, body, n)
+                    return await self._attempt(client, request, body, n, tries)
         except _Retryable as exc:
-            raise self.error(
-                ApiTransientError, f"{exc.failure}; gave up after {s.max_attempts} attempts", exc.status, request
-            ) from None
+            raise self._spent(exc, request, tries, time.monotonic() - started) from None
         raise AssertionError("unreachable: tenacity either returns, retries or re-raises")
 
     async def fetch(self, client: httpx.AsyncClient, request: ApiRequest) -> list[ApiAnswer]:
@@ -348,7 +697,8 @@ class _Client:
             if not got:
                 raise self.error(
                     ApiComparatorError,
-                    f"the server returned no answer ({len(answers)} of {request.num_candidates} collected)",
+                    f"the server returned no answer ({len(answers)} of {request.num_candidates} collected); "
+                    + _malformed_hint(self.settings),
                     None,
                     request,
                 )
@@ -374,25 +724,34 @@ def fetch_answers(
     on_answers: Callable[[ApiRequest, list[ApiAnswer]], None] | None = None,
 ) -> list[list[ApiAnswer]]:
     """Exactly ``num_candidates`` answers for every request, in request order, with at most
-    ``settings.max_concurrency`` requests in flight.
+    ``settings.max_concurrency`` requests in flight, each within ``settings.timeout`` seconds in all and
+    ``settings.max_response_bytes`` bytes.
 
     ``on_answers`` is called as each request completes (the stage stores them, so a rerun asks only for the
     rest); every request runs to its end even when another fails, then the first failure is raised.
 
     Raises:
-        ApiComparatorError: the key variable is not set, a request was refused (4xx other than 429) or
-            answered malformed, or a server returned no answer to a top-up.
-        ApiTransientError: retries ran out on 429, 5xx, timeouts or connection errors.
+        ConfigError: the settings hold a credential (URL user info or query key, auth-like header, secret-like
+            body field, a key as key prefix); nothing is sent.
+        ApiComparatorError: the key variable is not set; a request was refused (4xx other than 408/429),
+            redirected, answered malformed or beyond the size cap; a server returned no answer to a top-up.
+        ApiRetriesSpentError: the retry budget of a request was spent on 408, 429, 5xx, missed deadlines or
+            connection errors, or the server's Retry-After was beyond ``settings.retry_after_max``.
     """
+    problems = api_credential_problems(settings.url, settings.headers, settings.extra_body, settings.key_prefix)
+    if problems:
+        raise ConfigError(problems)
     key = None
     if settings.key_env is not None:
         key = os.environ.get(settings.key_env)
         if not key:
             raise ApiComparatorError(
-                f"the environment variable {settings.key_env} (comparator_api_key_env) is not set",
+                f"the environment variable {settings.key_env} (comparator_api_key_env) is not set; export the API "
+                "key in it",
                 status=None,
                 api_format=settings.api_format,
                 item="every item",
+                url=safe_url(settings.url),
             )
     fetcher = _Client(settings, sampling, key)
 
@@ -404,7 +763,7 @@ def fetch_answers(
 
     async def run() -> list[Any]:
         limits = httpx.Limits(max_connections=settings.max_concurrency)
-        async with httpx.AsyncClient(limits=limits, timeout=settings.timeout) as client:
+        async with httpx.AsyncClient(limits=limits, timeout=settings.timeout, follow_redirects=False) as client:
             return await asyncio.gather(*(one(client, r) for r in requests), return_exceptions=True)
 
     results = _run_coroutine(run)

@@ -1,4 +1,5 @@
-"""Comparators (SPEC §5.3): where the comparator side of each iterative comparison comes from.
+"""Comparators (docs/design/algorithms.md#comparators): where the comparator side of each iterative comparison comes
+from.
 
 Every comparator has one interface, :class:`Comparator`: given a :class:`ComparatorRequest` (the round,
 items, each agent's prompts and prompt ids in the *target* tokenizer) it returns :class:`CandidateRow`
@@ -152,7 +153,8 @@ def same_tokenizer(a: Any, b: Any) -> bool:
 
 
 def encode_entry(tokenizer: Any, text: str, *, finished: bool) -> tuple[list[int], int | None]:
-    """Token ids of text entering a run (SPEC §3): the one function that tokenizes completion text, called
+    """Token ids of text entering a run (docs/design/file-formats.md#conventions): the one function that tokenizes
+    completion text, called
     once per row at entry. No special tokens are added to the text; ``finished`` (the source ended the answer
     itself) appends the target's EOS, as a generated completion that stopped holds its stop id.
 
