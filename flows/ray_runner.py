@@ -42,6 +42,7 @@ from pbrl.distributed.shards import (
     shard_done,
     write_shard,
 )
+from pbrl.run.threads import configure_threads
 from stages import STAGE_MODULES
 
 log = logging.getLogger("pbrl.flows")
@@ -74,7 +75,6 @@ def shard_resources(job: JobConfig) -> dict[str, int]:
 
 
 def _schema(stage: str):
-
     return {"sample-candidates": CANDIDATES, "score-with-oracle": SCORES, "evaluate": EVAL}[stage]
 
 
@@ -90,6 +90,7 @@ def shard_task(
     paths = RunPaths(run_dir)
     if not refresh and shard_done(paths, round_index, stage, shard, key):
         return "kept"
+    configure_threads(shard_resources(job)["num_cpus"])  # the CPUs Ray reserved for this shard
     module = STAGE_MODULES[stage]
     items = module.items_to_shard(paths, round_index, job)[shard.start : shard.stop]
     rows, counts = module.collect(paths, round_index, job, items)

@@ -12,11 +12,19 @@ import subprocess
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pbrl.config import JobConfig
+from rich.console import Console
+from rich.text import Text
+
+from pbrl.config import ConfigNotice, JobConfig
 from pbrl.errors import expected_error, in_chain
+
+Verbosity = Literal["quiet", "normal", "verbose"]
+VERBOSITIES: tuple[Verbosity, ...] = ("quiet", "normal", "verbose")
 
 
 def quiet_libraries() -> None:
@@ -48,6 +56,75 @@ class QuietExpectedErrors(logging.Filter):
         return exc is None or not (expected_error(exc) is not None or interrupted(exc))
 
 
+class PrefectNoise(logging.Filter):
+    """Console filter: Prefect's lines that pbrl says better, or that say nothing to a pbrl user.
+
+    * "Starting temporary server on URL" keeps its first line only: the hint after it ("See … for more
+      information on running a dedicated Prefect server") came with every command;
+    * "Stopping temporary server on URL" (at exit) is dropped;
+    * "Crash detected! Execution was aborted by an interrupt signal." is dropped: a Ctrl-C logs it once for the
+      task and once for each flow around it, before the front end's own "stopped; resume with …".
+
+    Everything else passes; the Prefect UI keeps every record (its API handler sits on the run loggers)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Starting temporary server on "):
+            record.msg, record.args = message.split("\n", 1)[0], ()
+            return True
+        if message.startswith("Stopping temporary server on "):
+            return False
+        if message.startswith("Crash detected!"):
+            return not (_SIGINT_SEEN.is_set() or "interrupt signal" in message)
+        return True
+
+
+class ConsoleLevel(logging.Filter):
+    """Console filter: what a console shows at a verbosity.
+
+    * ``quiet``: errors only;
+    * ``normal``: warnings and errors, and the one line naming Prefect's temporary server; a front end shows the
+      run itself from its events (:mod:`pbrl.run.progress`), so Prefect's INFO lines (task and flow states) and
+      pbrl's own INFO lines (a stage's messages, said again after the stage) stay off the console;
+    * ``verbose``: every record.
+
+    Raises:
+        ValueError: ``verbosity`` is not one of :data:`VERBOSITIES`.
+    """
+
+    def __init__(self, verbosity: Verbosity) -> None:
+        super().__init__()
+        if verbosity not in VERBOSITIES:
+            raise ValueError(f"verbosity: got {verbosity!r}; allowed: {', '.join(VERBOSITIES)}")
+        self.verbosity = verbosity
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.verbosity == "verbose":
+            return True
+        if self.verbosity == "quiet":
+            return record.levelno >= logging.ERROR
+        return record.levelno >= logging.WARNING or record.getMessage().startswith("Starting temporary server on ")
+
+
+class ConsoleLines(logging.Handler):
+    """A console handler that prints each record as one line through a rich :class:`~rich.console.Console`: the
+    console a progress display runs on, so that a log line lands above the bar and never through it. (Prefect's
+    own handler writes to the stream it was given when logging was set up, behind the display's back, which left
+    a stale copy of the bar at every line.)"""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.print(Text(self.format(record)), soft_wrap=True, highlight=False)
+        except RecursionError:  # as logging.StreamHandler.emit
+            raise
+        except Exception:
+            self.handleError(record)
+
+
 _SIGINT_SEEN = threading.Event()
 
 
@@ -73,6 +150,12 @@ def interrupted(exc: BaseException | None) -> bool:
 
 
 def _prepare_logging() -> None:
+    _configure_logging()
+    _start_ephemeral_api()
+
+
+def _configure_logging() -> None:
+    """Prefect's logging, set up once with pbrl's console filters; the temporary server is not started yet."""
     # Set before Prefect is first imported (it reads settings at import). Stage code logs with the stdlib
     # under "pbrl"; Prefect forwards it to the run's logs (notes/prefect.md §7).
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "pbrl")
@@ -90,10 +173,60 @@ def _prepare_logging() -> None:
     )
 
     ensure_logging_setup()  # Prefect's console handler is on the root logger; its API handler on the run loggers
-    for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, QuietExpectedErrors) for f in handler.filters):
-            handler.addFilter(QuietExpectedErrors())
-    _start_ephemeral_api()
+    for _, handler in _console_handlers():
+        for kind in (QuietExpectedErrors, PrefectNoise):
+            if not any(isinstance(f, kind) for f in handler.filters):
+                handler.addFilter(kind())
+
+
+def _console_handlers() -> list[tuple[logging.Logger, logging.Handler]]:
+    """(logger, handler) for each console handler of Prefect's logging set-up (root, uvicorn, fastapi) and each
+    :class:`ConsoleLines` that stands in for one."""
+    from prefect.logging.handlers import PrefectConsoleHandler  # deferred: Prefect (seconds)
+
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.root.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
+    return [
+        (logger, handler)
+        for logger in loggers
+        for handler in logger.handlers
+        if isinstance(handler, PrefectConsoleHandler | ConsoleLines)
+    ]
+
+
+@contextmanager
+def console_logging(console: Console, verbosity: Verbosity = "normal") -> Iterator[None]:
+    """Within the block, every log record that would reach Prefect's console prints through ``console`` instead
+    (:class:`ConsoleLines`: above a progress display on that console, never through it), as ``verbosity`` says
+    (:class:`ConsoleLevel`), with the same format and filters. Sets up Prefect's logging first and starts the
+    temporary server inside, so that its start line follows the same rule. Prefect's handlers come back after.
+
+    Raises:
+        ValueError: ``verbosity`` is not one of :data:`VERBOSITIES`.
+    """
+    level = ConsoleLevel(verbosity)
+    _configure_logging()
+    swapped: list[tuple[logging.Logger, logging.Handler, logging.Handler]] = []
+    for logger, handler in _console_handlers():
+        lines = ConsoleLines(console)
+        lines.setLevel(handler.level)
+        lines.setFormatter(handler.formatter)
+        for f in handler.filters:
+            if not isinstance(f, ConsoleLevel):
+                lines.addFilter(f)
+        lines.addFilter(level)
+        logger.removeHandler(handler)
+        logger.addHandler(lines)
+        swapped.append((logger, handler, lines))
+    try:
+        _start_ephemeral_api()
+        yield
+    finally:
+        for logger, handler, lines in swapped:
+            logger.removeHandler(lines)
+            logger.addHandler(handler)
 
 
 def _start_ephemeral_api() -> None:
@@ -169,7 +302,11 @@ def train(job: JobConfig, *, resume: bool = False, run_dir: Path | None = None) 
     _prepare_logging()
     from flows.training import train_flow  # deferred: flows import Prefect, which reads its settings at first import
 
-    return train_flow(job, resume=resume, run_dir=None if run_dir is None else str(run_dir))
+    with warnings.catch_warnings():
+        # The job's notices were said once, when it was built (pbrl.config); Prefect validates the flow parameter
+        # again for the run and for every round, which would say them once more each time.
+        warnings.simplefilter("ignore", ConfigNotice)
+        return train_flow(job, resume=resume, run_dir=None if run_dir is None else str(run_dir))
 
 
 def rerun_stage(stage: str, run_dir: Path, round_index: int, *, force: bool = False) -> dict[str, Any]:
@@ -186,9 +323,12 @@ def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, An
     from flows.cache import run_recorded  # deferred: flows import Prefect, which reads its settings at first import
     from pbrl.reporting.metrics import write_run_metrics  # deferred: imports torch (after quiet_libraries)
     from pbrl.run.folder import open_job, run_lock  # deferred: imports torch (after quiet_libraries)
+    from pbrl.run.threads import configure_threads  # deferred: imports torch (after quiet_libraries)
 
     with run_lock(run_dir):
-        manifest = run_recorded(stage, run_dir, round_index, open_job(run_dir))
+        job = open_job(run_dir)
+        configure_threads(job.num_threads)
+        manifest = run_recorded(stage, run_dir, round_index, job)
         write_run_metrics(run_dir)
     return {
         "stage": stage,

@@ -81,7 +81,7 @@ def comparator_settings(job: JobConfig, paths: RunPaths | None = None, round_ind
         agent_devices=job.agent_devices,
         comparator_devices=job.comparator_devices,
         model_sources=models,
-        dtype=job.torch_dtype,
+        dtype=policy_source(job).dtype,
         api=api_settings(job) if job.comparator_policy == "api" else None,
         centralized_adapter=load_adapter(getattr(job, ADAPTER_FIELD, None)) if centralized else None,
         centralized_index=job.comparator_centralized_agent_index,

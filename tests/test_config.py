@@ -182,9 +182,11 @@ RUN_DEFAULTS = {
     "tie_tolerance": 1e-9,
     "oracle_max_failure_share": 0.5,
     "generation_batch_size": 64,
-    "torch_dtype": "float32",
+    "torch_dtype": "auto",  # ★ resolved per device when a run starts (tests/test_precision.py)
     "eval_samples_per_item": 1,
-    "mixed_precision": "no",
+    "mixed_precision": "auto",
+    "num_threads": None,
+    "reward_timeout": 600.0,
     "max_memory": None,
     "gradient_checkpointing": False,
     "gradient_accumulation_steps": 1,

@@ -195,3 +195,60 @@ def test_mixed_precision_through_update_policies_writes_the_scaler_and_float32_w
     STAGE_MODULES["update-policies"].run(run_dir, 1, job)
     again = load_file(agent_dir / "model.safetensors")
     assert all(torch.equal(again[k], weights[k]) for k in weights)
+
+
+# ---------------------------------------------------------------- auto (issue #33)
+def test_auto_is_bfloat16_exactly_where_the_cpu_computes_it(monkeypatch):
+    from pbrl.models import precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
+    choice = precision.resolve_precision("auto", "auto", "cpu")
+    assert (choice.torch_dtype, choice.mixed_precision) == ("bfloat16", "no")
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "amx_bf16"})
+    assert precision.resolve_precision("auto", "auto", "cpu").torch_dtype == "bfloat16"
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512f"})
+    choice = precision.resolve_precision("auto", "auto", "cpu")
+    assert (choice.torch_dtype, choice.mixed_precision) == ("float32", "no")
+    assert choice.reason == "this CPU has none of avx512_bf16, amx_bf16"
+    explicit = precision.resolve_precision("bfloat16", "fp16", "cpu")  # explicit settings are kept
+    assert (explicit.torch_dtype, explicit.mixed_precision) == ("bfloat16", "fp16")
+
+
+@pytest.mark.parametrize(
+    ("capability", "supported", "expected"),
+    [
+        ((8, 0), True, ("bfloat16", "bf16")),
+        ((9, 0), True, ("bfloat16", "bf16")),
+        ((7, 5), False, ("float32", "no")),
+    ],
+)
+def test_auto_on_cuda_follows_the_gpus_bfloat16_support(monkeypatch, capability, supported, expected):
+    from pbrl.models import precision
+
+    monkeypatch.setattr(precision.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(precision.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(precision.torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(precision.torch.cuda, "is_bf16_supported", lambda *a, **k: supported)
+    choice = precision.resolve_precision("auto", "auto", "cuda:0")
+    assert (choice.torch_dtype, choice.mixed_precision) == expected
+    assert f"compute capability {capability[0]}.{capability[1]}" in choice.reason
+
+
+def test_a_run_records_what_auto_resolved_to_and_keeps_it_on_resume(tiny_model_dir, tmp_path, monkeypatch):
+    from pbrl.models import precision
+    from pbrl.run.folder import check_resumable, open_job
+    from tests.helpers import new_run, tiny_job
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: set())
+    run_dir, job = new_run(tiny_model_dir, tmp_path)
+    assert (job.torch_dtype, job.mixed_precision) == ("auto", "auto")
+    stored = open_job(run_dir)
+    assert (stored.torch_dtype, stored.mixed_precision) == ("float32", "no")
+    # Resumed on a machine that has bfloat16, auto keeps the run's float32: nothing recomputes.
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16"})
+    from pbrl.data.storage import RunPaths
+
+    check_resumable(RunPaths(run_dir), tiny_job(tiny_model_dir, tmp_path))
+    fresh = tmp_path / "other"
+    _, job2 = new_run(tiny_model_dir, fresh)
+    assert open_job(fresh / "run").torch_dtype == "bfloat16"  # a new run there takes bfloat16

@@ -266,3 +266,35 @@ def test_bad_arguments_are_all_reported(model, tokenizer, prompts) -> None:
         "batch_size",
     ):
         assert part in message
+
+
+# ---------------------------------------------------------------- issue #33: the cache and bfloat16
+@pytest.mark.parametrize("share", [True, False])
+def test_the_preallocated_cache_gives_the_same_tokens_as_transformers_cache(model, tokenizer, share, monkeypatch):
+    """Float32: the same keys and values in a buffer written once, so bitwise the same tokens; also when a buffer
+    is too small and has to grow mid-generation."""
+    from pbrl.generation import kv_cache, sampling
+
+    prompts = [encode_prompt(tokenizer, t) for t in ("the agent says", "a reward model of the policy is good", "q")]
+    rows = [p for p in prompts for _ in range(3)] + [prompts[0]]
+    seeds = list(range(100, 100 + len(rows)))
+    settings = SamplingSettings(max_new_tokens=40, temperature=1.0, top_p=1.0, top_k=None, batch_size=4)
+    plain = generate(model, tokenizer, rows, seeds, settings, share_prompts=share, preallocate=False)
+    fast = generate(model, tokenizer, rows, seeds, settings, share_prompts=share, preallocate=True)
+    assert [g.completion_ids for g in fast] == [g.completion_ids for g in plain]
+    monkeypatch.setattr(sampling, "preallocated_cache", lambda m, capacity: kv_cache.preallocated_cache(m, 3))
+    grown = generate(model, tokenizer, rows, seeds, settings, share_prompts=share, preallocate=True)
+    assert [g.completion_ids for g in grown] == [g.completion_ids for g in plain]
+
+
+def test_bfloat16_sampling_is_reproducible_from_its_seeds(tiny_model_dir, tokenizer):
+    """bfloat16 weights: the same seeds give the same tokens run after run (with the same batch layout: bfloat16's
+    coarser rounding moves a CDF boundary far more often than float32's when rows are batched differently)."""
+    bf16 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    prompts = [encode_prompt(tokenizer, t) for t in ("the agent says", "good policy", "q")]
+    rows = [p for p in prompts for _ in range(2)]
+    settings = SamplingSettings(max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=50, batch_size=6)
+    first = generate(bf16, tokenizer, rows, list(range(len(rows))), settings)
+    again = generate(bf16, tokenizer, rows, list(range(len(rows))), settings)
+    assert [g.completion_ids for g in first] == [g.completion_ids for g in again]
+    assert len({tuple(g.completion_ids) for g in first}) > 1  # the rows really sampled (not all one sequence)

@@ -28,6 +28,8 @@ StrictStr = Annotated[str, Strict()]
 NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
 DeviceSpec = NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)] | None
 NameList = Annotated[list[NonEmptyStr], Field(min_length=1)]
+# The experiment trackers of ``report_to`` (pbrl.reporting.trackers): one name or a list of them.
+TrackerName = Literal["tensorboard", "mlflow", "wandb", "trackio"]
 
 
 def _gpu_index(key: int | str) -> int | str:
@@ -536,16 +538,27 @@ class _RunFields(_Fields):
         "(eval_num_samples items x this many draws, each with its own seed, "
         "the same seeds every round so rounds are compared on the same draws).",
     )
-    torch_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
+    torch_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
         description="Dtype of frozen model weights (reference, comparator copies, a LoRA base, sampling "
-        "copies); trainable parameters are always float32 master weights (see mixed_precision).",
+        "copies); trainable parameters are always float32 master weights (see mixed_precision). 'auto' (★) is "
+        "bfloat16 where the agents' device computes it natively (a CUDA GPU with bfloat16, a CPU with avx512_bf16 "
+        "or amx_bf16), else float32; a run records what auto resolved to and keeps it on resume.",
     )
-    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
-        "no",
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
+        "auto",
         description="accelerate's mixed precision of training: 'no' (float32), 'bf16' or 'fp16' autocast of "
         "training forwards over float32 master weights; 'fp16' also scales the loss (dynamic grad scaler, saved "
-        "with the optimizer state).",
+        "with the optimizer state). 'auto' (★) is bf16 on a CUDA GPU with bfloat16 and no elsewhere (CPU autocast "
+        "casts every weight on every forward); a run records what auto resolved to and keeps it on resume.",
+    )
+    num_threads: StrictInt | None = Field(
+        None,
+        ge=1,
+        description="torch's intra-op threads (and OpenMP's) in the process that runs the stages; None = the CPUs "
+        "this process may use (its affinity mask, capped by a cgroup CPU quota). Ray shards and actors use the "
+        "CPUs Ray reserved for them. OpenMP waits passively (OMP_WAIT_POLICY=PASSIVE), so a shared machine is "
+        "not burnt by spinning threads.",
     )
     gradient_checkpointing: StrictBool = Field(
         False,
@@ -568,4 +581,15 @@ class _RunFields(_Fields):
         "{0: 10GiB, cpu: 30GiB}: keys a GPU index, 'cpu', 'mps' or 'disk'; values bytes or a size like '2GiB', "
         "'500MB'. What does not fit is split over the next devices, then offloaded (frozen weights only). None = "
         "all free memory.",
+    )
+    report_to: TrackerName | Annotated[list[TrackerName], Field(min_length=1)] | None = Field(
+        None,
+        description="Experiment trackers that follow the run (one name or a list): 'tensorboard' (event files in "
+        "<run>/tensorboard), 'mlflow' (MLFLOW_TRACKING_URI, else a local store in <run>/mlruns), 'wandb' (online when "
+        "logged in; WANDB_MODE=offline writes <run>/wandb without a network) and 'trackio' (local, in TRACKIO_DIR). "
+        "Each gets the config as hyper-parameters, the logged training steps, every round's row of the round table "
+        "and report.png; a resumed run continues the same tracked run (its id is kept in <run>/tracking.json). "
+        "Projects and credentials come from the tools' environment variables only (WANDB_PROJECT, WANDB_API_KEY, "
+        "MLFLOW_EXPERIMENT_NAME, ...). Each tool is an optional extra: pip install 'pbrl[tracking]'. None = no "
+        "tracker. Keys no stage cache: a resume may add or change it.",
     )

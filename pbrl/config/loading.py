@@ -38,7 +38,9 @@ from pbrl.errors import ConfigError, Problem
 
 _Model = TypeVar("_Model", bound=BaseModel)
 # Where a run lives, and where its stages execute (the artifacts are the same on every runner), never key a cache.
-_HASH_EXCLUDED = frozenset({"run_name", "output_dir", "runner", "ray_address", "shard_size"})
+_HASH_EXCLUDED = frozenset(
+    {"run_name", "output_dir", "runner", "ray_address", "shard_size", "num_threads", "report_to"}
+)
 
 
 class _YAMLLoader(yaml.SafeLoader):

@@ -65,7 +65,7 @@ class AgentActor:
     write."""
 
     def __init__(self, training: AgentTraining, agent: int, start: str, num_threads: int) -> None:
-        torch.set_num_threads(num_threads)  # the driver's: the same float reductions, so the same bits on CPU
+        torch.set_num_threads(num_threads)  # the CPU Ray reserved for the actor (pbrl/run/threads.py)
         devices = placed_devices(training.source)
         if cuda_device_name(devices[agent]) is not None:
             # Ray numbers the GPUs it gave this actor from 0: the agent's device is this actor's cuda:0.
@@ -143,7 +143,7 @@ def remote_agents(training: AgentTraining, ray_settings: RaySettings, start: Pat
     handles = []
     try:
         actor = ray.remote(AgentActor)
-        threads = torch.get_num_threads()
+        threads = 1  # each actor reserves 1 CPU (agent_resources): its torch uses that many threads
         handles = [
             actor.options(**resources).remote(training, agent, str(start), threads)
             for agent, resources in enumerate(agent_resources(training.source))

@@ -91,7 +91,7 @@ class RolloutWorker:
     weights each step's object names."""
 
     def __init__(self, source: PolicySource, start: str, settings: SamplingSettings, num_threads: int) -> None:
-        torch.set_num_threads(num_threads)  # the driver's: the same float reductions, so the same tokens on CPU
+        torch.set_num_threads(num_threads)  # the CPU Ray reserved for the worker (pbrl/run/threads.py)
         devices, _ = worker_devices(source)
         self.source = dataclasses.replace(source, devices=tuple(devices))
         self.start = Path(start)
@@ -189,7 +189,7 @@ def ray_rollouts(
             max_task_retries=WORKER_RESTARTS,
         )
         size = pool_size(source, items_per_step, ray_settings.shard_size, ray.available_resources())
-        threads = torch.get_num_threads()
+        threads = 1  # each worker reserves 1 CPU: its torch uses that many threads
         handles = [actor.remote(source, str(start), settings, threads) for _ in range(size)]
         pool = ActorPool(handles)
         details: dict[str, Any] = {"rollouts_on": "ray_workers", "rollout_workers": size, "rollout_shards_per_step": []}

@@ -30,6 +30,7 @@ from transformers import (
     LogitsProcessorList,
 )
 
+from pbrl.generation.kv_cache import preallocated_cache
 from pbrl.generation.seeded_sampler import (
     MAX_TEMPERATURE,
     MIN_TEMPERATURE,
@@ -256,22 +257,21 @@ def _cut(
 
 
 def _shared_prefill(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device: torch.device
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device: torch.device, cache: Any
 ) -> tuple[Any, int] | None:
     """The KV cache of a left-padded chunk's prompts, each distinct prompt prefilled once, expanded to the rows.
 
     Covers every column but the last (``generate`` needs one uncached token to produce the first logits), with
-    ``generate``'s own position ids (``cumsum(mask) − 1``, 0 on padding). Returns (cache, distinct prompts), or
-    None when no two rows of the chunk share a prompt or the prompts are one column wide (nothing to share).
+    ``generate``'s own position ids (``cumsum(mask) − 1``, 0 on padding), in ``cache`` (empty). Returns (cache,
+    distinct prompts), or None when no two rows of the chunk share a prompt or the prompts are one column wide
+    (nothing to share).
     """
-
     distinct, which = distinct_prompts([tuple(r) for r in torch.cat([input_ids, attention_mask], dim=1).tolist()])
     if len(distinct) == len(which) or input_ids.shape[1] < 2:
         return None
     first_rows = [which.index(d) for d in range(len(distinct))]  # one row per distinct (padded) prompt
     ids, mask = input_ids[first_rows, :-1], attention_mask[first_rows, :-1]  # (d, t-1)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (d, t-1)
-    cache = DynamicCache(config=model.config)
     model(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
@@ -302,6 +302,7 @@ def generate(
     row_names: Sequence[str] | None = None,
     share_prompts: bool = True,
     on_rows: Callable[[int], None] | None = None,
+    preallocate: bool = True,
 ) -> list[Generation]:
     """Sample one completion per (prompt_ids[r], seeds[r]) row; repeat a prompt for K candidates.
 
@@ -328,6 +329,9 @@ def generate(
         row_names: b labels naming each row in errors (e.g. "agent 0, item 'q1', target candidate 2");
             None names them "row r".
         on_rows: called with the number of rows after each generate chunk (a stage's progress).
+        preallocate: keep each layer's keys and values in one buffer for the prompt and every new token
+            (:mod:`pbrl.generation.kv_cache`) instead of transformers' cache, which copies itself at every token;
+            the same tokens either way.
 
     Returns:
         b :class:`Generation` in row order: ``finish_reason`` "eos" when a stop id was generated (kept as
@@ -361,13 +365,16 @@ def generate(
                 [names[r] for r in chunk],
                 settings.temperature,
             )
-            shared = _shared_prefill(model, input_ids, attention_mask, device) if share_prompts else None
+            capacity = input_ids.shape[1] + settings.max_new_tokens
+            cache = preallocated_cache(model, capacity) if preallocate else DynamicCache(config=model.config)
+            if share_prompts:  # fills cache with the chunk's distinct prompts, each once
+                _shared_prefill(model, input_ids, attention_mask, device, cache)
             sequences = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([sampler]),
-                **({"cache": shared[0]} if shared is not None else {}),
+                cache=cache,  # prefilled by _shared_prefill, else empty: generate fills it
             )  # (b, t + new)
             for r, row, seed in zip(chunk, sequences[:, input_ids.shape[1] :].tolist(), row_seeds, strict=True):
                 completion, reason, stop_id = _cut(row, stop_ids, settings.max_new_tokens)

@@ -160,3 +160,65 @@ def load_precision_state(precision: Precision | None, agent_dir: Path) -> None:
     except Exception as exc:  # a truncated or foreign file
         raise ArtifactError(f"{path}: unreadable grad-scaler state ({exc})") from exc
     precision.scaler.load_state_dict(state)
+
+
+# ---------------------------------------------------------------------------------------------- auto
+AUTO = "auto"
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bfloat16 arithmetic
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """What ``torch_dtype: auto`` and ``mixed_precision: auto`` resolve to on a device, and why."""
+
+    torch_dtype: str
+    mixed_precision: str
+    reason: str
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``); empty where that file is not there (not Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_bf16(device: str | torch.device) -> tuple[bool, str]:
+    """Whether ``device`` computes bfloat16 natively, and a short reason: a CUDA GPU that supports it
+    (compute capability 8.0 and up, ``torch.cuda.is_bf16_supported``), or a CPU whose flags include
+    ``avx512_bf16`` or ``amx_bf16``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "no CUDA device is available"
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        ok = torch.cuda.is_bf16_supported()
+        return ok, f"CUDA compute capability {major}.{minor} {'supports' if ok else 'lacks'} bfloat16"
+    if device.type == "cpu":
+        found = sorted(cpu_flags().intersection(BF16_CPU_FLAGS))
+        if found:
+            return True, f"this CPU has {', '.join(found)}"
+        return False, f"this CPU has none of {', '.join(BF16_CPU_FLAGS)}"
+    return False, f"no bfloat16 detection for device type {device.type!r}"
+
+
+def resolve_precision(torch_dtype: str, mixed_precision: str, device: str | torch.device) -> PrecisionChoice:
+    """``auto`` settings made concrete for ``device`` (explicit settings are kept as they are).
+
+    ``torch_dtype: auto`` is ``bfloat16`` where the device computes it natively, else ``float32``: frozen weights
+    (sampling and evaluation copies, a LoRA base, comparators, references) then run their matmuls in bfloat16,
+    while trainable weights stay float32 master weights. ``mixed_precision: auto`` is ``bf16`` autocast on a
+    CUDA GPU with bfloat16 and ``no`` on a CPU: on CPUs autocast casts every weight on every forward, and measured
+    no clear gain (docs/results/benchmarks.md).
+    """
+    native, why = native_bf16(device)
+    dtype = ("bfloat16" if native else "float32") if torch_dtype == AUTO else torch_dtype
+    is_cuda = torch.device(device).type == "cuda"
+    mode = ("bf16" if native and is_cuda else "no") if mixed_precision == AUTO else mixed_precision
+    return PrecisionChoice(dtype, mode, why)

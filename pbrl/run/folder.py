@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import socket
 import uuid
@@ -22,13 +23,16 @@ from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.policies import write_initial_checkpoints
 from pbrl.run.export import export_policy_checkpoint
 from pbrl.run.preflight import preflight
-from pbrl.run.settings import policy_source
+from pbrl.run.settings import concrete_precision, describe_precision, policy_source
 from pbrl.run.task import attach_task, attached_task
 from pbrl.tasks.base import Task
 
+log = logging.getLogger("pbrl.run")
 RUN_LOCK = ".pbrl-run.lock"  # in the run folder: held (flock) by the process working on the run
 # The options a resume may change: they key no stage's cache (pbrl.config.loading: stage_config_hash).
-RESUMABLE_CHANGES = frozenset({"num_iterations", "runner", "ray_address", "shard_size", "run_name", "output_dir"})
+RESUMABLE_CHANGES = frozenset(
+    {"num_iterations", "runner", "ray_address", "shard_size", "num_threads", "run_name", "output_dir", "report_to"}
+)
 
 
 def generated_run_name(trainer: str, now: datetime | None = None) -> str:
@@ -116,6 +120,7 @@ def check_resumable(paths: RunPaths, job: JobConfig) -> None:
         ConfigError: naming every other field whose value differs from the stored run.
     """
     stored = open_job(paths.root)
+    job, _ = concrete_precision(job, stored)  # auto keeps the run's recorded choice
     if stage_config_hash(stored) == stage_config_hash(job):
         return
     a, b = stored.model_dump(mode="json"), job.model_dump(mode="json")
@@ -312,6 +317,7 @@ def prepare_run(
                 ]
             )
         check_resumable(paths, job)
+        job, _ = concrete_precision(job, open_job(paths.root))
         remove_stale_temporaries(paths)  # what a killed write left behind (never read, but never cleaned)
         task = preflight(
             job, task=given, train_items=train_items, eval_items=eval_items, check_items=not paths.items.is_file()
@@ -334,6 +340,9 @@ def prepare_run(
                 )
             ]
         )
+    job, choice = concrete_precision(job)  # auto made concrete for this machine, recorded in run.json
+    if (line := describe_precision(choice, job)) is not None:
+        log.info(line)
     task = preflight(job, task=given, train_items=train_items, eval_items=eval_items)
     train, evals = load_run_items(job, task, train_items, eval_items)
     with atomic_dir(run_dir) as tmp:  # renamed onto run_dir only when everything below succeeded

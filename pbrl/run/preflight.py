@@ -17,7 +17,7 @@ from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
 from pbrl.models.placement import auto_device_map
 from pbrl.models.precision import autocast_problem
 from pbrl.reporting.reward_hist import check_reward_range
-from pbrl.run.settings import centralized_adapter, policy_source
+from pbrl.run.settings import centralized_adapter, concrete_precision, policy_source
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task
 
@@ -105,6 +105,7 @@ def _precision_and_placement_problems(job: JobConfig) -> list[Problem]:
     """``mixed_precision`` autocast available on every agent device type; ``agent_devices: auto`` without
     LoRA fits ``max_memory`` without offloading trainable weights (accelerate's device map, no weights read)."""
 
+    job, _ = concrete_precision(job)  # auto resolves to what the device runs natively: checked like the rest
     source = policy_source(job)
     devices = source.devices if isinstance(source.devices, tuple) else (source.devices,)
     default = "cuda" if torch.cuda.is_available() else "cpu"

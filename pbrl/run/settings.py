@@ -10,18 +10,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from pbrl.config import JobConfig, is_centralized, num_actors
 from pbrl.distributed.shards import RaySettings
 from pbrl.generation.centralized import ADAPTER_FIELD, CentralizedAdapter, load_adapter
+from pbrl.models.loading import resolve_devices
 from pbrl.models.lora import LoraSettings
 from pbrl.models.placement import normalize_max_memory, placement_spec
 from pbrl.models.policies import AgentTraining, PolicySource
+from pbrl.models.precision import AUTO, PrecisionChoice, resolve_precision
 
 
 def policy_source(job: JobConfig) -> PolicySource:
     """The job's agent fields (``agents`` or ``agent_model`` × the actors: ``num_agents``, or 1 with
     ``collaboration_mode: centralized``; ``lora_*``, ``torch_dtype``, ``agent_devices`` placed by
     ``parallel_training``, ``mixed_precision``, ``max_memory``) as a :class:`PolicySource`."""
+    job, _ = concrete_precision(job)  # a run's stored job is concrete already; an in-memory one resolves here
     lora = None
     if job.lora_r is not None:
         kwargs: dict[str, Any] = {"r": job.lora_r, "alpha": job.lora_alpha, "dropout": job.lora_dropout}
@@ -65,3 +70,42 @@ def centralized_adapter(job: JobConfig) -> CentralizedAdapter | None:
     if not is_centralized(job):
         return None
     return load_adapter(getattr(job, ADAPTER_FIELD, None))  # base trainers have no comparator options
+
+
+# ---------------------------------------------------------------------------------------------- auto precision
+PRECISION_FIELDS = ("torch_dtype", "mixed_precision")
+
+
+def agent_device(job: JobConfig) -> str:
+    """The first agent's device, the one ``auto`` precision is resolved for (``agent_devices: auto`` places
+    with accelerate: CUDA when there is one)."""
+    device = resolve_devices(job.agent_devices, job.num_agents)[0]
+    if device == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def concrete_precision(job: JobConfig, stored: JobConfig | None = None) -> tuple[JobConfig, PrecisionChoice | None]:
+    """``job`` with ``torch_dtype: auto`` / ``mixed_precision: auto`` made concrete: what a stored run recorded
+    (``stored``: resuming keeps the run's choice, whatever this machine has), else what the agents' device
+    computes natively (:func:`pbrl.models.precision.resolve_precision`). Returns the job and the choice made
+    here (None when nothing was ``auto``, or the stored run decided)."""
+    autos = [f for f in PRECISION_FIELDS if getattr(job, f) == AUTO]
+    if not autos:
+        return job, None
+    if stored is not None:
+        return job.model_copy(update={f: getattr(stored, f) for f in autos}), None
+    choice = resolve_precision(job.torch_dtype, job.mixed_precision, agent_device(job))
+    update = {f: getattr(choice, f) for f in autos}
+    return job.model_copy(update=update), choice
+
+
+def describe_precision(choice: PrecisionChoice | None, job: JobConfig) -> str | None:
+    """The line a run prints when ``auto`` was resolved, e.g. ``precision: torch_dtype auto -> float32,
+    mixed_precision auto -> no (this CPU has none of avx512_bf16, amx_bf16)``."""
+    if choice is None:
+        return None
+    return (
+        f"precision: torch_dtype auto -> {job.torch_dtype}, mixed_precision auto -> {job.mixed_precision} "
+        f"({choice.reason})"
+    )

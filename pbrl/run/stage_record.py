@@ -15,12 +15,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pbrl.config import JobConfig, stage_config_hash
 from pbrl.data.storage import RunPaths, StageManifest, hash_files, write_manifest
 from pbrl.run.progress import Event, Progress, publish
 
 log = logging.getLogger("pbrl.stages")
 PEAK_RSS_METRIC = "resource/peak_rss_mb"
+THREADS_METRIC = "resource/num_threads"  # torch's intra-op threads of the process that ran the stage
 
 
 def peak_rss_mb() -> float:
@@ -71,6 +74,7 @@ class StageRecord:
     def finish(self, inputs: Iterable[Path], outputs: Iterable[Path]) -> StageManifest:
         """Write the manifest; adds ``resource/peak_rss_mb`` (:func:`peak_rss_mb` when the stage ends)."""
         self.metrics.setdefault(PEAK_RSS_METRIC, peak_rss_mb())
+        self.metrics.setdefault(THREADS_METRIC, float(torch.get_num_threads()))
         undefined = sorted(k for k, v in self.metrics.items() if not math.isfinite(v))
         if undefined:
             self.say(f"metrics without a finite value (left out): {', '.join(undefined)}")
