@@ -5,8 +5,10 @@ Bradley–Terry loss on the round's replay-selected pairs.
 The pairs' joint input ids come from ``rounds/<s>/pair_joint_ids.parquet`` of each pair's source round
 (written by build-pairs), so fitting reads exactly the ids that were stored with the pair; pairs dropped
 there (their responses do not fit ``reward_max_length``) are counted here. A seeded share
-(:data:`HELDOUT_SHARE`) of the usable pairs is held out: ``rm/*`` metrics are measured on the training
-pairs, ``rm/heldout_*`` on the held-out ones, both after fitting. The model is written to
+(:data:`HELDOUT_SHARE`) of the pairs' *items* is held out with all their pairs (no held-out pair shares an item
+with a training pair): ``rm/*`` metrics are measured on the training pairs, ``rm/heldout_*`` on the held-out ones,
+both after fitting, with a 95 % interval of the held-out accuracy over items; a message says so when that interval
+does not exclude chance (0.5). The model is written to
 ``rounds/<r>/reward_model/`` (safetensors). Head init, LoRA init, the held-out split and the batch order
 each come from their own seed ``(seed, round, "fit-reward-model", side)``, so a rerun is bitwise identical.
 """
@@ -26,17 +28,19 @@ from pbrl.learning.reward_model import (
     fit_bradley_terry,
     heldout_split,
     new_reward_model,
+    pair_correct,
     pair_joint_ids_path,
     pair_metrics,
     reward_device,
     reward_model_dir,
     save_reward_model,
 )
+from pbrl.reporting.stats import Interval, bootstrap_mean
 from pbrl.run.settings import policy_source
 from pbrl.run.stage_record import StageRecord
 
 NAME = "fit-reward-model"
-HELDOUT_SHARE = 0.2  # share of the usable selected pairs held out for rm/heldout_* (at least 1 when >= 2 pairs)
+HELDOUT_SHARE = 0.25  # share of the selected pairs' items whose pairs are held out for rm/heldout_* (>= 1 item)
 SCORE_BATCH = 16  # joint inputs per scoring forward
 
 
@@ -75,11 +79,8 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
             f"pair_joint_ids.parquet: no joint input ids for selected pair(s) {missing[:5]}; "
             "rerun build-pairs of their round"
         )
-    usable = [
-        (joint[p["pair_id"]]["winner_joint_ids"], joint[p["pair_id"]]["loser_joint_ids"])
-        for p in pairs
-        if joint[p["pair_id"]]["dropped"] is None
-    ]
+    kept = [p for p in pairs if joint[p["pair_id"]]["dropped"] is None]
+    usable = [(joint[p["pair_id"]]["winner_joint_ids"], joint[p["pair_id"]]["loser_joint_ids"]) for p in kept]
     dropped = len(pairs) - len(usable)
     out = reward_model_dir(paths.round_dir(round_index))
     if dropped:
@@ -101,7 +102,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
 
     device = reward_device(job.reward_model_device, job.agent_devices, job.num_agents)
     model = new_reward_model(spec, seed=seed("init"), device=device)
-    train_idx, held_idx = heldout_split(len(usable), HELDOUT_SHARE, seed("heldout"))
+    train_idx, held_idx = heldout_split([p["item_id"] for p in kept], HELDOUT_SHARE, seed("heldout"))
     train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
     progress = record.progress(job.reward_num_train_epochs * -(-len(train) // job.reward_train_batch_size), "steps")
 
@@ -120,6 +121,8 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         on_step=on_step,
     )
     fitted, heldout = pair_metrics(model, train, SCORE_BATCH), pair_metrics(model, held, SCORE_BATCH)
+    correct = pair_correct(model, held, SCORE_BATCH)
+    interval = heldout_interval([kept[i]["item_id"] for i in held_idx], correct, seed("heldout-interval"))
     save_reward_model(model, spec, out, max_length=job.reward_max_length)
     record.metrics = {
         "rm/loss": fitted.loss,
@@ -129,6 +132,14 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         "rm/heldout_accuracy": heldout.accuracy,
         "rm/heldout_margin_mean": heldout.margin_mean,
     }
+    if interval is not None:
+        record.metrics |= {"rm/heldout_accuracy_lo": interval.low, "rm/heldout_accuracy_hi": interval.high}
+        if interval.low <= 0.5:
+            record.say(
+                f"the reward model is no better than chance on pairs of items it never saw: accuracy "
+                f"{interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}] on {len(held)} pairs of "
+                f"{interval.n} items; RL would follow noise (docs/design/algorithms.md#joint-reward-model)"
+            )
     record.counts = {
         "pairs": len(pairs),
         "dropped_too_long": dropped,
@@ -140,3 +151,14 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         record.say(f"{stats['skipped_steps']} reward-model step(s) skipped: non-finite loss or gradient")
     record.details = {"fitted": True, "reward_model": paths.rel(out), "trained": spec.trained, "source": spec.source}
     return record.finish(input_files(paths, round_index, job), [out])
+
+
+def heldout_interval(items: list[str], correct: list[bool], seed: int) -> Interval | None:
+    """The held-out accuracy with its 95 % bootstrap interval over items (each item's share of correctly ordered
+    pairs; :func:`pbrl.reporting.stats.bootstrap_mean`); None without held-out pairs."""
+    if not correct:
+        return None
+    per_item: dict[str, list[float]] = {}
+    for item, ok in zip(items, correct, strict=True):
+        per_item.setdefault(item, []).append(float(ok))
+    return bootstrap_mean([sum(v) / len(v) for v in per_item.values()], seed=seed)

@@ -363,11 +363,11 @@ def test_fit_order_is_drawn_from_the_seed():
 
 
 def test_heldout_split_edges():
-    assert heldout_split(0, 0.2, seed=0) == ([], [])
-    assert len(heldout_split(2, 0.99, seed=0)[1]) == 1  # never every pair held out
-    assert len(heldout_split(10, 1.0, seed=0)[1]) == 9
-    assert len(heldout_split(10, 0.05, seed=0)[1]) == 1  # round(0.5) = 0, at least one
-    assert len(heldout_split(10, 0.26, seed=0)[1]) == 3
+    assert heldout_split(list(range(0)), 0.2, seed=0) == ([], [])
+    assert len(heldout_split(list(range(2)), 0.99, seed=0)[1]) == 1  # never every pair held out
+    assert len(heldout_split(list(range(10)), 1.0, seed=0)[1]) == 9
+    assert len(heldout_split(list(range(10)), 0.05, seed=0)[1]) == 1  # round(0.5) = 0, at least one
+    assert len(heldout_split(list(range(10)), 0.26, seed=0)[1]) == 3
 
 
 def test_is_marlhf_names_the_two_marlhf_trainers():

@@ -36,7 +36,7 @@ from pbrl.learning.joint_template import TEMPLATE_VERSION, JointTemplate, joint_
 from pbrl.learning.losses import bradley_terry_loss
 from pbrl.models.forward import eval_mode, pad_rows
 from pbrl.models.loading import load_tokenizer, resolve_devices, resolve_model_source
-from pbrl.models.lora import LoraSettings
+from pbrl.models.lora import LoraSettings, quiet_peft_wrapping
 
 PAIR_JOINT_IDS_FILE = "pair_joint_ids.parquet"  # rounds/<r>/: the pairs' joint input ids (build-pairs)
 REWARD_MODEL_DIR = "reward_model"  # rounds/<r>/reward_model/: the fitted model (fit-reward-model)
@@ -122,15 +122,14 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
         if spec.trained == "head":
             backbone.requires_grad_(False)
         elif spec.trained == "lora":
-            backbone = get_peft_model(
-                backbone,
-                LoraConfig(
-                    r=spec.lora.r,
-                    lora_alpha=spec.lora.alpha,
-                    lora_dropout=spec.lora.dropout,
-                    target_modules=list(spec.lora.target_modules),
-                ),
+            config = LoraConfig(
+                r=spec.lora.r,
+                lora_alpha=spec.lora.alpha,
+                lora_dropout=spec.lora.dropout,
+                target_modules=list(spec.lora.target_modules),
             )
+            with quiet_peft_wrapping():
+                backbone = get_peft_model(backbone, config)
     return JointRewardModel(backbone, head, _pad_id(src)).to(device)
 
 
@@ -173,7 +172,8 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     src = resolve_model_source(meta["source"], field="reward_model_name")
     backbone = _load_backbone(folder / "backbone" if meta["trained"] == "full" else src)
     if meta["trained"] == "lora":
-        backbone = PeftModel.from_pretrained(backbone, str(folder / "adapter"), is_trainable=False)
+        with quiet_peft_wrapping():
+            backbone = PeftModel.from_pretrained(backbone, str(folder / "adapter"), is_trainable=False)
     state = load_file(str(folder / _HEAD))
     head = nn.Linear(state["weight"].shape[1], 1)
     head.load_state_dict(state)
@@ -204,6 +204,18 @@ def pair_metrics(
     return PairMetrics(
         float(bradley_terry_loss(w, lo).mean()), float((margins > 0).double().mean()), float(margins.mean())
     )
+
+
+@torch.no_grad()
+def pair_correct(
+    model: JointRewardModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int
+) -> list[bool]:
+    """Per pair (winner ids, loser ids): whether the model scores the winner strictly higher."""
+    if not pairs:
+        return []
+    w = score_joint(model, [p[0] for p in pairs], batch_size)
+    lo = score_joint(model, [p[1] for p in pairs], batch_size)
+    return [a > b for a, b in zip(w, lo, strict=True)]
 
 
 def fit_bradley_terry(
@@ -258,12 +270,21 @@ def fit_bradley_terry(
     return {"steps": steps, "skipped_steps": skipped}
 
 
-def heldout_split(n: int, share: float, seed: int) -> tuple[list[int], list[int]]:
-    """Seeded split of ``n`` pair indices into (train, held-out): round(share·n) held out, at least 1 when
-    n ≥ 2, none when n < 2 (one pair trains). Both lists in increasing order."""
-    held = 0 if n < 2 else min(n - 1, max(1, round(share * n)))
-    perm = np.random.default_rng(seed).permutation(n)
-    return sorted(int(i) for i in perm[held:]), sorted(int(i) for i in perm[:held])
+def heldout_split(groups: Sequence[str], share: float, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded split of the pairs into (train, held-out) indices by *group* (a pair's item): every pair of a
+    held-out item is held out, so no held-out pair shares an item, hence a prompt or a response, with a training
+    pair (holding out random pairs of the same items measured memory, not generalisation: issue #30).
+
+    Of the G distinct groups (first-seen order), round(share·G) are held out, at least 1 when G ≥ 2, none when
+    G < 2 (one item: every pair trains). With one pair per group this is a plain split of the pairs. Both lists
+    in increasing order."""
+    distinct = list(dict.fromkeys(groups))
+    count = len(distinct)
+    held = 0 if count < 2 else min(count - 1, max(1, round(share * count)))
+    perm = np.random.default_rng(seed).permutation(count)
+    held_groups = {distinct[int(i)] for i in perm[:held]}
+    held_idx = [i for i, g in enumerate(groups) if g in held_groups]
+    return [i for i, g in enumerate(groups) if g not in held_groups], held_idx
 
 
 # ---------------------------------------------------------------------------------------------- in a run
