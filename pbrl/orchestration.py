@@ -62,8 +62,9 @@ class PrefectNoise(logging.Filter):
     * "Starting temporary server on URL" keeps its first line only: the hint after it ("See … for more
       information on running a dedicated Prefect server") came with every command;
     * "Stopping temporary server on URL" (at exit) is dropped;
-    * "Crash detected! Execution was aborted by an interrupt signal." is dropped: a Ctrl-C logs it once for the
-      task and once for each flow around it, before the front end's own "stopped; resume with …".
+    * "Crash detected! Execution was aborted by an interrupt signal." and "Finished in state Crashed('Execution
+      was aborted by an interrupt signal.')" are dropped: a Ctrl-C logs them for the task and for each flow around
+      it, as errors, before the front end's own "stopped; resume with …".
 
     Everything else passes; the Prefect UI keeps every record (its API handler sits on the run loggers)."""
 
@@ -74,9 +75,8 @@ class PrefectNoise(logging.Filter):
             return True
         if message.startswith("Stopping temporary server on "):
             return False
-        if message.startswith("Crash detected!"):
-            return not (_SIGINT_SEEN.is_set() or "interrupt signal" in message)
-        return True
+        crash = message.startswith("Crash detected!") or "Finished in state Crashed(" in message
+        return not (crash and (_SIGINT_SEEN.is_set() or "interrupt signal" in message))
 
 
 class ConsoleLevel(logging.Filter):

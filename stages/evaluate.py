@@ -184,7 +184,9 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
         "failed": len(rows) - len(rewards),
         "items_seen_in_training": len(seen),
     }
-    if seen:
+    # Said by the run's first evaluation only: the items are the same every round, and the count is recorded in
+    # every round (eval/items_seen_in_training).
+    if seen and not any(paths.eval(r).is_file() for r in range(round_index)):
         record.say(
             f"{len(seen)} of {len(items)} evaluation items are also training items (e.g. {seen[0]!r}): "
             "this evaluation is not held out; give eval_dataset or a task with its own eval items"

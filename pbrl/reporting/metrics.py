@@ -30,6 +30,9 @@ MARLHF_COLUMNS = {  # MARLHF round-table columns, shown when a run has them
     "rl/reward_mean": "rl_reward",
     "rl/advantage_std": "rl_advantage_std",
     "rl/kl_mean": "rl_kl",
+    "critic/value_loss": "critic_loss",  # maac / iac only
+    "critic/explained_variance": "critic_explained_variance",
+    "critic/value_mean": "critic_value_mean",
 }
 EVAL_INTERVAL_COLUMNS = {  # evaluate's interval metrics -> round-table columns
     "eval/reward_ci_low": "eval_lo",
@@ -75,7 +78,9 @@ def metrics_frame(run_dir: str | Path) -> pd.DataFrame:
 def round_table(run_dir: str | Path) -> pd.DataFrame:
     """One row per round: pairs, loss, accuracy, eval reward with its 95 % interval (``eval_lo``, ``eval_hi``),
     its change vs round 0, and the paired difference to round 0 on the same draws with its interval
-    (``paired``, ``paired_lo``, ``paired_hi``; :mod:`pbrl.reporting.stats`), and ``peak_rss_gb``, the largest
+    (``paired``, ``paired_lo``, ``paired_hi``; :mod:`pbrl.reporting.stats`), the MARLHF columns of
+    :data:`MARLHF_COLUMNS` where the run has them, ``seconds`` (the wall time of the round's stages, summed over
+    their manifests, s) and ``peak_rss_gb``, the largest
     ``resource/peak_rss_mb`` of the round's stages in GiB (:func:`pbrl.run.stage_record.peak_rss_mb`: a process-lifetime
     high-water mark, so with every stage in one process it includes earlier rounds). Runs evaluated before
     the intervals existed show the eval reward from ``eval/turn_1/reward_mean`` and no intervals."""
@@ -102,6 +107,8 @@ def round_table(run_dir: str | Path) -> pd.DataFrame:
     # Peak RSS of the round in GiB: the largest stage value (each its process's lifetime high-water mark, MiB).
     rss = df[df["metric"] == "resource/peak_rss_mb"].groupby("round_index")["value"].max() / 1024
     table["peak_rss_gb"] = rss.reindex(table.index)
+    timed = df[df["metric"].str.startswith("time/") & df["metric"].str.endswith("_seconds")]
+    table["seconds"] = timed.groupby("round_index")["value"].sum().reindex(table.index)
     if 0 in table.index and pd.notna(table.loc[0, "eval_reward"]):
         table.insert(
             table.columns.get_loc("eval_reward") + 1,
