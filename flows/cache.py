@@ -72,10 +72,13 @@ LOCK_WAIT_SECONDS = 30.0  # how long a stage that must run waits for another pro
 _FRONT_END = {
     "cli.py",
     "trainers.py",
+    "callbacks.py",
+    "reporting/trackers.py",
     "orchestration.py",
     "run/progress.py",
     "reporting/report.py",
     "reporting/metrics.py",
+    "reporting/table.py",
     "config/reference.py",
 }
 

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from pbrl.config import ConfigNotice, JobConfig, is_centralized, load_job, num_rounds
 from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest, read_states, trainer_stages
@@ -67,16 +70,17 @@ def _stopped(hint: str) -> typer.Exit:
     return typer.Exit(INTERRUPTED)
 
 
-def _load(config: Path, overrides: list[str] | None, run_name: str | None = None) -> JobConfig:
+def _load(config: Path, overrides: list[str] | None, run_name: str | None = None, *, quiet: bool = False) -> JobConfig:
     extra = [*(overrides or [])]
     if run_name:
         extra.append(f"run_name={run_name}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigNotice)
         job = load_job(config, extra)
-    for notice in caught:  # options that change nothing here, said once as a plain line
+    for notice in caught:  # options that change nothing here, said once as a plain line (not at all when quiet)
         if issubclass(notice.category, ConfigNotice):
-            err.print(f"[yellow]warning:[/] {escape(str(notice.message))}")
+            if not quiet:
+                err.print(f"[yellow]warning:[/] {escape(str(notice.message))}")
         else:
             warnings.warn_explicit(notice.message, notice.category, notice.filename, notice.lineno)
     if not job.run_name:
@@ -99,30 +103,33 @@ def validate(config: Path, set_: SetOption = None) -> None:
     console.print(f"OK: {config} ({job.trainer}, {agents})")
 
 
-HEADERS = {
-    "train_pairs": "train",
-    "accuracy": "acc",
-    "eval_reward": "eval",
-    "eval_vs_round0": "vs r0",
-    "peak_rss_gb": "peak GB",
-}
+WideOption = Annotated[
+    bool, typer.Option("--wide", help="Every column of the round table (default: the ones that fit 80 columns).")
+]
 
 
-def _print_rounds(run_dir: Path) -> None:
+def _print_wide_enough(table: Table, fit: bool) -> None:
+    """Print ``table`` on stdout. ``fit``: in a terminal, at its width (an interval wraps at its spaces, no number
+    is cut); else, and in logs and pipes (Rich's default is 80 columns), at the table's full width."""
+    needed = console.measure(table, options=console.options.update_width(10_000)).maximum
+    out = console if (fit and console.is_terminal) or needed <= console.width else Console(width=needed)
+    out.print(table)
+
+
+def _print_rounds(run_dir: Path, *, wide: bool = False, every_metric: bool = False) -> None:
+    """The round table (compact, or ``wide``), with ``every_metric`` every metric of every round too; then
+    ``report.png``."""
     from pbrl.reporting.metrics import round_table, write_run_metrics  # deferred: pandas and pyarrow
     from pbrl.reporting.report import write_report_png  # deferred: matplotlib
+    from pbrl.reporting.table import all_metrics_rich, round_table_rich, trainer_of  # deferred: pandas
 
     write_run_metrics(run_dir)  # rebuilt from the manifests: also right for an interrupted run
     table = round_table(run_dir)
-    t = Table(title=f"{run_dir.name}: rounds")
-    t.add_column("round")
-    for col in table.columns:
-        t.add_column(HEADERS.get(col, col), justify="right")
-    for r, row in table.iterrows():
-        t.add_row(str(r), *("–" if v != v else f"{v:.3g}" for v in row.values))
-    # Logs and pipes get Rich's 80 columns, which would cut every cell to "2…": print the table at full width.
-    out = console if console.is_terminal else Console(width=max(console.width, 220))
-    out.print(t)
+    wide = wide or every_metric
+    shown = round_table_rich(table, trainer_of(run_dir), title=f"{run_dir.name}: rounds", wide=wide)
+    _print_wide_enough(shown, fit=not wide)
+    if every_metric:
+        _print_wide_enough(all_metrics_rich(run_dir), fit=False)
     console.print(f"report: {write_report_png(run_dir, table)}")
 
 
@@ -134,27 +141,107 @@ def _runner_set(runner: str | None) -> list[str]:
     return [f"runner={runner}"] + ([] if runner == "ray" else ["ray_address="])
 
 
-def _train_with_progress(job: JobConfig, resume: bool) -> dict[str, Any]:
-    """Run the training flow under a one-line progress display (stage events from :mod:`pbrl.run.progress`)."""
+class RunDisplay:
+    """What ``pbrl train`` shows while a run goes on, from its events (:mod:`pbrl.run.progress`), on ``out``
+    (stderr): one line when a stage starts and one when it ends (:func:`~pbrl.run.progress.describe`: counts,
+    seconds), the stage's messages as ``note:`` lines after it, and one line per round with its eval reward and
+    paired gain.
+
+    With ``bar`` (a terminal) the current stage also has a progress bar with its units, elapsed time and ETA, and
+    the last logged step's metrics; without (a log file, a pipe) a progress line with its ETA is printed at most
+    every ``every`` seconds of a stage. ``verbose`` adds a line per logged training step; ``quiet`` shows
+    nothing. ``clock`` is the monotonic clock (seconds), replaceable in tests.
+    """
+
+    def __init__(
+        self,
+        out: Console,
+        verbosity: str = "normal",
+        bar: Progress | None = None,
+        every: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.out, self.verbosity, self.bar, self.every, self.clock = out, verbosity, bar, every, clock
+        self.task = bar.add_task("starting", total=None, units="", latest="") if bar is not None else None
+        self.started = self.last_line = clock()
+
+    def __call__(self, event: progress.Event) -> None:
+        if self.verbosity == "quiet":
+            return
+        if event.kind == "stage_start":
+            self.started = self.last_line = self.clock()
+            if self.bar is not None:
+                where = f"round {event.round} {event.stage}"
+                self.bar.reset(self.task, total=None, description=where, units="", latest="")
+        elif event.kind == "progress":
+            self._progress(event)
+            return
+        elif event.kind == "log":
+            if self.bar is not None:
+                latest = "  ".join(f"{k.rsplit('/', 1)[-1]} {v:.3g}" for k, v in list(event.metrics.items())[:3])
+                self.bar.update(self.task, latest=latest)
+            if self.verbosity != "verbose":
+                return
+        if event.kind == "run_end" and event.state != "Completed":
+            return  # the command itself says how the run ended: an `error:` line, or `stopped; resume with …`
+        line = progress.describe(event)
+        if line is not None:
+            self._line(line, style="red" if event.state == "Failed" else None)
+        if event.kind == "stage_end":
+            for message in event.messages:
+                self._line(f"note: round {event.round} {event.stage}: {message}", style="yellow")
+
+    def _progress(self, event: progress.Event) -> None:
+        done, total = event.done or 0, event.total
+        if self.bar is not None:
+            self.bar.update(self.task, total=total, completed=done, units=f"{done}/{total or '?'} {event.unit}")
+            return
+        now = self.clock()
+        if now - self.last_line < self.every or (total is not None and done >= total):
+            return  # the end line follows at once
+        self.last_line = now
+        line = progress.describe(event) or ""
+        if total and done:
+            left = (now - self.started) / done * (total - done)
+            line += f" (about {_duration(left)} left)"
+        self._line(line)
+
+    def _line(self, text: str, style: str | None = None) -> None:
+        stamp = datetime.now().strftime("%H:%M:%S")
+        self.out.print(Text(f"{stamp} {text}", style=style or ""), soft_wrap=True, highlight=False)
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min``, ``1.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _train_with_progress(job: JobConfig, resume: bool, verbosity: str) -> dict[str, Any]:
+    """Run the training flow under :class:`RunDisplay`; log lines print through the same console, above the bar
+    (:func:`pbrl.orchestration.console_logging`)."""
 
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
-    with Progress(
+    show_bar = err.is_terminal and verbosity != "quiet"
+    bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed} stages"),
+        TextColumn("{task.fields[units]}"),
         TimeElapsedColumn(),
-        console=console,
-    ) as bar:
-        task_id = bar.add_task(f"{job.run_name}: starting", total=None)
-
-        def on_event(event: progress.Event) -> None:
-            if event.kind == "stage_start":
-                bar.update(task_id, description=f"{job.run_name}: round {event.round} {event.stage}")
-            elif event.kind == "stage_end":
-                bar.advance(task_id)
-
-        unsubscribe = progress.subscribe(on_event)
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[latest]}"),
+        console=err,
+        transient=True,
+        disable=not show_bar,
+    )
+    # report_to's trackers are attached by the training flow itself (flows/training.py), for every front end.
+    with orchestration.console_logging(err, verbosity), bar:  # type: ignore[arg-type]
+        unsubscribe = progress.subscribe(RunDisplay(err, verbosity, bar if show_bar else None))
         try:
             return orchestration.train(job, resume=resume)
         finally:
@@ -176,8 +263,14 @@ def train(
             help="Where item-parallel stages run: local or ray (the config's runner option; same artifacts either way)."
         ),
     ] = None,
+    wide: WideOption = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Errors and the final round table only.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also Prefect's own log lines and every logged training step.")
+    ] = False,
 ) -> None:
-    """Train a run (MADPO or MARLHF, base or iterative) through the Prefect flows, with a progress display.
+    """Train a run (MADPO or MARLHF, base or iterative) through the Prefect flows: a line when each stage starts
+    and ends, a progress bar inside the long ones (in a terminal), then the round table and report.png.
 
     Example: pbrl train flows/configs/tiny-madpo-iter.yaml --set num_iterations=3 --run-name try-1
     """
@@ -189,6 +282,9 @@ def train(
         raise _fail(ValueError("--run continues an existing run: add --resume"))
     if run is None and config is None:
         raise _fail(ValueError("give a CONFIG file, or --run RUN --resume"))
+    if quiet and verbose:
+        raise _fail(ValueError("--quiet and --verbose: give one of them"))
+    verbosity = "quiet" if quiet else "verbose" if verbose else "normal"
     orchestration.quiet_libraries()  # before preflight, which may build or convert a packaged model
     folder: Path | None = run
     try:
@@ -196,12 +292,12 @@ def train(
             if run is not None:  # the stored job; --set and --runner may change what a resume may change
                 job = open_run(run, [*(set_ or []), *_runner_set(runner)])
             else:
-                job = _load(config, [*(set_ or []), *_runner_set(runner)], run_name)
+                job = _load(config, [*(set_ or []), *_runner_set(runner)], run_name, quiet=quiet)
             folder = run if run is not None else run_dir_for(job)
             problems = start_problems(job, folder, resume=resume)  # before Prefect starts: one clear message
             if problems:
                 raise ConfigError(problems)
-            if resume and not (folder / "run.json").is_file():
+            if resume and not (folder / "run.json").is_file() and not quiet:
                 err.print(f"note: no run at {folder} yet: starting it")
             # A resumed run reads its stored items; a new one's items are loaded and formatted here.
             stored = folder / "items.parquet"
@@ -209,7 +305,7 @@ def train(
             require_ray_extra(job.runner)
         orchestration.mark_interrupts()
         with _expected_errors(1):
-            out = _train_with_progress(job, resume)
+            out = _train_with_progress(job, resume, verbosity)
     except BaseException as exc:
         if isinstance(exc, typer.Exit) or not orchestration.interrupted(exc):
             raise
@@ -217,10 +313,9 @@ def train(
         if folder is not None and (folder / "run.json").is_file():
             raise _stopped(f"resume with `pbrl train --run {folder} --resume`") from None
         raise _stopped("nothing was stored; start the run again") from None
-    for message in out["messages"]:
-        console.print(f"[yellow]note:[/] {escape(message)}")
+    # The stages' messages were said as each stage ended (RunDisplay).
     with _expected_errors(1):
-        _print_rounds(Path(out["run_dir"]))
+        _print_rounds(Path(out["run_dir"]), wide=wide)
 
 
 @app.command()
@@ -302,12 +397,57 @@ def status(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
 
 
 @app.command()
-def report(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
-    """Print the round table (pairs, loss, accuracy, eval reward vs round 0) and write report.png."""
+def report(
+    run: Annotated[Path, typer.Argument(help="Run folder.")],
+    wide: WideOption = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="The wide table, then every metric of metrics.parquet per round.")
+    ] = False,
+) -> None:
+    """Print the round table (pairs, training, eval reward and the paired gain vs round 0 with their 95 %
+    intervals, seconds) and write report.png.
+
+    Example: pbrl report storage/runs/demo --wide
+    """
     if not (run / "run.json").is_file():
         raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
     with _expected_errors(2):
-        _print_rounds(run)
+        _print_rounds(run, wide=wide, every_metric=all_)
+
+
+@app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="Run folder.")],
+    out: Annotated[
+        Path, typer.Argument(help="Folder to write, one agent_<i>/ per agent: new, empty, or an earlier export.")
+    ],
+    round_: Annotated[
+        int | None,
+        typer.Option(
+            "--round",
+            help="The policy after this round (0 = the initial one); default: the newest round that has weights.",
+        ),
+    ] = None,
+    merge_lora: Annotated[
+        bool, typer.Option("--merge-lora", help="Merge a LoRA adapter into full weights (default: the adapter folder).")
+    ] = False,
+) -> None:
+    """Write each agent's trained policy as a Hugging Face folder (weights or LoRA adapter, tokenizer, model card)
+    that AutoModelForCausalLM / peft's AutoPeftModelForCausalLM loads.
+
+    Example: pbrl export storage/runs/tiny-madpo-iter exported --merge-lora
+    """
+    from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
+
+    orchestration.quiet_libraries()  # before transformers is imported
+    from pbrl.run.export import export_agents  # deferred: imports torch and transformers (seconds)
+
+    if not (run / "run.json").is_file():
+        raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
+    with _expected_errors(2):
+        folders = export_agents(run, out, round_, merge_lora=merge_lora)
+    for folder in folders:
+        console.print(str(folder))
 
 
 @app.command()

@@ -4,6 +4,9 @@ settings, a model wrapped in a fresh or saved adapter, and the module names an a
 from __future__ import annotations
 
 import json
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,16 @@ class LoraSettings:
 # Sources, tokenizers, models.
 
 
+@contextmanager
+def quiet_peft_wrapping() -> Iterator[None]:
+    """peft (0.x) reads the model's ``is_gradient_checkpointing`` when it wraps it, a property that transformers 5
+    deprecated (a FutureWarning at every LoRA load): that concerns the pinned pair, not the user. Only that
+    warning is silenced, and only around peft's wrapping calls."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def with_lora(model: Any, lora: LoraSettings, adapter_dir: Path | None, *, trainable: bool, seed: int | None) -> Any:
     """``model`` under a LoRA adapter: the one saved in ``adapter_dir`` (its settings checked against ``lora``),
     or a fresh one drawn from ``seed``. Only the adapter is trainable, and only when ``trainable``.
@@ -40,11 +53,12 @@ def with_lora(model: Any, lora: LoraSettings, adapter_dir: Path | None, *, train
     if adapter_dir is not None:
         check_adapter(Path(adapter_dir), lora)
         if getattr(model, "hf_device_map", None) is None:
-            return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
+            with quiet_peft_wrapping():
+                return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
         # Placed by accelerate (device="auto"): PeftModel.from_pretrained would re-dispatch the model with a
         # device map of its own, offloading the adapted modules too; wrap it in place and load the weights.
-
-        peft_model = get_peft_model(model, PeftConfig.from_pretrained(str(adapter_dir)))
+        with quiet_peft_wrapping():
+            peft_model = get_peft_model(model, PeftConfig.from_pretrained(str(adapter_dir)))
         result = set_peft_model_state_dict(peft_model, load_peft_weights(str(adapter_dir), device="cpu"))
         missing = [k for k in result.missing_keys if "lora_" in k]
         if missing or result.unexpected_keys:
@@ -67,7 +81,8 @@ def with_lora(model: Any, lora: LoraSettings, adapter_dir: Path | None, *, train
         task_type="CAUSAL_LM",
     )
     torch.manual_seed(seed)  # the caller forked the RNG, so the global stream is restored afterwards
-    peft_model = get_peft_model(model, config)
+    with quiet_peft_wrapping():
+        peft_model = get_peft_model(model, config)
     if not trainable:
         peft_model.requires_grad_(False)
     return peft_model

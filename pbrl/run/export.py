@@ -1,23 +1,46 @@
-"""Export of a run's policy checkpoints to ``policy_checkpoint_dir`` in the reference's layout.
+"""Trained agents out of a run: loaded (:func:`load_trained_agents`, behind ``TrainResult.agents()``), exported as
+standard Hugging Face folders (:func:`export_agents`, ``pbrl export``), and the reference's copy of every policy
+checkpoint (:func:`export_policy_checkpoint`); docs/guides/tracking-and-export.md#trained-agents-out.
 
-The reference (CoMLRL ``MADPOIterTrainer._save_policy_checkpoint``, notes/reference-library.md §2.11) writes
-``<policy_checkpoint_dir>/initial/agent_<i>/`` at the start and ``iteration_<idx:04d>/agent_<i>/`` after each
-iteration, with a **0-based** index (``iteration_0000`` = after the first iteration). pbrl keeps its own
-checkpoints in the run folder (``checkpoints/initial``, ``checkpoints/round_<rrrr>``, 1-based); with
-``policy_checkpoint_dir`` set, each one is also copied there under the reference's name, so tools written for
-the reference find them. The copy holds what the run's agent folder holds (full weights or the LoRA adapter,
-tokenizer files when saved; for full fine-tuning ``initial/agent_<i>`` holds ``source.json`` naming the base
-model), without the optimizer state (the reference exports none).
+**Hugging Face folders.** ``export_agents`` writes ``<out>/agent_<i>/`` per agent (one, ``agent_0``, for the actor of
+``collaboration_mode: centralized``): with LoRA the adapter (``adapter_config.json`` + ``adapter_model.safetensors``,
+for ``peft.AutoPeftModelForCausalLM``) or, with ``merge_lora``, the adapter merged into full weights; without LoRA
+the full weights (``AutoModelForCausalLM``). Each folder also holds the tokenizer as the run used it (pad token =
+EOS when the model has none, left padding) and a model card (``README.md``) naming the run, round, trainer, agent and
+eval reward. ``<out>/pbrl-export.json`` records what was exported. The policy of round r is the one the run's
+manifests name (:func:`pbrl.models.policies.policy_checkpoint`): a round without pairs writes no checkpoint and keeps
+the previous policy.
+
+**The reference's layout.** The reference (CoMLRL ``MADPOIterTrainer._save_policy_checkpoint``,
+notes/reference-library.md §2.11) writes ``<policy_checkpoint_dir>/initial/agent_<i>/`` at the start and
+``iteration_<idx:04d>/agent_<i>/`` after each iteration, with a **0-based** index (``iteration_0000`` = after the
+first iteration). pbrl keeps its own checkpoints in the run folder (``checkpoints/initial``,
+``checkpoints/round_<rrrr>``, 1-based); with ``policy_checkpoint_dir`` set, each one is also copied there under the
+reference's name, so tools written for the reference find them. The copy holds what the run's agent folder holds
+(full weights or the LoRA adapter, tokenizer files when saved; for full fine-tuning ``initial/agent_<i>`` holds
+``source.json`` naming the base model), without the optimizer state (the reference exports none).
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any, NamedTuple
 
-from pbrl.data.storage import atomic_dir
+import torch
+
+from pbrl.config import JobConfig, is_centralized, parse_job
+from pbrl.data.storage import RunPaths, atomic_dir, existing_rounds, read_json, read_manifest, write_json
+from pbrl.errors import ArtifactError, ConfigError, Problem
+from pbrl.models.loading import DTYPES, load_tokenizer, resolve_devices, resolve_model_source
+from pbrl.models.lora import quiet_peft_wrapping
+from pbrl.models.packaged import PACKAGED_MODELS
+from pbrl.models.policies import SOURCE_FILE, UPDATE_STAGE, PolicySource, policy_checkpoint
+from pbrl.run.settings import policy_source
 
 OPTIMIZER_FILE = "optimizer.pt"
+EXPORT_FILE = "pbrl-export.json"  # in an export folder: what was exported (and that the folder is an export)
+CARD_FILE = "README.md"
 
 
 def reference_label(round_index: int) -> str:
@@ -54,3 +77,265 @@ def export_policy_checkpoint(checkpoint: str | Path, export_dir: str | Path, rou
         for i, source in enumerate(sources):
             shutil.copytree(source, tmp / f"agent_{i}", ignore=shutil.ignore_patterns(OPTIMIZER_FILE))
     return dest
+
+
+# ---------------------------------------------------------------------------------------------- trained agents out
+class TrainedAgent(NamedTuple):
+    """One agent's trained policy, loaded: a ``transformers`` causal LM (a ``peft.PeftModel`` for an unmerged LoRA
+    adapter) in eval mode, and its tokenizer as the run used it. Unpacks as ``model, tokenizer``."""
+
+    model: Any
+    tokenizer: Any
+
+
+def stored_job(run_dir: str | Path) -> JobConfig:
+    """The job of ``run.json``, placed where the folder is now (as :func:`pbrl.run.folder.open_job`).
+
+    Raises:
+        ArtifactError: run.json is missing or invalid.
+    """
+    folder = Path(run_dir).resolve()
+    data = read_json(RunPaths(folder).run_json)
+    try:
+        return parse_job({**data["config"], "output_dir": str(folder.parent), "run_name": folder.name}, warn=False)
+    except (KeyError, TypeError, ConfigError) as exc:
+        raise ArtifactError(f"{RunPaths(folder).run_json}: invalid stored config ({exc})") from exc
+
+
+def trained_round(run_dir: str | Path, round: int | None = None) -> int:
+    """The round whose policy to take: ``round`` when given, else the newest round whose update-policies has
+    finished (0, the initial policies, when none has). The policy of that round is
+    :func:`pbrl.models.policies.policy_checkpoint`'s (the previous one when the round had no pairs).
+
+    Raises:
+        ConfigError: naming ``round``, when it is not a round whose policy the run has.
+    """
+    paths = RunPaths(run_dir)
+    updated = [r for r in existing_rounds(paths) if r >= 1 and read_manifest(paths, r, UPDATE_STAGE) is not None]
+    if round is None:
+        return max(updated, default=0)
+    if round != 0 and round not in updated:
+        have = ", ".join(map(str, [0, *updated]))
+        raise ConfigError([Problem("round", round, f"this run has the policies of rounds {have}")])
+    return round
+
+
+def load_trained_agents(
+    run_dir: str | Path,
+    round: int | None = None,
+    *,
+    merge_lora: bool = False,
+    device: str | None = None,
+) -> list[TrainedAgent]:
+    """Every agent's policy after round ``round`` (default: the newest round that has weights,
+    :func:`trained_round`), each loaded on its own (no weight shared between agents), offline, in eval mode: full
+    and merged weights in float32 (the precision they trained in), a LoRA adapter's frozen base in the run's
+    ``torch_dtype``.
+
+    Args:
+        run_dir: a run folder.
+        round: 0 = the initial policies; r = the policy after round r.
+        merge_lora: merge a LoRA adapter into the base weights (a plain ``transformers`` model) instead of returning
+            a ``peft.PeftModel``.
+        device: where the models go; None = the first GPU, else the CPU.
+
+    Returns:
+        One :class:`TrainedAgent` per actor (``num_agents``; 1 with ``collaboration_mode: centralized``).
+
+    Raises:
+        ArtifactError: run.json or the round's checkpoint is missing or incomplete.
+        ConfigError: a model source cannot be found offline, or ``round`` is not a round of the run.
+    """
+    job = stored_job(run_dir)
+    paths = RunPaths(run_dir)
+    checkpoint = policy_checkpoint(paths, trained_round(run_dir, round))
+    source = policy_source(job)
+    target = resolve_devices(device, 1)[0]
+    agents = [_load_agent(source, agent, checkpoint, merge_lora) for agent in range(source.num_agents)]
+    return [TrainedAgent(model.to(target), tokenizer) for model, tokenizer in agents]
+
+
+def _load_agent(source: PolicySource, agent: int, checkpoint: Path, merge_lora: bool) -> TrainedAgent:
+    """Agent ``agent`` as stored in ``checkpoint``, with plain ``transformers`` / ``peft`` loaders (as a user's code
+    would load the export), on the CPU: full weights (or a base merged with its adapter) in float32, as they
+    trained; a base under an unmerged adapter in ``source.dtype``."""
+    from peft import PeftModel  # deferred: peft imports are slow and only a LoRA run needs them
+    from transformers import AutoModelForCausalLM  # deferred: only loading needs it
+
+    base = resolve_model_source(source.models[agent])
+    agent_dir = checkpoint / f"agent_{agent}"
+    if not agent_dir.is_dir():
+        raise ArtifactError(f"{agent_dir}: missing; the checkpoint has no folder for agent {agent}")
+    full = source.lora is None and (agent_dir / "config.json").is_file()
+    if source.lora is None and not full and not (agent_dir / SOURCE_FILE).is_file():
+        raise ArtifactError(f"{agent_dir}: neither full weights (config.json) nor {SOURCE_FILE}")
+    # Weights that trained are float32 master weights (pbrl/models/loading.py): full weights and a merged adapter
+    # keep that precision; only the frozen base under an unmerged adapter is in the run's torch_dtype.
+    dtype = DTYPES[source.dtype] if source.lora is not None and not merge_lora else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(
+        agent_dir if full else base, dtype=dtype, local_files_only=True, use_safetensors=True
+    )
+    tokenizer = load_tokenizer(base)
+    if source.lora is not None:
+        with quiet_peft_wrapping():  # peft reads a deprecated transformers flag: a FutureWarning per load
+            model = PeftModel.from_pretrained(model, str(agent_dir))
+        if merge_lora:
+            model = model.merge_and_unload()
+    for config in (model.config, model.generation_config):  # as the run's loader fills them (pad = EOS when none)
+        if getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = tokenizer.pad_token_id
+    return TrainedAgent(model.eval(), tokenizer)
+
+
+def export_agents(
+    run_dir: str | Path,
+    out: str | Path,
+    round: int | None = None,
+    *,
+    merge_lora: bool = False,
+) -> list[Path]:
+    """Write every agent's policy after round ``round`` (default: the newest that has weights) as a Hugging Face
+    folder ``<out>/agent_<i>/``, loadable with ``AutoModelForCausalLM.from_pretrained`` (full or merged weights) or
+    ``peft.AutoPeftModelForCausalLM.from_pretrained`` (an adapter; its ``base_model_name_or_path`` is the hub id the
+    run named, else the local base folder), with the tokenizer and a model card (:func:`model_card`).
+    ``push_to_hub`` then uploads one as it is (``model.push_to_hub("me/agent-0")`` after loading it).
+
+    ``out`` is assembled under a temporary name and renamed into place; an earlier export in ``out`` (it has
+    ``pbrl-export.json``) is replaced, any other non-empty folder is refused.
+
+    Returns:
+        The agent folders, in agent order.
+
+    Raises:
+        ConfigError: ``out`` is a non-empty folder that is not an export, or ``round`` is not a round of the run
+            (both named).
+        ArtifactError: run.json or the round's checkpoint is missing or incomplete.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / EXPORT_FILE).is_file())):
+        raise ConfigError([Problem("out", str(out), "exists and is not an earlier export; give a new or empty folder")])
+    job = stored_job(run_dir)
+    paths = RunPaths(run_dir)
+    round_index = trained_round(run_dir, round)
+    checkpoint = policy_checkpoint(paths, round_index)
+    source = policy_source(job)
+    run = read_json(paths.run_json)
+    with atomic_dir(out) as tmp:
+        for agent in range(source.num_agents):
+            loaded = _load_agent(source, agent, checkpoint, merge_lora)
+            folder = tmp / f"agent_{agent}"
+            if source.lora is not None and not merge_lora and _hub_id(source.models[agent]):
+                loaded.model.peft_config["default"].base_model_name_or_path = source.models[agent]
+            loaded.model.save_pretrained(folder)
+            # saved as the run used it: transformers saves the init kwargs, not the attribute set after loading
+            loaded.tokenizer.init_kwargs["padding_side"] = loaded.tokenizer.padding_side
+            loaded.tokenizer.save_pretrained(folder)
+            card = model_card(job, run, paths, round_index, checkpoint, agent, merge_lora=merge_lora)
+            (folder / CARD_FILE).write_text(card, encoding="utf-8")
+            del loaded
+        write_json(
+            tmp / EXPORT_FILE,
+            {
+                "run": paths.root.resolve().name,
+                "run_id": run.get("run_id"),
+                "round": round_index,
+                "checkpoint": paths.rel(checkpoint),
+                "trainer": job.trainer,
+                "agents": [f"agent_{i}" for i in range(source.num_agents)],
+                "lora": source.lora is not None,
+                "merged": bool(merge_lora and source.lora is not None),
+            },
+        )
+    return [out / f"agent_{i}" for i in range(source.num_agents)]
+
+
+def _hub_id(source: str) -> bool:
+    """Whether an agent source is a hub id (neither a packaged alias nor a local folder)."""
+    return source not in PACKAGED_MODELS and not Path(source).expanduser().is_dir()
+
+
+TRAINER_CLASSES = {
+    "madpo": "MADPOTrainer",
+    "madpo_iter": "MADPOIterTrainer",
+    "marlhf": "MARLHFTrainer",
+    "marlhf_iter": "MARLHFIterTrainer",
+}
+
+
+def model_card(
+    job: JobConfig,
+    run: dict[str, Any],
+    paths: RunPaths,
+    round_index: int,
+    checkpoint: Path,
+    agent: int,
+    *,
+    merge_lora: bool,
+) -> str:
+    """The ``README.md`` of an exported agent: YAML metadata (library, base model when it is a hub id, tags), then
+    the run, round, trainer, agent, eval reward after that round (with its 95 % interval, when evaluated), the base
+    model and LoRA settings, how to load it and the sampling settings of the run."""
+    source = policy_source(job)
+    lora = source.lora
+    adapter = lora is not None and not merge_lora
+    base = source.models[agent]
+    meta = ["---", f"library_name: {'peft' if adapter else 'transformers'}"]
+    if _hub_id(base):
+        meta.append(f"base_model: {base}")
+    meta += ["tags:", "- pbrl", f"- {job.trainer}", "- multi-agent", "- preference-based-rl", "---", ""]
+    role = "the centralized actor (writes every role)" if is_centralized(job) else f"agent {agent} of {job.num_agents}"
+    evaluation = read_manifest(paths, round_index, "evaluate")
+    m = evaluation.metrics if evaluation is not None else {}
+    if "eval/reward_mean" in m:
+        reward = f"{m['eval/reward_mean']:.4g} [{m['eval/reward_ci_low']:.4g}, {m['eval/reward_ci_high']:.4g}]"
+        reward += f" (95 % interval; {evaluation.counts.get('samples', '?')} draws of round {round_index})"
+    else:
+        reward = f"not evaluated after round {round_index}"
+    weights = (
+        "full weights"
+        if lora is None
+        else ("LoRA adapter merged into the base weights" if merge_lora else "LoRA adapter (peft)")
+    )
+    if lora is not None:
+        weights += f"; r={lora.r}, alpha={lora.alpha}, dropout={lora.dropout}, targets {', '.join(lora.target_modules)}"
+    loader = "peft import AutoPeftModelForCausalLM" if adapter else "transformers import AutoModelForCausalLM"
+    cls = "AutoPeftModelForCausalLM" if adapter else "AutoModelForCausalLM"
+    rows = [
+        ("run", f"{paths.root.resolve().name} (run id {run.get('run_id', '?')})"),
+        ("round", f"{round_index}: the policy after round {round_index} ({paths.rel(checkpoint)})"),
+        ("trainer", f"{job.trainer} ({TRAINER_CLASSES.get(job.trainer, '?')})"),
+        ("agent", role),
+        ("eval reward", reward),
+        ("base model", base),
+        ("weights", weights),
+        ("seed", str(job.seed)),
+    ]
+    top_k = "none" if job.top_k is None else job.top_k
+    return "\n".join(
+        [
+            *meta,
+            f"# {paths.root.resolve().name}: {role}, round {round_index}",
+            "",
+            "Trained with [pbrl](https://pypi.org/project/pbrl/): cooperating LLM agents trained from preferences "
+            "between their joint responses.",
+            "",
+            "| | |",
+            "|---|---|",
+            *(f"| {k} | {v} |" for k, v in rows),
+            "",
+            "## Use",
+            "",
+            "```python",
+            f"from {loader}, AutoTokenizer",
+            "",
+            f'model = {cls}.from_pretrained("<this folder>")',
+            'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
+            "```",
+            "",
+            f"The run sampled with temperature {job.temperature}, top_p {job.top_p}, top_k {top_k}, at most "
+            f"{job.max_new_tokens} new tokens, the prompt in the tokenizer's chat template. "
+            "`pbrl.generation.sampling.generate` with a row's seed (`pbrl.data.seeds.derive_seed`) reproduces its "
+            "tokens.",
+            "",
+        ]
+    )

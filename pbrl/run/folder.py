@@ -113,8 +113,8 @@ def check_resumable(paths: RunPaths, job: JobConfig) -> None:
     """Refuse to continue a run folder with a configuration that changes what its finished stages computed.
 
     A resume may change only the options that key no stage's cache (:func:`pbrl.config.stage_config_hash`):
-    ``num_iterations`` (more rounds), ``runner``, ``ray_address``, ``shard_size``, ``run_name`` and
-    ``output_dir``.
+    :data:`RESUMABLE_CHANGES` (``num_iterations`` for more rounds, where and how the stages run, the trackers,
+    ``run_name`` and ``output_dir``).
 
     Raises:
         ConfigError: naming every other field whose value differs from the stored run.
@@ -129,8 +129,9 @@ def check_resumable(paths: RunPaths, job: JobConfig) -> None:
             k,
             b.get(k),
             f"differs from the stored run ({a.get(k)!r}) and would change what its finished "
-            "stages computed; a resume may change num_iterations, runner, ray_address and shard_size only; "
-            "start a new run_name for other options",
+            "stages computed; a resume may change "
+            + ", ".join(sorted(RESUMABLE_CHANGES - {"run_name", "output_dir"}))
+            + " only; start a new run_name for other options",
         )
         for k in sorted(set(a) | set(b))
         if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES

@@ -17,6 +17,7 @@ from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
 from pbrl.models.placement import auto_device_map
 from pbrl.models.precision import autocast_problem
 from pbrl.reporting.reward_hist import check_reward_range
+from pbrl.reporting.trackers import tracker_problems
 from pbrl.run.settings import centralized_adapter, concrete_precision, policy_source
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task
@@ -96,6 +97,7 @@ def preflight(
         except ArtifactError as exc:
             problems.append(Problem(field, source, str(exc)))
     problems += _precision_and_placement_problems(job)
+    problems += tracker_problems(getattr(job, "report_to", None))
     if problems:
         raise ConfigError(list({str(p): p for p in problems}.values()))  # the same problem once
     return task  # type: ignore[return-value]

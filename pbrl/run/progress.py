@@ -13,11 +13,13 @@ Kinds, in the order a run produces them::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,60 @@ def publish(event: Event) -> None:
             listener(event)
         except Exception:  # a broken front end must not stop training
             log.exception("progress listener %r failed on a %s event", listener, event.kind)
+
+
+# Event kind -> the hook that hears it.
+HOOKS: dict[str, str] = {
+    "run_start": "on_run_start",
+    "round_start": "on_round_start",
+    "stage_start": "on_stage_start",
+    "progress": "on_progress",
+    "log": "on_log",
+    "stage_end": "on_stage_end",
+    "round_end": "on_round_end",
+    "run_end": "on_run_end",
+}
+
+
+class CallbackHandler:
+    """A listener of run events (:func:`pbrl.run.progress.subscribe`) that calls each callback's hook for the events
+    of the run in ``run_dir``."""
+
+    def __init__(self, run_dir: str | Path, callbacks: Sequence[Any]) -> None:
+        self.run_dir = str(Path(run_dir).resolve())
+        self.callbacks = list(callbacks)
+        self._same: dict[str, bool] = {}
+
+    def _ours(self, run_dir: str | None) -> bool:
+        if run_dir is None:
+            return False
+        if run_dir not in self._same:
+            self._same[run_dir] = str(Path(run_dir).resolve()) == self.run_dir
+        return self._same[run_dir]
+
+    def __call__(self, event: Event) -> None:
+        if not self._ours(event.run_dir):
+            return
+        name = HOOKS.get(event.kind)
+        for callback in self.callbacks:
+            hook = getattr(callback, name, None) if name else None
+            if hook is None:
+                continue
+            try:
+                hook(event)
+            except Exception:  # a broken callback must not stop training or the other callbacks
+                log.exception("callback %s.%s failed on a %s event", type(callback).__name__, name, event.kind)
+
+
+@contextlib.contextmanager
+def listening(run_dir: str | Path, callbacks: Sequence[Any]) -> Iterator[CallbackHandler]:
+    """Call the hooks of ``callbacks`` for the events of the run in ``run_dir`` while the block runs."""
+    handler = CallbackHandler(run_dir, callbacks)
+    unsubscribe = subscribe(handler)
+    try:
+        yield handler
+    finally:
+        unsubscribe()
 
 
 class Progress:
