@@ -23,8 +23,27 @@ Per round it records (from the run's files, nothing re-derived by hand):
 At the end: a table per seed, and whether each seed's paired interval excludes 0 by round 2.
 Writes ``benchmarks/results/learning-<task>-<model>[-<scale>].json`` and a ``.png`` next to it.
 
+``--joint-mode cross`` runs the same job with cross joint responses and counterfactual pairs first
+(``joint_mode: cross``, ``pair_selection: counterfactual``;
+docs/design/algorithms.md#cross-joint-responses-and-counterfactual-pairs).
+``--compare-joint-modes`` measures aligned against cross (issue #34): per seed, one run of
+each at the same K (the same candidates: same seeds, same sampling options, so the same sampled tokens in round
+1), and the same number of optimizer steps (each round trains on exactly ``train items x pairs per item`` draws
+from its own pairs: ``preference_replay_mode: nearest_k`` with k = 1 and that ``preference_replay_sample_size``, in
+both modes). Per round and mode it reports the paired gain over round 0 with its interval, the gain per CPU-minute
+(the process CPU time of the training stages, evaluation excluded, summed over rounds 1..r), the held-out pair
+accuracy, the pairs built per sampled completion token, and the optimizer steps; then, per round, the means over
+seeds and the ratio cross / aligned of the mean gain per CPU-minute (the issue's criterion: >= 1.3 at round 2).
+Writes ``benchmarks/results/learning-joint-modes-<task>-<model>[-<scale>].json``.
+
+``--trainer marlhf_iter`` measures MARLHF-iterative (``flows/configs/marlhf-docs.yaml``, its reward-model and RL
+settings) at the same sizes; each round then also records the reward model's accuracy on pairs of items it never
+saw (with its interval and pair count), the RL reward and KL, and every round records each stage's seconds.
+Writes ``benchmarks/results/learning-<task>-<model>[-<scale>]-marlhf.json``.
+
 Run: ``make learn`` (the ``standard`` scale: the demo's sizes, 3 seeds, 2 rounds), ``--quick`` (one of those
-seeds) or ``--scale full`` (the issue's larger sizes, 3 rounds; hours on 2 CPU cores).
+seeds) or ``--scale full`` (the issue's larger sizes, 3 rounds; hours on 2 CPU cores); add
+``--compare-joint-modes`` for aligned against cross (twice the runs).
 """
 
 from __future__ import annotations
@@ -41,22 +60,15 @@ from typing import Any
 
 from benchkit import REPO_ROOT, RESULTS_DIR, write_result
 
-from pbrl.config import JobConfig, load_job
+from pbrl.config import JobConfig, is_marlhf, load_job
 from pbrl.data.items import read_items
-from pbrl.data.storage import RunPaths, read_manifest
+from pbrl.data.storage import RunPaths, read_manifest, trainer_stages
 from pbrl.run.folder import prepare_run
 from pbrl.run.settings import policy_source
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
-ROUND_STAGES = (
-    "sample-candidates",
-    "score-with-oracle",
-    "build-pairs",
-    "store-round",
-    "replay-select",
-    "update-policies",
-    "evaluate",
-)
+# --trainer: the job each trainer is measured with (MARLHF's config holds its reward-model and RL settings).
+CONFIGS = {"madpo_iter": CONFIG, "marlhf_iter": REPO_ROOT / "flows" / "configs" / "marlhf-docs.yaml"}
 
 
 @dataclass(frozen=True)
@@ -137,16 +149,22 @@ SCALES = {
 }
 
 
-def run_seed(job: JobConfig) -> Path:
-    """One run: round-0 evaluation then every round's stages, called directly in round_flow's order."""
+def run_seed(job: JobConfig, cpu_seconds: dict[int, float] | None = None) -> Path:
+    """One run: round-0 evaluation then every round's stages, called directly in round_flow's order. With
+    ``cpu_seconds``, each round's process CPU time (every thread) of its training stages, evaluate excluded, is
+    stored there by round."""
     from stages import STAGE_MODULES
 
     run_dir = prepare_run(job, resume=False)
     STAGE_MODULES["evaluate"].run(run_dir, 0, job)
     for r in range(1, job.num_iterations + 1):
-        started = time.perf_counter()
-        for stage in ROUND_STAGES:
+        started, cpu = time.perf_counter(), 0.0
+        for stage in trainer_stages(job.trainer):
+            before = time.process_time()
             STAGE_MODULES[stage].run(run_dir, r, job)
+            cpu += time.process_time() - before if stage != "evaluate" else 0.0
+        if cpu_seconds is not None:
+            cpu_seconds[r] = cpu
         print(f"  round {r}: {time.perf_counter() - started:.0f} s", flush=True)
     return run_dir
 
@@ -234,7 +252,15 @@ def round_record(
         rec["heldout_pair_accuracy"] = statistics.fmean(m > 0 for m in margins) if margins else None
         upd = read_manifest(paths, r, "update-policies")
         rec["madpo/loss"], rec["madpo/accuracy"] = upd.metrics.get("madpo/loss"), upd.metrics.get("madpo/accuracy")
-        rec["round_seconds"] = round(sum(read_manifest(paths, r, s).seconds for s in ROUND_STAGES), 1)
+        rec["stage_seconds"] = {s: round(read_manifest(paths, r, s).seconds, 1) for s in trainer_stages(job.trainer)}
+        rec["round_seconds"] = round(sum(rec["stage_seconds"].values()), 1)
+        if is_marlhf(job.trainer):  # the reward model on pairs of items it never saw, and what RL saw
+            fit = read_manifest(paths, r, "fit-reward-model")
+            for key in ("rm/accuracy", "rm/heldout_accuracy", "rm/heldout_accuracy_lo", "rm/heldout_accuracy_hi"):
+                rec[key] = fit.metrics.get(key)
+            rec["rm/train_pairs"], rec["rm/heldout_pairs"] = fit.counts["train_pairs"], fit.counts["heldout_pairs"]
+            for key in ("rl/reward_mean", "rl/kl_mean", "rl/advantage_std"):
+                rec[key] = upd.metrics.get(key)
     if job.task == "humaneval_coop":
         rec["pass_rate"] = pass_rate(rows, items)
     if job.task == "humaneval_docs":
@@ -295,6 +321,11 @@ def print_table(res: dict[str, Any], num_agents: int) -> None:
             )
         )
         extra = f" | pass {x['pass_rate']:.2f}" if "pass_rate" in x else ""
+        if x.get("rm/heldout_accuracy") is not None:
+            extra += (
+                f" | rm held-out {x['rm/heldout_accuracy']:.2f} [{fmt(x.get('rm/heldout_accuracy_lo'))}, "
+                f"{fmt(x.get('rm/heldout_accuracy_hi'))}] on {x['rm/heldout_pairs']} pairs"
+            )
         if "terms/ratio" in x:
             extra += " | lengths/ratio/coverage " + "/".join(
                 f"{x[f'terms/{t}']:.2f}" for t in ("lengths", "ratio", "coverage")
@@ -385,6 +416,7 @@ def finish(
     scale: str,
     seeds: list[int],
     seconds: float,
+    config: Path = CONFIG,
 ) -> None:
     by_round2 = [
         r["first_round_gain_excludes_0"] is not None and r["first_round_gain_excludes_0"] <= 2 for r in results
@@ -394,7 +426,7 @@ def finish(
         "learning",
         tag,
         {
-            "config": str(CONFIG.relative_to(REPO_ROOT)),
+            "config": str(config.relative_to(REPO_ROOT)),
             "overrides": overrides,
             "scale": scale,
             "seeds": seeds,
@@ -409,6 +441,143 @@ def finish(
     print(f"result: {path}")
 
 
+JOINT_MODES = ("aligned", "cross")
+
+
+def joint_mode_overrides(mode: str) -> list[str]:
+    """The config overrides of one joint mode: cross joint responses with counterfactual pairs first, or nothing."""
+    return ["joint_mode=cross", "pair_selection=counterfactual"] if mode == "cross" else []
+
+
+def equal_steps_overrides(job: JobConfig) -> list[str]:
+    """Both modes train on exactly ``train items x pairs per item`` draws per round from that round's own pairs
+    (``nearest_k``, k = 1: cycling through them when there are fewer), so they take the same optimizer steps."""
+    items = job.task_options.get("num_train_items")
+    if not isinstance(items, int):
+        raise SystemExit("--compare-joint-modes needs task_options.num_train_items (the draws per round follow it)")
+    draws = min(items, job.max_train_items or items) * job.preference_pairs_per_sample
+    return ["preference_replay_mode=nearest_k", "preference_replay_k=1", f"preference_replay_sample_size={draws}"]
+
+
+def sampled_tokens(paths: RunPaths, r: int) -> int:
+    """Completion tokens sampled in round r (every candidate row: both sides, every agent)."""
+    import pyarrow.parquet as pq
+
+    return sum(len(ids) for ids in pq.read_table(paths.candidates(r), columns=["completion_ids"]).column(0).to_pylist())
+
+
+def mode_rounds(run_dir: Path, job: JobConfig, cpu_seconds: dict[int, float]) -> dict[str, Any]:
+    """:func:`seed_result` with, per trained round, the cost and yield figures of the joint-mode comparison."""
+    res = seed_result(run_dir, job)
+    paths, cpu = RunPaths(run_dir), 0.0
+    for rec in res["rounds"][1:]:
+        r = rec["round"]
+        cpu += cpu_seconds.get(r, 0.0)
+        pairs = read_manifest(paths, r, "build-pairs").counts["pairs"]
+        tokens = sampled_tokens(paths, r)
+        gain = rec["eval/paired_diff_mean"]
+        rec.update(
+            {
+                "cpu_minutes": cpu / 60,
+                "gain_per_cpu_minute": None if gain is None or cpu <= 0 else gain / (cpu / 60),
+                "pairs_built": pairs,
+                "sampled_tokens": tokens,
+                "pairs_per_sampled_token": pairs / tokens if tokens else None,
+                "optimizer_steps": read_manifest(paths, r, "update-policies").counts["steps"],
+            }
+        )
+    return res
+
+
+def _mean(values: list[Any]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
+
+
+def compare_summary(results: dict[str, list[dict[str, Any]]], rounds: int) -> list[dict[str, Any]]:
+    """Per round: each mode's means over seeds, and cross / aligned of the mean gain per CPU-minute (None when
+    aligned's mean is not positive: a ratio to a loss or to nothing says nothing)."""
+    keys = ("eval/paired_diff_mean", "gain_per_cpu_minute", "heldout_pair_accuracy", "pairs_per_sampled_token",
+            "cpu_minutes", "optimizer_steps")  # fmt: skip
+    table = []
+    for r in range(1, rounds + 1):
+        row: dict[str, Any] = {"round": r}
+        for mode, seeds in results.items():
+            recs = [x for res in seeds for x in res["rounds"] if x["round"] == r]
+            row.update({f"{mode}/{k}": _mean([x.get(k) for x in recs]) for k in keys})
+        aligned, cross = row.get("aligned/gain_per_cpu_minute"), row.get("cross/gain_per_cpu_minute")
+        row["cross_over_aligned_gain_per_cpu_minute"] = (
+            cross / aligned if aligned and aligned > 0 and cross is not None else None
+        )
+        table.append(row)
+    return table
+
+
+def print_comparison(summary: list[dict[str, Any]]) -> None:
+    print("round | mode | paired gain | gain per CPU-minute | held-out pair acc | pairs per sampled token | steps")
+    for row in summary:
+        for mode in JOINT_MODES:
+            print(
+                f"  {row['round']} | {mode} | {fmt(row[f'{mode}/eval/paired_diff_mean'], '+.3f')} | "
+                f"{fmt(row[f'{mode}/gain_per_cpu_minute'], '+.4f')} | {fmt(row[f'{mode}/heldout_pair_accuracy'])} | "
+                f"{fmt(row[f'{mode}/pairs_per_sampled_token'], '.4f')} | {fmt(row[f'{mode}/optimizer_steps'], '.0f')}"
+            )
+        ratio = row["cross_over_aligned_gain_per_cpu_minute"]
+        print(f"  {row['round']} | cross / aligned gain per CPU-minute: {fmt(ratio)}")
+
+
+def compare_joint_modes(args: argparse.Namespace, seeds: tuple[int, ...], overrides: list[str]) -> int:
+    """Aligned against cross joint responses, seed by seed (see the module docstring)."""
+    out = Path(tempfile.mkdtemp(prefix="pbrl-learning-"))
+    results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in JOINT_MODES}
+    started = time.perf_counter()
+    rounds = 0
+    try:
+        for seed in seeds:
+            for mode in JOINT_MODES:
+                where = [f"seed={seed}", f"run_name=learning-{mode}-seed{seed}", f"output_dir={out}"]
+                first = load_job(CONFIG, [*overrides, *args.set, *where])
+                # The user's --set comes last: it wins over the equalizing and the mode's overrides.
+                mode_set = [*equal_steps_overrides(first), *joint_mode_overrides(mode), *args.set]
+                job = load_job(CONFIG, [*overrides, *mode_set, *where])
+                print(f"=== seed {seed}, {mode} ({args.task}, {args.scale})", flush=True)
+                cpu: dict[int, float] = {}
+                res = mode_rounds(run_seed(job, cpu), job, cpu)
+                print_table(res, job.num_agents)
+                results[mode].append(res)
+                rounds = job.num_iterations
+    finally:
+        if args.keep:
+            print(f"run folders: {out}")
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+    summary = compare_summary(results, rounds)
+    print_comparison(summary)
+    last = summary[-1]["cross_over_aligned_gain_per_cpu_minute"] if summary else None
+    round_2 = next((row for row in summary if row["round"] == 2), None)
+    model_tag = Path(args.model).name + ("" if args.scale == "standard" else f"-{args.scale}")
+    path = write_result(
+        "learning",
+        f"joint-modes-{args.task}-{model_tag}",
+        {
+            "config": str(CONFIG.relative_to(REPO_ROOT)),
+            "overrides": overrides + list(args.set),
+            "scale": args.scale,
+            "seeds": list(seeds),
+            "total_s": round(time.perf_counter() - started, 1),
+            "results": results,
+            "summary": summary,
+            "cross_gains_1_3x_per_cpu_minute_at_round_2": None
+            if round_2 is None or round_2["cross_over_aligned_gain_per_cpu_minute"] is None
+            else round_2["cross_over_aligned_gain_per_cpu_minute"] >= 1.3,
+            "method": __doc__.split("\n\n", 1)[1].split("\n\nRun:")[0],
+        },
+    )
+    print(f"cross / aligned gain per CPU-minute in the last round: {fmt(last)}")
+    print(f"result: {path}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=SCALES, default="standard")
@@ -418,6 +587,23 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", help="override the scale's seeds")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides")
     parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
+    parser.add_argument(
+        "--trainer",
+        choices=CONFIGS,
+        default="madpo_iter",
+        help="marlhf_iter: flows/configs/marlhf-docs.yaml at the same sizes (the reward model's held-out accuracy too)",
+    )
+    parser.add_argument(
+        "--joint-mode",
+        choices=JOINT_MODES,
+        default="aligned",
+        help="cross: joint_mode cross, counterfactual pairs first",
+    )
+    parser.add_argument(
+        "--compare-joint-modes",
+        action="store_true",
+        help="aligned against cross per seed: same K, same samples, same optimizer steps (issue #34)",
+    )
     parser.add_argument(
         "--report",
         nargs="+",
@@ -430,13 +616,17 @@ def main() -> int:
         return report(args.report, args)
     scale = SCALES[args.scale]
     seeds = tuple(args.seeds) if args.seeds else scale.seeds
-    overrides = [f"agent_model={args.model}", *scale.overrides(args.task), *args.set]
+    if args.compare_joint_modes:
+        return compare_joint_modes(args, seeds, [f"agent_model={args.model}", *scale.overrides(args.task)])
+    mode = joint_mode_overrides(args.joint_mode)
+    overrides = [f"agent_model={args.model}", *scale.overrides(args.task), *mode, *args.set]
     out = Path(tempfile.mkdtemp(prefix="pbrl-learning-"))
     results = []
     started = time.perf_counter()
     try:
         for seed in seeds:
-            job = load_job(CONFIG, [*overrides, f"seed={seed}", f"run_name=learning-seed{seed}", f"output_dir={out}"])
+            where = [f"seed={seed}", f"run_name=learning-seed{seed}", f"output_dir={out}"]
+            job = load_job(CONFIGS[args.trainer], [*overrides, *where])
             print(f"=== seed {seed} ({args.task}, {args.scale})", flush=True)
             res = seed_result(run_seed(job), job)
             print_table(res, job.num_agents)
@@ -447,7 +637,10 @@ def main() -> int:
         else:
             shutil.rmtree(out, ignore_errors=True)
     model_tag = Path(args.model).name + ("" if args.scale == "standard" else f"-{args.scale}")
-    finish(results, args.task, model_tag, overrides, args.scale, list(seeds), time.perf_counter() - started)
+    model_tag += "-cross" if args.joint_mode == "cross" else ""
+    model_tag += "-marlhf" if args.trainer == "marlhf_iter" else ""
+    seconds = time.perf_counter() - started
+    finish(results, args.task, model_tag, overrides, args.scale, list(seeds), seconds, CONFIGS[args.trainer])
     return 0
 
 

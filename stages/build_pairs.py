@@ -4,6 +4,11 @@
 Base trainers pair an item's own target candidates; iterative trainers compare target j with
 comparator j only. Ties (within ``tie_tolerance``) give no pair; a pair with an empty completion is
 rejected and counted; every agent's completion of a winner comes from the same candidate index.
+
+With ``joint_mode: cross`` the joint responses are the scored combinations of scores.parquet
+(:data:`~pbrl.data.schema.CROSS_SCORES`) and the pairs are :func:`pbrl.preference.pairs.cross_candidate_pairs`; each
+pair row names every agent's candidate on both sides, and its token ids stay in the round's candidates.parquet
+(:data:`~pbrl.data.schema.CROSS_PAIRS`, read back with :func:`pbrl.data.schema.read_pairs`).
 """
 
 from __future__ import annotations
@@ -12,12 +17,29 @@ from collections import defaultdict
 from pathlib import Path
 
 from pbrl.config import JobConfig, is_iterative, is_marlhf, num_actors
-from pbrl.data.schema import PAIR_JOINT_IDS, PAIRS, SCORES, read_joint_responses, read_rows, write_table
+from pbrl.data.schema import (
+    CROSS_SCORES,
+    PAIR_JOINT_IDS,
+    PAIRS,
+    SCORES,
+    cross_pairs_schema,
+    read_joint_responses,
+    read_rows,
+    write_table,
+)
 from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.learning.joint_template import joint_template_for, pair_joint_rows
 from pbrl.learning.reward_model import pair_joint_ids_path
-from pbrl.preference.pairs import Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
+from pbrl.preference.pairs import (
+    CandidateRef,
+    Pair,
+    base_candidate_pairs,
+    changed_agents,
+    cross_candidate_pairs,
+    iterative_candidate_pairs,
+    select_pairs,
+)
 from pbrl.run.settings import policy_source
 from pbrl.run.stage_record import StageRecord
 
@@ -31,6 +53,8 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
+    if job.joint_mode == "cross":
+        return _run_cross(record, round_index, job)
     iterative = is_iterative(job.trainer)
     joint = read_joint_responses(paths.candidates(round_index), num_actors(job))  # one actor when centralized
     scores: dict[str, dict[str, dict[int, tuple[float, float]]]] = defaultdict(lambda: defaultdict(dict))
@@ -64,11 +88,28 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
             rows.append(_pair_row(round_index, len(rows), item_id, p, joint, by_side, mean, iterative))
 
     write_table(paths.pairs(round_index), rows, PAIRS)
+    return _finish(record, round_index, job, rows, rejected, no_pair_items, len(item_order))
+
+
+def _finish(
+    record: StageRecord,
+    round_index: int,
+    job: JobConfig,
+    rows: list[dict],
+    rejected: int,
+    no_pair: int,
+    items: int,
+    extra: dict[str, int] | None = None,
+) -> StageManifest:
+    """Count (``extra``: more counts), write MARLHF's joint ids (``rows`` with their token ids), say what people
+    should know, and finish."""
+    paths = record.paths
     record.counts = {
         "pairs": len(rows),
         "rejected_empty": rejected,
-        "items_without_pairs": no_pair_items,
-        "items": len(item_order),
+        "items_without_pairs": no_pair,
+        "items": items,
+        **(extra or {}),
     }
     outputs = [paths.pairs(round_index)]
     if is_marlhf(
@@ -82,6 +123,45 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     return record.finish(input_files(paths, round_index, job), outputs)
 
 
+def _run_cross(record: StageRecord, round_index: int, job: JobConfig) -> StageManifest:
+    """``joint_mode: cross``: the pairs among each item's scored combinations (base trainers: any two; iterative: a
+    target combination against itself with some agents' candidates replaced by comparator ones), then
+    ``pair_selection`` and the cap per item, as in the aligned modes."""
+    paths = record.paths
+    iterative = is_iterative(job.trainer)
+    joint = read_joint_responses(paths.candidates(round_index), job.num_agents)
+    scored: dict[str, dict[CandidateRef, tuple[float, float]]] = defaultdict(dict)
+    for s in read_rows(paths.scores(round_index), CROSS_SCORES):
+        if s["failure"] is None:
+            agents = tuple(zip(s["candidate_sides"], s["candidate_indices"], strict=True))
+            scored[s["item_id"]][CandidateRef(s["side"], s["candidate_index"], agents)] = (s["reward"], s["raw_reward"])
+    item_order = list(dict.fromkeys(k[0] for k in joint))
+    rows: list[dict] = []
+    rejected = no_pair_items = 0
+    for item_id in item_order:
+        refs = scored.get(item_id, {})
+        candidates = cross_candidate_pairs(
+            {r: v[0] for r, v in refs.items()}, iterative=iterative, tie_tolerance=job.tie_tolerance
+        )
+        usable = [p for p in candidates if not _has_empty(joint, item_id, p)]
+        rejected += len(candidates) - len(usable)
+        rng = numpy_rng(job.seed, round_index=round_index, stage=NAME, item=item_id)
+        chosen = select_pairs(
+            usable, pair_selection=job.pair_selection, pairs_per_sample=job.preference_pairs_per_sample, rng=rng
+        )
+        no_pair_items += not chosen
+        mean = sum(v[0] for v in refs.values()) / len(refs) if refs else 0.0
+        raw = {r: v[1] for r, v in refs.items()}
+        for p in chosen:
+            rows.append(_cross_pair_row(round_index, len(rows), item_id, p, joint, raw, mean, iterative))
+    # On disk the token ids stay in candidates.parquet, which the file names (with its hash): read_pairs fills them.
+    on_disk = [{**r, "prompt_ids": None, "winner_ids": None, "loser_ids": None} for r in rows]
+    write_table(paths.pairs(round_index), on_disk, cross_pairs_schema(paths.candidates(round_index)))
+    counterfactual = sum(len(r["changed_agents"]) == 1 for r in rows)
+    extra = {"counterfactual_pairs": counterfactual}
+    return _finish(record, round_index, job, rows, rejected, no_pair_items, len(item_order), extra)
+
+
 def _write_joint_ids(paths: RunPaths, round_index: int, job: JobConfig, rows: list[dict], record: StageRecord) -> Path:
     source = policy_source(job)
     template, _ = joint_template_for(job.reward_model_name or source.models[0], source.models)
@@ -93,11 +173,16 @@ def _write_joint_ids(paths: RunPaths, round_index: int, job: JobConfig, rows: li
     return path
 
 
+def _agent_rows(joint: dict, item_id: str, ref: CandidateRef) -> list[dict]:
+    """Every agent's candidate row of joint response ``ref``: all at its index, or (cross) each at its own."""
+    if ref.agents is None:
+        return joint[(item_id, ref.side, ref.index)]
+    return [joint[(item_id, side, index)][agent] for agent, (side, index) in enumerate(ref.agents)]
+
+
 def _has_empty(joint: dict, item_id: str, pair: Pair) -> bool:
     return any(
-        not row["completion"].strip()
-        for ref in (pair.winner, pair.loser)
-        for row in joint[(item_id, ref.side, ref.index)]
+        not row["completion"].strip() for ref in (pair.winner, pair.loser) for row in _agent_rows(joint, item_id, ref)
     )
 
 
@@ -135,4 +220,43 @@ def _pair_row(round_index, pair_index, item_id, p: Pair, joint, by_side, mean, i
         "winner_ids": [r["completion_ids"] for r in w],
         "loser_completions": [r["completion"] for r in lo],
         "loser_ids": [r["completion_ids"] for r in lo],
+    }
+
+
+def _cross_pair_row(round_index, pair_index, item_id, p: Pair, joint, raw, mean, iterative) -> dict:
+    """A :data:`~pbrl.data.schema.CROSS_PAIRS` row, token ids included (the caller drops them before writing)."""
+    w, lo = _agent_rows(joint, item_id, p.winner), _agent_rows(joint, item_id, p.loser)
+    raw_w, raw_l = raw[p.winner], raw[p.loser]
+    target_raw = comparator_raw = None
+    if iterative:
+        target_raw = raw_w if p.winner.side == "target" else raw_l
+        comparator_raw = raw_w if p.winner.side == "comparator" else raw_l
+    prompt_rows = w if p.winner.side == "target" else lo  # the target-side joint response's, as aligned pairs
+    return {
+        "pair_id": f"r{round_index:04d}-p{pair_index:05d}",
+        "round_index": round_index,
+        "pair_index": pair_index,
+        "item_id": item_id,
+        "winner_side": p.winner.side,
+        "winner_index": p.winner.index,
+        "loser_side": p.loser.side,
+        "loser_index": p.loser.index,
+        "winner_reward": p.winner_score,
+        "loser_reward": p.loser_score,
+        "winner_raw_reward": raw_w,
+        "loser_raw_reward": raw_l,
+        "candidate_reward_mean": mean,
+        "target_raw_reward": target_raw,
+        "comparator_raw_reward": comparator_raw,
+        "prompts": [r["prompt"] for r in prompt_rows],
+        "prompt_ids": [r["prompt_ids"] for r in prompt_rows],
+        "winner_completions": [r["completion"] for r in w],
+        "winner_ids": [r["completion_ids"] for r in w],
+        "loser_completions": [r["completion"] for r in lo],
+        "loser_ids": [r["completion_ids"] for r in lo],
+        "winner_candidate_sides": [side for side, _ in p.winner.agents or ()],
+        "winner_candidate_indices": [index for _, index in p.winner.agents or ()],
+        "loser_candidate_sides": [side for side, _ in p.loser.agents or ()],
+        "loser_candidate_indices": [index for _, index in p.loser.agents or ()],
+        "changed_agents": list(changed_agents(p)),
     }

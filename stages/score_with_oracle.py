@@ -6,6 +6,12 @@ called on batches; a failed reward drops that joint response with a counted reas
 ``collaboration_mode: centralized`` each joint response is one actor's text, split into roles by the adapter
 for the reward; the role texts go to ``roles.parquet``, and an unparsable response is dropped with the reason
 ``centralized_parse`` (counted, never stopping the round; :mod:`pbrl.generation.collaboration`).
+
+With ``joint_mode: cross`` a joint response is a combination of the agents' candidates (every combination of an
+item, or ``max_joint_responses_per_item`` of them drawn with the item's seed when there are more:
+:func:`cross_joint_responses`), scored the same way in the same batches, and ``scores.parquet`` has the
+:data:`~pbrl.data.schema.CROSS_SCORES` columns: each row names its combination's candidate of every agent
+(docs/design/algorithms.md#cross-joint-responses-and-counterfactual-pairs).
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from pathlib import Path
 
 from pbrl.config import JobConfig, actor_job, is_centralized, num_actors
 from pbrl.data.items import read_items
-from pbrl.data.schema import SCORES, Item, ScoreRow, read_joint_responses, write_table
+from pbrl.data.schema import CROSS_SCORES, SCORES, Item, ScoreRow, read_joint_responses, write_table
+from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.errors import ArtifactError, OracleError
@@ -28,6 +35,7 @@ from pbrl.generation.collaboration import (
 from pbrl.learning.joint_template import DROP_TOO_LONG
 from pbrl.learning.reward_model import RewardScorer, newest_reward_model, reward_device
 from pbrl.preference.oracle import OracleScore, score_batch
+from pbrl.preference.pairs import CandidateRef, CrossGrid, cross_joint_responses
 from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter
 from pbrl.run.stage_record import StageRecord
@@ -43,6 +51,48 @@ def scoring_model(paths: RunPaths, round_index: int, job: JobConfig) -> tuple[in
     if getattr(job, "preference_scoring_reward", "task") != "reward_model":
         return None
     return newest_reward_model(paths, round_index)
+
+
+JointKey = tuple[str, str, int]  # (item_id, side, candidate index; with joint_mode cross, the combination's number)
+
+
+def cross_refs(
+    joint: dict[JointKey, list[dict]], job: JobConfig, round_index: int
+) -> tuple[dict[JointKey, CandidateRef], dict[str, int]]:
+    """``joint_mode: cross``: the combinations of each item to score, in candidates.parquet's item order and
+    combination-number order within an item, and the counts of the manifest: ``joint_combinations`` (every
+    combination, before the guard) and ``items_capped`` (items with more than ``max_joint_responses_per_item``).
+
+    Args:
+        joint: the aligned joint responses (:func:`pbrl.data.schema.read_joint_responses`), whose candidate indices
+            per item and side give each agent's choices (the same for every agent).
+    """
+    limit = job.max_joint_responses_per_item  # the guard (a run-level option)
+    indices: dict[str, dict[str, list[int]]] = {}
+    for item_id, side, index in joint:
+        indices.setdefault(item_id, {"target": [], "comparator": []})[side].append(index)
+    refs: dict[JointKey, CandidateRef] = {}
+    combinations = capped = 0
+    for item_id, by_side in indices.items():
+        grid = CrossGrid.of(by_side["target"], by_side["comparator"], num_agents=job.num_agents)
+        combinations += grid.size
+        capped += grid.size > limit
+        rng = numpy_rng(job.seed, round_index=round_index, stage=NAME, item=item_id)
+        for ref in cross_joint_responses(grid, max_per_item=limit, rng=rng):
+            refs[(item_id, ref.side, ref.index)] = ref
+    return refs, {"joint_combinations": combinations, "items_capped": capped}
+
+
+def joint_responses(joint: dict[JointKey, list[dict]], job: JobConfig, round_index: int) -> dict[JointKey, list[dict]]:
+    """What the oracle scores: key -> the candidate row of every agent, in scoring order. Aligned: ``joint`` itself;
+    cross: each combination of :func:`cross_refs` with agent i's row taken from its own candidate."""
+    if job.joint_mode != "cross":
+        return joint
+    refs, _ = cross_refs(joint, job, round_index)
+    return {
+        key: [joint[(key[0], side, index)][agent] for agent, (side, index) in enumerate(ref.agents or ())]
+        for key, ref in refs.items()
+    }
 
 
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
@@ -64,7 +114,7 @@ def collect(
     adapter = centralized_adapter(job)  # one actor (centralized): its joint responses split into roles
     job = actor_job(job)
     wanted = {item["item_id"]: item for item in items}
-    joint = read_joint_responses(paths.candidates(round_index), job.num_agents)
+    joint = joint_responses(read_joint_responses(paths.candidates(round_index), job.num_agents), job, round_index)
     keys = [k for k in joint if k[0] in wanted]
 
     model = scoring_model(paths, round_index, job)
@@ -116,7 +166,9 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
     the table written is the same either way."""
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
-    keys = list(read_joint_responses(paths.candidates(round_index), num_actors(job)))
+    joint = read_joint_responses(paths.candidates(round_index), num_actors(job))
+    cross = cross_refs(joint, job, round_index) if job.joint_mode == "cross" else None
+    keys = list(cross[0] if cross else joint)
     model = scoring_model(paths, round_index, job)
     if shards is None:
         found, _ = collect(paths, round_index, job, read_items(paths, "train"))
@@ -126,7 +178,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
     missing = [k for k in keys if k not in by_key]
     if missing:
         raise ArtifactError(f"{NAME} round {round_index}: no score for joint response(s) {missing[:5]}")
-    rows = [by_key[k] for k in keys]  # candidates.parquet's order, however the rows were computed
+    rows = [by_key[k] for k in keys]  # candidates.parquet's (cross: cross_refs') order, however they were computed
     reasons: Counter[str] = Counter()
     failed_items: Counter[str] = Counter()
     for row in rows:
@@ -145,8 +197,11 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
             f"(more than oracle_max_failure_share={job.oracle_max_failure_share}); items: {listing}; "
             f"reasons: {dict(reasons)}"
         )
-    write_table(paths.scores(round_index), rows, SCORES)
     record.counts = {"joint_responses": len(keys), "failed": failed}
+    if cross is None:
+        write_table(paths.scores(round_index), rows, SCORES)
+    else:
+        rows = _write_cross(paths.scores(round_index), rows, keys, cross, job, record)
     outputs = [paths.scores(round_index)]
     if is_centralized(job):  # the role texts of each joint response (pbrl.generation.collaboration)
         outputs.append(
@@ -164,7 +219,35 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
         "failed_items": dict(failed_items),
         "scored_by": "reward_model" if model else "task",
     }
+    if cross is not None:
+        record.details.update({"joint_mode": "cross", "max_joint_responses_per_item": job.max_joint_responses_per_item})
     if model is not None:
         record.details.update({"reward_model": paths.rel(model[1]), "reward_model_round": model[0]})
         record.say(f"scored by the reward model fitted in round {model[0]} (preference_scoring_reward)")
     return record.finish(input_files(paths, round_index, job), outputs)
+
+
+def _write_cross(
+    path: Path,
+    rows: list[ScoreRow],
+    keys: list[JointKey],
+    cross: tuple[dict[JointKey, CandidateRef], dict[str, int]],
+    job: JobConfig,
+    record: StageRecord,
+) -> list[ScoreRow]:
+    """Write the cross scores (:data:`~pbrl.data.schema.CROSS_SCORES`: each row names its combination's candidate
+    of every agent) and count the combinations in the manifest; returns the rows written."""
+    refs, counts = cross
+    out = []
+    for row, key in zip(rows, keys, strict=True):
+        chosen = refs[key].agents or ()
+        out.append({**row, "candidate_sides": [a[0] for a in chosen], "candidate_indices": [a[1] for a in chosen]})
+    write_table(path, out, CROSS_SCORES)
+    record.counts.update(counts)
+    if counts["items_capped"]:
+        limit = job.max_joint_responses_per_item
+        record.say(
+            f"{counts['items_capped']} item(s) have more than max_joint_responses_per_item={limit} combinations: "
+            f"{len(keys)} of {counts['joint_combinations']} scored, drawn with each item's seed"
+        )
+    return out  # type: ignore[return-value]

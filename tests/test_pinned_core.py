@@ -195,7 +195,7 @@ def test_pair_errors_name_the_candidate_and_the_rule():
     pairs = base_candidate_pairs({0: 1.0, 1: 0.0}, tie_tolerance=0.0)
     with pytest.raises(ValueError, match=r"pair target 0 > target 1 has no comparator side$"):
         select_pairs(pairs, pair_selection="comparator_reward", pairs_per_sample=None, rng=np.random.default_rng(0))
-    with pytest.raises(ValueError, match=r"allowed: reward_gap, all, random, comparator_reward$"):
+    with pytest.raises(ValueError, match=r"allowed: reward_gap, all, random, comparator_reward, counterfactual$"):
         select_pairs(pairs, pair_selection="best", pairs_per_sample=None, rng=np.random.default_rng(0))  # type: ignore
     with pytest.raises(ValueError, match=r"must be None when pair_selection='all' \(every pair is kept\)$"):
         select_pairs(pairs, pair_selection="all", pairs_per_sample=1, rng=np.random.default_rng(0))

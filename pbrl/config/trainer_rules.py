@@ -52,6 +52,54 @@ def _pairs_per_sample(v: Values) -> list[Problem]:
     return []
 
 
+CROSS = "cross"  # joint_mode: every combination of the agents' candidates (pbrl.preference.pairs.CrossGrid)
+MAX_COMBINATIONS = 2**31  # a combination's number is stored as an int32 candidate_index (scores.parquet)
+
+
+@rule(COMMON_RULES, "joint_mode", "collaboration_mode", "pair_selection")
+def _joint_mode(v: Values) -> list[Problem]:
+    if v["joint_mode"] != CROSS:
+        if v["pair_selection"] == "counterfactual":
+            return [
+                Problem(
+                    "pair_selection",
+                    "counterfactual",
+                    "needs joint_mode='cross' (aligned joint responses differ in every agent's candidate)",
+                )
+            ]
+        return []
+    if v["collaboration_mode"] == CENTRALIZED:
+        return [
+            Problem(
+                "joint_mode",
+                CROSS,
+                "needs collaboration_mode='decentralized' (with 'centralized' one actor writes every role of a "
+                "joint response, so there are no agents' candidates to combine)",
+            )
+        ]
+    return []
+
+
+@rule(COMMON_RULES, "joint_mode", "num_agents", "preference_num_candidates")
+def _cross_size(v: Values) -> list[Problem]:
+    if v["joint_mode"] != CROSS:
+        return []
+    # Per agent: the target candidates, plus the comparator ones in iterative trainers (None = as many).
+    per_agent = v["preference_num_candidates"]
+    if "comparator_num_candidates" in v:
+        per_agent += v["comparator_num_candidates"] or v["preference_num_candidates"]
+    if per_agent ** v["num_agents"] < MAX_COMBINATIONS:
+        return []
+    return [
+        Problem(
+            "joint_mode",
+            CROSS,
+            f"{per_agent} candidates per agent and {v['num_agents']} agents give {per_agent ** v['num_agents']} "
+            f"combinations per item, more than cross joint responses can number (< 2**31); sample fewer candidates",
+        )
+    ]
+
+
 @rule(COMMON_RULES, "reward_func", "reward_processor")
 def _reward_paths(v: Values) -> list[Problem]:
     return import_path_problems("reward_func", v["reward_func"]) + import_path_problems(

@@ -13,11 +13,21 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pbrl.data.schema import PairRow
+import pyarrow.parquet as pq
+
+from pbrl.data.schema import CROSS_PAIRS, PairRow, read_table
 from pbrl.data.storage import RunPaths, hash_path, read_json, read_run_id, sha256_file, write_json
 from pbrl.errors import ArtifactError, ConfigError, Problem
 
 EXTRA_KEYS = ("pair_id", "item_id", "winner_side", "winner_index", "loser_side", "loser_index")
+# joint_mode cross: each agent's candidate on both sides, after EXTRA_KEYS (columns of pbrl.data.schema.CROSS_PAIRS).
+CROSS_KEYS = (
+    "winner_candidate_sides",
+    "winner_candidate_indices",
+    "loser_candidate_sides",
+    "loser_candidate_indices",
+    "changed_agents",
+)
 _ROUND_FILE = re.compile(r"iteration_(\d{4})\.json")
 
 
@@ -97,7 +107,7 @@ def check_owned(directory: Path, identity: str) -> dict[str, Any]:
 
 def pair_record(row: PairRow) -> dict[str, Any]:
     """A pairs.parquet row as a reference-format record (docs/design/file-formats.md#replay-pair-files keys first,
-    then pbrl's extras)."""
+    then pbrl's extras; a cross pair's :data:`CROSS_KEYS` last, when the row has them)."""
     record = {
         "prompts": row["prompts"],
         "winner_completions": row["winner_completions"],
@@ -110,7 +120,18 @@ def pair_record(row: PairRow) -> dict[str, Any]:
         "comparator_raw_reward": row["comparator_raw_reward"],
     }
     record.update({k: row[k] for k in EXTRA_KEYS})
+    record.update({k: row[k] for k in CROSS_KEYS if k in row})  # type: ignore[literal-required]
     return record
+
+
+def _with_cross_columns(rows: list[PairRow], pairs_file: Path) -> list[PairRow]:
+    """``rows`` (read as PAIRS) with the :data:`CROSS_KEYS` columns of a cross pairs file added; others as they are."""
+    if CROSS_KEYS[-1] not in pq.read_schema(pairs_file).names:
+        return rows
+    extra = read_table(pairs_file, CROSS_PAIRS).select(list(CROSS_KEYS)).to_pylist()
+    if len(extra) != len(rows):
+        raise ArtifactError(f"{pairs_file}: {len(extra)} rows, but {len(rows)} pairs were given")
+    return [{**row, **more} for row, more in zip(rows, extra, strict=True)]  # type: ignore[typeddict-item]
 
 
 def store_round(
@@ -126,7 +147,8 @@ def store_round(
     path = round_file(directory, round_index)
     if path.exists():
         messages.append(f"replaced {path.name} written by an earlier attempt at round {round_index}")
-    write_json(path, {"iteration": round_index, "num_pairs": len(rows), "pairs": [pair_record(r) for r in rows]})
+    records = [pair_record(r) for r in _with_cross_columns(rows, pairs_file)]
+    write_json(path, {"iteration": round_index, "num_pairs": len(rows), "pairs": records})
     entries = [e for e in index["rounds"] if e["round"] != round_index]
     entries.append(
         {

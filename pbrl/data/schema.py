@@ -13,7 +13,7 @@ from typing import Any, Literal, TypedDict
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pbrl.data.storage import atomic_path
+from pbrl.data.storage import atomic_path, sha256_file
 from pbrl.errors import ArtifactError
 
 _ids = pa.list_(pa.int32())
@@ -115,6 +115,32 @@ PAIRS = pa.schema(
         ("loser_ids", _ids_per_agent),
     ]
 )
+
+# joint_mode: cross (docs/design/algorithms.md#cross-joint-responses-and-counterfactual-pairs): a joint response is any
+# combination of the agents' candidates, so its rows name each agent's candidate. The tables keep every column of
+# the aligned ones (a reader of SCORES or PAIRS reads them unchanged) and add these.
+CROSS_SCORES = pa.schema(
+    [
+        *SCORES,  # candidate_index: the combination's number (pbrl.preference.pairs.CrossGrid)
+        ("candidate_sides", _texts),  # one per agent: the side of the agent's candidate
+        ("candidate_indices", pa.list_(pa.int32())),  # one per agent: the agent's candidate index
+    ]
+)
+
+CROSS_PAIRS = pa.schema(
+    [
+        *PAIRS,  # prompt_ids, winner_ids and loser_ids are null: read_pairs fills them from the candidate rows
+        ("winner_candidate_sides", _texts),
+        ("winner_candidate_indices", pa.list_(pa.int32())),
+        ("loser_candidate_sides", _texts),
+        ("loser_candidate_indices", pa.list_(pa.int32())),
+        ("changed_agents", pa.list_(pa.int32())),  # the agents whose candidates differ (one: a counterfactual pair)
+    ]
+)
+# CROSS_PAIRS schema metadata: JSON {"file": "candidates.parquet", "sha256": <hex>}, the candidates file (beside the
+# pairs file) whose rows hold the pairs' token ids, and its content hash (a changed file is refused when read, and
+# the pairs file's own hash, which keys the stages that read it, changes with it).
+CROSS_CANDIDATES_KEY = b"pbrl.candidates"
 
 SELECTED_PAIRS = pa.schema(
     [
@@ -244,6 +270,24 @@ class PairRow(TypedDict):
     loser_ids: list[list[int]]
 
 
+class CrossScoreRow(ScoreRow):
+    """One row of a cross scores.parquet (:data:`CROSS_SCORES`): a combination of the agents' candidates."""
+
+    candidate_sides: list[str]
+    candidate_indices: list[int]
+
+
+class CrossPairRow(PairRow):
+    """One row of a cross pairs.parquet (:data:`CROSS_PAIRS`): each agent's candidate on both sides; the token
+    id columns are None on disk and filled by :func:`read_pairs`."""
+
+    winner_candidate_sides: list[str]
+    winner_candidate_indices: list[int]
+    loser_candidate_sides: list[str]
+    loser_candidate_indices: list[int]
+    changed_agents: list[int]
+
+
 class SelectedPairRow(TypedDict):
     """One row of selected_pairs.parquet (:data:`SELECTED_PAIRS`): a replay draw."""
 
@@ -311,6 +355,8 @@ ROW_TYPES: dict[str, tuple[pa.Schema, type]] = {
     "candidates": (CANDIDATES, CandidateRow),
     "scores": (SCORES, ScoreRow),
     "pairs": (PAIRS, PairRow),
+    "cross_scores": (CROSS_SCORES, CrossScoreRow),
+    "cross_pairs": (CROSS_PAIRS, CrossPairRow),
     "selected_pairs": (SELECTED_PAIRS, SelectedPairRow),
     "pair_joint_ids": (PAIR_JOINT_IDS, PairJointIdsRow),
     "rollouts": (ROLLOUTS, RolloutRow),
@@ -388,7 +434,7 @@ def read_selected_pairs(selected: Path, pairs_file: Callable[[int], Path]) -> li
         ArtifactError: a selected pair is not at its recorded place in its round's pairs file.
     """
     selection = read_rows(selected, SELECTED_PAIRS)
-    by_round = {r: read_rows(pairs_file(r), PAIRS) for r in sorted({s["source_round"] for s in selection})}
+    by_round = {r: read_pairs(pairs_file(r)) for r in sorted({s["source_round"] for s in selection})}
     out = []
     for s in selection:
         rows = by_round[s["source_round"]]
@@ -396,3 +442,61 @@ def read_selected_pairs(selected: Path, pairs_file: Callable[[int], Path]) -> li
             raise ArtifactError(f"{selected}: pair {s['pair_id']} not found in {pairs_file(s['source_round'])}")
         out.append(rows[s["pair_index"]])
     return out
+
+
+def cross_pairs_schema(candidates: Path) -> pa.Schema:
+    """:data:`CROSS_PAIRS` naming ``candidates`` (the round's candidates.parquet, beside the pairs file) and its
+    content hash in the schema metadata, for :func:`read_pairs`."""
+    ref = {"file": Path(candidates).name, "sha256": sha256_file(candidates)}
+    return CROSS_PAIRS.with_metadata({CROSS_CANDIDATES_KEY: json.dumps(ref, sort_keys=True)})
+
+
+def read_pairs(path: Path) -> list[PairRow]:
+    """The rows of a pairs.parquet with every token id: as stored (``joint_mode: aligned``), or, for a cross
+    pairs file (:data:`CROSS_PAIRS`, whose rows keep their extra columns), ``prompt_ids``, ``winner_ids`` and
+    ``loser_ids`` taken from the candidate rows each agent's candidate names (the prompt ids are the
+    target-side joint response's, as in aligned pairs).
+
+    Raises:
+        ArtifactError: the pairs file is unreadable; the candidates file it names is missing or changed since
+            the pairs were built (its hash differs); or a named candidate row is missing (file and key named).
+    """
+    path = Path(path)
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except Exception as exc:  # pyarrow raises several types for missing and corrupt files
+        raise ArtifactError(f"{path}: not a readable Parquet file ({exc})") from exc
+    if CROSS_CANDIDATES_KEY not in metadata:
+        return read_rows(path, PAIRS)  # type: ignore[return-value]
+    ref = json.loads(metadata[CROSS_CANDIDATES_KEY])
+    candidates = path.parent / ref["file"]
+    if not candidates.is_file() or sha256_file(candidates) != ref["sha256"]:
+        raise ArtifactError(
+            f"{path}: its token ids are the rows of {candidates}, which is missing or changed since the pairs were "
+            "built; run build-pairs again"
+        )
+    rows: dict[tuple[str, str, int, int], dict[str, Any]] = {
+        (r["item_id"], r["side"], r["candidate_index"], r["agent_index"]): r for r in read_rows(candidates, CANDIDATES)
+    }
+
+    def ids(item: str, sides: list[str], indices: list[int], column: str) -> list[list[int]]:
+        out = []
+        for agent, (side, index) in enumerate(zip(sides, indices, strict=True)):
+            row = rows.get((item, side, index, agent))
+            if row is None:
+                raise ArtifactError(
+                    f"{path}: item {item!r} agent {agent} {side} candidate {index} is not in {candidates}"
+                )
+            out.append(row[column])
+        return out
+
+    out = []
+    for p in read_rows(path, CROSS_PAIRS):
+        w = (p["winner_candidate_sides"], p["winner_candidate_indices"])
+        lo = (p["loser_candidate_sides"], p["loser_candidate_indices"])
+        target = w if p["winner_side"] == "target" else lo
+        p["prompt_ids"] = ids(p["item_id"], *target, "prompt_ids")
+        p["winner_ids"] = ids(p["item_id"], *w, "completion_ids")
+        p["loser_ids"] = ids(p["item_id"], *lo, "completion_ids")
+        out.append(p)
+    return out  # type: ignore[return-value]

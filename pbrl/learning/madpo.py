@@ -47,6 +47,15 @@ class StepStats:
     accuracy: float  # share of pairs with joint margin > 0
     margins: torch.Tensor  # (b, a) detached per-agent margins, nats
     skipped: tuple[bool, ...]  # per agent: update skipped (non-finite loss or gradient)
+    # per agent: its winner and loser ids are the same in every pair of the batch (e.g. counterfactual pairs of
+    # joint_mode cross that change another agent), so its margins are exactly 0 and it was not asked at all
+    idle: tuple[bool, ...] = ()
+
+
+def identical_sides(winner_ids: Sequence[Sequence[int]], loser_ids: Sequence[Sequence[int]]) -> bool:
+    """True when every pair of one agent's batch has the same winner and loser token ids: the agent's margin
+    Δ_i = log π(y^w|h) − log π(y^l|h) is then 0 for every θ, and its MADPO gradient too."""
+    return all(list(w) == list(lo) for w, lo in zip(winner_ids, loser_ids, strict=True))
 
 
 def _score(model: Any) -> Any:
@@ -273,6 +282,11 @@ def madpo_agents_step(
     docs/results/benchmarks.md#shared-prompts-and-memory)
     and gives the same step.
 
+    An agent whose winner and loser ids are the same in every pair of the batch (:func:`identical_sides`; with
+    ``joint_mode: cross``, counterfactual pairs that change other agents) is not asked in either phase: its
+    margins are exactly 0, its weights and optimizer state do not move, and ``StepStats.idle`` marks it.
+    Within a batch, such pairs cost an agent nothing either (:func:`agent_margins` skips them).
+
     Raises:
         ValueError: ``seeds`` is not one per agent, or is missing while a model has dropout.
     """
@@ -286,8 +300,12 @@ def madpo_agents_step(
     n = len(agents)
     agent_seeds = [None if seeds is None else seeds[i] for i in range(n)]
     args = [(batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i]) for i in range(n)]
+    # An agent whose sides are identical in every pair has margins ≡ 0 and no gradient: it is not asked at all (no
+    # forward, no backward, no optimizer step, no round trip to a remote agent); its margins column stays 0.
+    idle = [identical_sides(batch.winner_ids[i], batch.loser_ids[i]) for i in range(n)]
 
     def detached(ids: list[int]) -> None:  # phase 1 for agents ``ids``: their columns of ``margins``
+        ids = [i for i in ids if not idle[i]]
         if not ids:
             return
         for i, m in zip(
@@ -296,21 +314,26 @@ def madpo_agents_step(
             margins[:, i] = m
 
     def updates(ids: list[int]) -> list[Any]:  # phase 2 for agents ``ids``, against the others' columns
-        if not ids:
-            return []
-        return gather(
-            [
-                agents[i].update(
-                    *args[i],
-                    margins[:, [j for j in range(n) if j != i]].sum(dim=1),
-                    agent_seeds[i],
-                    parts,
-                    beta=beta,
-                    max_grad_norm=max_grad_norm,
-                )
-                for i in ids
-            ]
+        asked = [i for i in ids if not idle[i]]
+        got = (
+            gather(
+                [
+                    agents[i].update(
+                        *args[i],
+                        margins[:, [j for j in range(n) if j != i]].sum(dim=1),
+                        agent_seeds[i],
+                        parts,
+                        beta=beta,
+                        max_grad_norm=max_grad_norm,
+                    )
+                    for i in asked
+                ]
+            )
+            if asked
+            else []
         )
+        by_agent = dict(zip(asked, got, strict=True))
+        return [by_agent.get(i, (torch.zeros(batch.size), False)) for i in ids]
 
     margins = torch.zeros(batch.size, n)  # (b, a): column i is agent i's detached margins
     if concurrent and n > 1:
@@ -327,4 +350,5 @@ def madpo_agents_step(
         accuracy=float(preference_accuracy(margins)),
         margins=margins,
         skipped=tuple(skipped),
+        idle=tuple(idle),
     )

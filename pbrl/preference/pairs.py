@@ -9,11 +9,17 @@ scores; only their order matters. Two scores within ``tie_tolerance`` (absolute)
   scores, the higher one winning (:func:`base_candidate_pairs`).
 - Iterative trainers: only index-matched comparisons, target j against comparator j, for indices present
   on both sides; either side may win (:func:`iterative_candidate_pairs`).
+- ``joint_mode: cross``: a joint response is any combination of the agents' candidates (:class:`CrossGrid`, at
+  most ``max_joint_responses_per_item`` of them per item: :func:`cross_joint_responses`); base trainers pair any
+  two, iterative trainers a target combination with the same combination after some agents' candidates were
+  replaced by comparator ones (:func:`cross_candidate_pairs`;
+  docs/design/algorithms.md#cross-joint-responses-and-counterfactual-pairs).
 
 :func:`select_pairs` orders the candidate pairs by a named strategy and keeps the first
-``preference_pairs_per_sample``. Orderings are stable sorts of the pairs in candidate order (by winner index,
-then loser index; for index-matched pairs, by candidate index), so pairs with equal sort keys keep that order,
-exactly as the reference's stable ``list.sort`` of its index-ordered candidate list does.
+``preference_pairs_per_sample``; ``counterfactual`` (cross only) puts the pairs that differ in one agent's
+candidate first (:func:`order_counterfactual`). Orderings are stable sorts of the pairs in candidate order (by
+winner index, then loser index; for index-matched pairs, by candidate index), so pairs with equal sort keys keep
+that order, exactly as the reference's stable ``list.sort`` of its index-ordered candidate list does.
 Source: CoMLRL ``MADPOTrainer._select_preference_pair_indices`` and
 ``MADPOIterTrainer._select_policy_comparison_pairs`` (notes/reference-library.md §2.3), with a tie tolerance
 added and the global ``random`` module replaced by a passed-in generator.
@@ -22,7 +28,7 @@ added and the global ``random`` module replaced by a passed-in generator.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Literal, Protocol
@@ -30,15 +36,23 @@ from typing import Literal, Protocol
 import numpy as np
 
 Side = Literal["target", "comparator"]
-PairSelection = Literal["reward_gap", "all", "random", "comparator_reward"]
+PairSelection = Literal["reward_gap", "all", "random", "comparator_reward", "counterfactual"]
+TARGET: Side = "target"
+COMPARATOR: Side = "comparator"
 
 
 @dataclass(frozen=True)
 class CandidateRef:
-    """One joint response: every agent's completion at candidate ``index`` of ``side``."""
+    """One joint response: every agent's completion at candidate ``index`` of ``side`` (``joint_mode: aligned``).
+
+    With ``agents`` (``joint_mode: cross``) agent i's completion is its candidate ``agents[i]``, a (side,
+    candidate index); ``index`` is then the combination's number in its item's :class:`CrossGrid`, and ``side``
+    is ``target`` when every agent's candidate is a target one, else ``comparator``.
+    """
 
     side: Side
     index: int
+    agents: tuple[tuple[Side, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,153 @@ def iterative_candidate_pairs(
     return pairs
 
 
+@dataclass(frozen=True)
+class CrossGrid:
+    """Every combination of one item's candidates (``joint_mode: cross``): each of the ``num_agents`` agents takes
+    any entry of ``choices``, the same list for every agent: the item's target candidate indices in order, then
+    (iterative trainers) its comparator ones. There are ``len(choices) ** num_agents`` combinations.
+
+    A combination's number is ``m = sum_i pos_i * L ** (a - 1 - i)``, with ``pos_i`` the position of agent i's
+    candidate in ``choices``, ``L = len(choices)`` and ``a = num_agents``: agent 0 varies slowest. Example: target
+    candidates 0, 1, 2 and two agents give 9 combinations; (0, 0) is number 0, (0, 2) number 2, (1, 0) number 3,
+    and the aligned joint response j = (j, j) is number 4j.
+    """
+
+    choices: tuple[tuple[Side, int], ...]
+    num_agents: int
+
+    @classmethod
+    def of(cls, target: Iterable[int], comparator: Iterable[int] = (), *, num_agents: int) -> CrossGrid:
+        """The grid of an item whose target (and comparator) candidates have these indices (each list sorted)."""
+        choices = [(TARGET, int(i)) for i in sorted(target)] + [(COMPARATOR, int(i)) for i in sorted(comparator)]
+        return cls(tuple(choices), num_agents)  # type: ignore[arg-type]
+
+    @property
+    def size(self) -> int:
+        """The number of combinations, ``len(choices) ** num_agents`` (0 without candidates)."""
+        return len(self.choices) ** self.num_agents if self.choices else 0
+
+    def ref(self, number: int) -> CandidateRef:
+        """Combination ``number`` (0 <= number < size) as a :class:`CandidateRef` with ``agents`` set.
+
+        Raises:
+            ValueError: ``number`` is outside the grid.
+        """
+        if not 0 <= number < self.size:
+            raise ValueError(f"combination {number} is outside the grid of {self.size} combinations")
+        width, rest, positions = len(self.choices), int(number), []
+        for _ in range(self.num_agents):
+            rest, pos = divmod(rest, width)
+            positions.append(pos)
+        agents = tuple(self.choices[pos] for pos in reversed(positions))  # agent 0 is the most significant digit
+        side = TARGET if all(s == TARGET for s, _ in agents) else COMPARATOR
+        return CandidateRef(side, int(number), agents)
+
+    def number(self, agents: Sequence[tuple[Side, int]]) -> int:
+        """The number of the combination that gives agent i the candidate ``agents[i]`` (inverse of :meth:`ref`).
+
+        Raises:
+            ValueError: a candidate is not in ``choices``, or not one per agent.
+        """
+        if len(agents) != self.num_agents:
+            raise ValueError(f"got {len(agents)} candidates for {self.num_agents} agents")
+        position = {choice: k for k, choice in enumerate(self.choices)}
+        number = 0
+        for agent, choice in enumerate(agents):
+            if tuple(choice) not in position:
+                raise ValueError(f"agent {agent}: {choice} is not a candidate of this item")
+            number = number * len(self.choices) + position[tuple(choice)]  # type: ignore[index]
+        return number
+
+
+def cross_joint_responses(grid: CrossGrid, *, max_per_item: int, rng: np.random.Generator) -> list[CandidateRef]:
+    """The combinations of one item that the oracle scores: all of them, or, when there are more than
+    ``max_per_item``, ``max_per_item`` of them drawn without replacement from ``rng`` (uniformly over the
+    combination numbers); in combination-number order either way.
+
+    Args:
+        grid: the item's :class:`CrossGrid`.
+        max_per_item: the guard (config ``max_joint_responses_per_item``), >= 1.
+        rng: the item's generator (``pbrl.data.seeds.numpy_rng`` with the run seed, round, stage and item); drawn
+            from only when the guard is exceeded.
+
+    Returns:
+        ``min(grid.size, max_per_item)`` :class:`CandidateRef` s with ``agents`` set.
+
+    Raises:
+        ValueError: ``max_per_item`` below 1.
+    """
+    if isinstance(max_per_item, bool) or max_per_item < 1:
+        raise ValueError(f"max_joint_responses_per_item: got {max_per_item!r}; must be >= 1")
+    if grid.size <= max_per_item:
+        numbers: Iterable[int] = range(grid.size)
+    else:
+        numbers = sorted(int(m) for m in rng.choice(grid.size, size=max_per_item, replace=False))
+    return [grid.ref(m) for m in numbers]
+
+
+def cross_candidate_pairs(scores: Mapping[CandidateRef, float], *, iterative: bool, tie_tolerance: float) -> list[Pair]:
+    """The comparisons among one item's scored cross joint responses (``joint_mode: cross``).
+
+    - Base trainers (``iterative`` False): every unordered pair of combinations whose scores do not tie, the
+      higher one winning (at most M(M-1)/2 for M scored combinations).
+    - Iterative trainers: a target combination x (every agent's candidate a target one) against a comparator
+      combination y (at least one comparator candidate) that agrees with x on every agent where y has a target
+      candidate; i.e. y is x with the candidates of a non-empty set of agents replaced by comparator candidates.
+      On each agent the two sides then hold the same target candidate (margin 0) or a target candidate against a
+      comparator candidate, as in the aligned comparison target j against comparator j: never two target
+      candidates, never two comparator ones. Either side may win.
+
+    Args:
+        scores: :class:`CandidateRef` (with ``agents``) -> processed score, for the item's scored combinations.
+        iterative: the trainer's kind.
+        tie_tolerance: absolute tie tolerance (config ``tie_tolerance``), >= 0.
+
+    Returns:
+        Pairs in candidate order (winner number, then loser number).
+
+    Raises:
+        ValueError: a reference has no ``agents``, a score is not finite, or ``tie_tolerance`` is invalid.
+    """
+    _check_tolerance(tie_tolerance)
+    for ref, score in scores.items():
+        if ref.agents is None:
+            raise ValueError(f"{ref.side} candidate {ref.index}: not a cross joint response (no agents' candidates)")
+        _require_finite(score, ref)
+    refs = sorted(scores, key=lambda r: r.index)
+    pairs = []
+    if not iterative:
+        for a, b in combinations(refs, 2):
+            pair = _ordered_pair(a, scores[a], b, scores[b], tie_tolerance)
+            if pair is not None:
+                pairs.append(pair)
+    else:
+        targets = [r for r in refs if r.side == TARGET]
+        for y in (r for r in refs if r.side == COMPARATOR):
+            for x in targets:
+                if all(ya == xa or ya[0] == COMPARATOR for xa, ya in zip(x.agents, y.agents, strict=True)):  # type: ignore[arg-type]
+                    pair = _ordered_pair(x, scores[x], y, scores[y], tie_tolerance)
+                    if pair is not None:
+                        pairs.append(pair)
+    return sorted(pairs, key=_candidate_order_key)
+
+
+def changed_agents(pair: Pair) -> tuple[int, ...]:
+    """The agents whose candidates differ between the winner and the loser of a cross pair (one agent: a
+    counterfactual pair; the other agents' margins are then 0 by construction).
+
+    Raises:
+        ValueError: the pair is not made of cross joint responses.
+    """
+    w, lo = pair.winner.agents, pair.loser.agents
+    if w is None or lo is None:
+        raise ValueError(
+            f"pair {pair.winner.side} {pair.winner.index} > {pair.loser.side} {pair.loser.index}: not a pair of "
+            "cross joint responses (joint_mode: cross)"
+        )
+    return tuple(i for i, (a, b) in enumerate(zip(w, lo, strict=True)) if a != b)
+
+
 class PairOrdering(Protocol):
     """Orders every candidate pair of one item; :func:`select_pairs` then keeps a prefix."""
 
@@ -171,11 +332,36 @@ def order_by_comparator_reward(pairs: Sequence[Pair], rng: np.random.Generator) 
     return sorted(order_all(pairs, rng), key=lambda p: (-_comparator_score(p), -p.gap))
 
 
+def order_counterfactual(pairs: Sequence[Pair], rng: np.random.Generator) -> list[Pair]:
+    """Counterfactual pairs first (``joint_mode: cross``): the pairs whose joint responses differ in one agent's
+    candidate only, taking the agents in turn (agent 0's largest gap, agent 1's largest gap, ..., then each
+    agent's second largest, ...), so that a cap per item spreads the credit over the agents; then the other pairs,
+    fewer changed agents first, then largest gap. Equal keys keep candidate order.
+
+    Example: counterfactual pairs of agent 0 with gaps .5 and .25, of agent 1 with gap .75, and a pair changing
+    both agents with gap 1: agent 0's .5, agent 1's .75, agent 0's .25, then the two-agent pair.
+
+    Raises:
+        ValueError: a pair is not made of cross joint responses.
+    """
+    by_gap = order_by_reward_gap(pairs, rng)
+    changed = {id(p): changed_agents(p) for p in by_gap}
+    turns: dict[int, list[Pair]] = {}
+    for p in by_gap:
+        if len(changed[id(p)]) == 1:
+            turns.setdefault(changed[id(p)][0], []).append(p)
+    queues = [turns[agent] for agent in sorted(turns)]
+    first = [q[k] for k in range(max(map(len, queues), default=0)) for q in queues if k < len(q)]
+    rest = sorted((p for p in by_gap if len(changed[id(p)]) != 1), key=lambda p: len(changed[id(p)]))
+    return first + rest
+
+
 PAIR_ORDERINGS: dict[str, PairOrdering] = {
     "reward_gap": order_by_reward_gap,
     "all": order_all,
     "random": order_random,
     "comparator_reward": order_by_comparator_reward,
+    "counterfactual": order_counterfactual,
 }
 
 
@@ -189,9 +375,10 @@ def select_pairs(
     """Order one item's candidate pairs by ``pair_selection`` and keep the first ``pairs_per_sample``.
 
     Args:
-        pairs: the item's candidate pairs, from :func:`base_candidate_pairs` or
-            :func:`iterative_candidate_pairs`.
-        pair_selection: ``reward_gap`` | ``all`` | ``random`` | ``comparator_reward`` (iterative pairs only).
+        pairs: the item's candidate pairs, from :func:`base_candidate_pairs`, :func:`iterative_candidate_pairs`
+            or :func:`cross_candidate_pairs`.
+        pair_selection: ``reward_gap`` | ``all`` | ``random`` | ``comparator_reward`` (iterative pairs only) |
+            ``counterfactual`` (cross pairs only).
         pairs_per_sample: how many pairs to keep (config ``preference_pairs_per_sample``), >= 1, or None
             for all; must be None with ``all``.
         rng: the generator for ``random`` (derive it with ``pbrl.data.seeds.numpy_rng``); other modes do not
@@ -202,7 +389,8 @@ def select_pairs(
 
     Raises:
         ValueError: unknown ``pair_selection``; ``preference_pairs_per_sample`` below 1 or set with
-            ``all``; ``comparator_reward`` on pairs without a comparator side.
+            ``all``; ``comparator_reward`` on pairs without a comparator side; ``counterfactual`` on pairs that
+            are not cross pairs.
     """
     ordering = PAIR_ORDERINGS.get(pair_selection)
     if ordering is None:
