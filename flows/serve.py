@@ -1,12 +1,13 @@
 """Deployments for a running Prefect server (docs/guides/prefect-ui.md#serve-the-deployments): a form per trainer, a
-config file, the JSON job, and
-a nightly "one more iteration" deployment on a UTC cron schedule; each at most one run at a time.
+config file, the JSON job, continuing a run by its name, and a nightly "one more iteration" deployment on a UTC cron
+schedule; each at most one run at a time.
 
 | deployment | parameters (the form in the Prefect UI) |
 |---|---|
-| ``pbrl-train/madpo``, ``madpo-iter``, ``marlhf``, ``marlhf-iter`` | the trainer's options, one field each |
+| ``pbrl-train/madpo``, ``madpo-iter``, ``marlhf``, ``marlhf-iter`` | the options every run needs, then sections |
 | ``pbrl-train/config-file`` | a YAML config path, ``key=value`` overrides, run name, resume |
 | ``pbrl-train/train`` | the whole job as one JSON object (for scripts and the API) |
+| ``pbrl-train/continue`` | a run's name (and folder), optionally more ``num_iterations`` |
 | ``pbrl-add-iteration/nightly`` | the run to extend (only with ``nightly_run``) |
 """
 
@@ -21,8 +22,8 @@ from prefect.deployments.runner import EntrypointType
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron
 
-from flows.training import add_iteration_flow, train_flow
-from flows.ui import DEPLOYMENT_NAMES, GROUPS, TRAINER_FLOWS, config_file
+from flows.training import add_iteration_flow, continue_run, train_flow
+from flows.ui import DEPLOYMENT_NAMES, TRAINER_FLOWS, config_file, form_defaults, form_layout
 
 DEFAULT_CRON = "0 2 * * *"  # 02:00 UTC every night (UTC avoids daylight-saving gaps)
 
@@ -41,8 +42,11 @@ def build_deployments(
     deployments = [
         TRAINER_FLOWS[trainer].to_deployment(
             name=name,
-            description=f"Train a {trainer!r} run from a form of its options, each with its default and "
-            "description, grouped: " + ", ".join(group for group, _ in GROUPS) + ".",
+            description=f"Train a {trainer!r} run from a form: the options every run needs, then the sections "
+            + ", ".join(s for s in form_layout(trainer) if s != "main")
+            + " (each at its defaults until changed). The run's folder is <output_dir>/<Run Name>; Retry of a "
+            "failed run continues it.",
+            parameters=form_defaults(trainer),
             tags=["pbrl", "form"],
             concurrency_limit=1,
             **kw,
@@ -54,6 +58,16 @@ def build_deployments(
             name="config-file",
             description="Train from a YAML config file plus key=value overrides, as `pbrl train "
             "CONFIG --set ...` (same validation, same run folder).",
+            tags=["pbrl"],
+            concurrency_limit=1,
+            **kw,
+        )
+    )
+    deployments.append(
+        continue_run.to_deployment(
+            name="continue",
+            description="Continue a run by its name from its last complete stage, every option read from its "
+            "run.json (as `pbrl train --run RUN --resume`); num_iterations adds rounds to an iterative run.",
             tags=["pbrl"],
             concurrency_limit=1,
             **kw,

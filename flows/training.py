@@ -1,55 +1,144 @@
-"""The training flow: prepare or resume a run, the round-0 baseline, then one round flow per round."""
+"""The training flow: prepare or resume a run, the round-0 baseline, then one round flow per round; and the ways to
+continue a run (docs/guides/prefect-ui.md#retry-and-continue): Prefect's *Retry* of a flow run resumes the run
+folder that flow run created, the ``continue`` flow resumes a run named by its folder, and the nightly flow adds an
+iteration.
+
+Every entry goes through :func:`start_training`, so while a run trains its flow run's log shows the run's events
+(:mod:`flows.logs`) and a job that cannot start fails once, cleanly, with every problem.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
+from prefect.states import State
+from pydantic import BaseModel, Field, WithJsonSchema
 
+from flows.logs import run_log
 from flows.ray_runner import ray_session
 from flows.round import call_stage, evaluation_due, round_flow
-from pbrl.config import JobConfig, is_iterative, num_rounds
+from pbrl.config import ConfigNotice, JobConfig, is_iterative, num_rounds, parse_job
+from pbrl.data.storage import RunPaths, read_run_id
+from pbrl.errors import ArtifactError, ConfigError, Problem, expected_error
 from pbrl.reporting.metrics import round_table, write_run_metrics
-from pbrl.run.folder import open_job, prepare_run, run_dir_for, run_lock, with_run_name
-from pbrl.run.progress import Event, publish
+from pbrl.reporting.trackers import RunTracker
+from pbrl.run.folder import (
+    generated_run_name,
+    open_job,
+    open_run,
+    prepare_run,
+    run_dir_for,
+    run_lock,
+    with_run_name,
+)
+from pbrl.run.progress import Event, listening, publish
+from pbrl.run.threads import configure_threads
+
+# The label on a flow run that names the run it created (the UUID in run.json): a retry of that flow run resumes it.
+RUN_ID_LABEL = "pbrl.run_id"
+
+
+def given_name() -> str | None:
+    """The name the current flow run already has when it came from a deployment (the UI's Run Name, or the name the
+    API or Prefect gave it) or ran before (a retry): a flow-run-name function keeps it, so the run folder named
+    after it is the same on every retry. None for a first run called from Python."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return None
+    run = context.flow_run
+    return run.name if run.deployment_id is not None or run.run_count > 0 else None
 
 
 def _flow_run_name() -> str:
     config = flow_run.parameters.get("config")
     name = getattr(config, "run_name", None) or (config.get("run_name") if isinstance(config, dict) else None)
-    return name or "unnamed-run"
+    trainer = getattr(config, "trainer", None) or (config.get("trainer") if isinstance(config, dict) else None)
+    return name or given_name() or generated_run_name(str(trainer or "run"))
 
 
-@flow(name="pbrl-train", flow_run_name=_flow_run_name, log_prints=True)
+@flow(name="pbrl-train", flow_run_name=_flow_run_name, log_prints=True, validate_parameters=False)
 def train_flow(config: JobConfig, resume: bool = False, run_dir: str | None = None) -> dict[str, Any]:
     """Train cooperating agents from preferences between their joint responses (MADPO or MARLHF, base or iterative).
 
     With ``resume`` an existing run continues: stages whose inputs and outputs are unchanged come back
     Cached and only what is missing or stale runs. A config without ``run_name`` (a run started from the
-    UI) gets a generated one, ``<trainer>-<UTC time>``. ``run_dir`` is the run folder to use (a run that was
-    moved or copied is resumed where it is now); by default ``<output_dir>/<run_name>``.
+    UI) is named after its flow run, by default ``<trainer>-<UTC time>``, so a retry of the flow run finds the
+    same folder. ``run_dir`` is the run folder to use (a run that was moved or copied is resumed where it is now);
+    by default ``<output_dir>/<run_name>``. ``config`` may also be the job as a mapping (a deployment's JSON
+    parameter): it is validated as a YAML file's is (:func:`pbrl.config.parse_job`), with every problem at once.
+
+    Returns:
+        see :func:`run_training`; a job that cannot start returns a Failed state (:func:`start_training`), and a
+        Python call then raises its error (e.g. :class:`~pbrl.errors.ConfigError`).
     """
-    return run_training(config, resume=resume, run_dir=run_dir)
+
+    def job() -> JobConfig:
+        parsed = config if isinstance(config, BaseModel) else parse_job(config)
+        return parsed if parsed.run_name else parsed.model_copy(update={"run_name": flow_run.name})
+
+    return start_training(job, resume=resume, run_dir=run_dir)  # type: ignore[return-value]
+
+
+def start_training(
+    job: Callable[[], JobConfig], *, resume: bool = False, run_dir: str | None = None
+) -> dict[str, Any] | State[Any]:
+    """The body of every training flow: ``job()`` builds and validates the job (its
+    :class:`~pbrl.config.ConfigNotice` s become WARNING lines of the run's log), then :func:`run_training`, with
+    the run's events as lines of the flow run's log (:func:`flows.logs.run_log`).
+
+    Returns:
+        :func:`run_training`'s result; or, when the job cannot start (an expected pbrl error, e.g. a
+        :class:`~pbrl.errors.ConfigError` with every problem, before any stage ran), a Failed state that logged
+        the problems once, without a traceback (:meth:`flows.logs.RunLog.reject`).
+
+    Raises:
+        Exception: whatever stops the run after it started (a failed stage), as it is.
+    """
+    with run_log() as log:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ConfigNotice)
+                built = job()
+            log.notices(caught)
+            return run_training(built, resume=resume, run_dir=run_dir)
+        except Exception as exc:
+            found = expected_error(exc)
+            if found is None or log.started:
+                raise
+            return log.reject(found)
 
 
 def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None = None) -> dict[str, Any]:
-    """The body of every training flow (``pbrl-train/train``, the per-trainer forms and the config-file
-    deployment of :mod:`flows.ui`): prepare or resume the run, the round-0 baseline, then the rounds.
+    """Prepare or resume the run, the round-0 baseline, then the rounds (what every training flow runs).
+
+    A flow run that Prefect runs again (its *Retry*, ``run_count`` > 1) resumes the run folder it created
+    (:func:`resumes_on_retry`), as ``resume`` does.
 
     Returns:
         ``{"run_dir", "messages", "stages": [{"stage", "round", "state"}]}``.
     """
     config = with_run_name(config)
     folder = Path(run_dir) if run_dir else run_dir_for(config)
+    resume = resume or resumes_on_retry(folder)
     with contextlib.ExitStack() as held:
         if (folder / "run.json").is_file():  # a run that exists is held before anything reads or writes it
             held.enter_context(run_lock(folder))
         run_dir = str(prepare_run(config, resume=resume, run_dir=folder))
         held.enter_context(run_lock(folder))  # re-entrant; a new run's folder exists from here on
+        config = open_job(folder)  # as stored: torch_dtype/mixed_precision 'auto' made concrete when it started
+        configure_threads(config.num_threads)  # the CPUs this process owns (pbrl/run/threads.py)
+        _label_flow_run(folder)
+        trackers = [RunTracker.for_run(folder)] if config.report_to else []  # report_to: opened at run_start
+        held.enter_context(listening(folder, trackers))
         stages: list[dict[str, Any]] = []
         started = time.monotonic()
         publish(Event("run_start", run_dir))
@@ -69,13 +158,41 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
             raise
         publish(Event("run_end", run_dir, state="Completed", seconds=time.monotonic() - started))
     messages = [f"round {s['round']} {s['stage']}: {m}" for s in stages for m in s["manifest"].get("messages", [])]
-    for m in messages:
-        print(m)
     return {
         "run_dir": run_dir,
         "messages": messages,
         "stages": [{k: s[k] for k in ("stage", "round", "state")} for s in stages],
     }
+
+
+def resumes_on_retry(folder: Path) -> bool:
+    """Whether the current flow run is one that Prefect runs again (its *Retry* in the UI, ``prefect flow-run retry``:
+    ``run_count`` > 1) and ``folder`` holds the run it created before (the run id it recorded as the flow run's label
+    ``pbrl.run_id``); then it resumes that run instead of failing with "already exists". False outside a flow run,
+    for a first run, and for a folder of another run."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None or context.flow_run.run_count <= 1:
+        return False
+    recorded = context.flow_run.labels.get(RUN_ID_LABEL)
+    if recorded is None or not RunPaths(folder).run_json.is_file():
+        return False
+    try:
+        return read_run_id(RunPaths(folder)) == recorded
+    except ArtifactError:  # run.json without a run id: not a run this flow run created
+        return False
+
+
+def _label_flow_run(folder: Path) -> None:
+    """Record the run's id on the current flow run (label ``pbrl.run_id``), so that a retry finds its run."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return
+    run_id = read_run_id(RunPaths(folder))
+    if context.flow_run.labels.get(RUN_ID_LABEL) == run_id:
+        return
+    with get_client(sync_client=True) as client:
+        client.update_flow_run_labels(context.flow_run.id, {RUN_ID_LABEL: run_id})
+    context.flow_run.labels[RUN_ID_LABEL] = run_id
 
 
 def _round_end(run_dir: str, round_index: int, started: float) -> None:
@@ -87,10 +204,62 @@ def _round_end(run_dir: str, round_index: int, started: float) -> None:
     publish(Event("round_end", run_dir, round_index, metrics=metrics, seconds=time.monotonic() - started))
 
 
+def reopen(folder: Path, num_iterations: int | None = None) -> JobConfig:
+    """The job stored in the run ``folder``, with ``num_iterations`` (the total number of rounds) changed when given.
+
+    Raises:
+        ConfigError: ``folder`` is not a run folder; ``num_iterations`` is given for a base trainer (one round) or is
+            below 1; the stored run is not readable as a job.
+    """
+    if num_iterations is None:
+        return open_run(folder)
+    job = open_run(folder)
+    if not is_iterative(job.trainer):
+        raise ConfigError(
+            [
+                Problem(
+                    "num_iterations",
+                    num_iterations,
+                    f"run {folder.name} uses trainer {job.trainer!r}, which trains one round; only the iterative "
+                    "trainers (madpo_iter, marlhf_iter) take more rounds",
+                )
+            ]
+        )
+    return open_run(folder, [f"num_iterations={num_iterations}"])
+
+
+OptionalRounds = Annotated[int | None, WithJsonSchema({"type": "integer", "minimum": 1})]
+
+
+@flow(name="pbrl-train", flow_run_name="{run_name}-continue", log_prints=True)
+def continue_run(
+    run_name: str = Field(description="The run to continue: the name of its folder under output_dir."),
+    output_dir: str = Field("storage/runs", description="Folder that holds the run's folder (as the worker sees it)."),
+    num_iterations: OptionalRounds = Field(
+        None,
+        description="Total rounds of the run after continuing: more than it has adds rounds (iterative trainers). "
+        "Empty: as stored, which finishes a run that stopped.",
+    ),
+) -> dict[str, Any]:
+    """Continue the run ``<output_dir>/<run_name>`` from its last complete stage, reading every option from its
+    run.json (as ``pbrl train --run RUN --resume [--set num_iterations=N]``): finished stages come back Cached,
+    the rest runs. Returns :func:`run_training`'s result, or a Failed state when the run cannot continue (not a
+    run, in use, a ``num_iterations`` it cannot take)."""
+    folder = Path(output_dir) / run_name
+    return start_training(lambda: reopen(folder, num_iterations), resume=True, run_dir=str(folder))  # type: ignore[return-value]
+
+
 @flow(name="pbrl-add-iteration", flow_run_name="{run_name}-add-iteration", log_prints=True)
 def add_iteration_flow(run_name: str, output_dir: str = "storage/runs") -> dict[str, Any]:
     """Add one iteration to an existing iterative run and train it (the nightly deployment)."""
-    job = open_job(Path(output_dir) / run_name)
-    if not is_iterative(job.trainer):
-        raise ValueError(f"run {run_name} uses trainer {job.trainer!r}; only iterative runs take more iterations")
-    return train_flow(job.model_copy(update={"num_iterations": job.num_iterations + 1}), resume=True)
+    folder = Path(output_dir) / run_name
+
+    def job() -> JobConfig:
+        stored = reopen(folder)
+        if not is_iterative(stored.trainer):
+            raise ConfigError(
+                [Problem("run", run_name, f"uses trainer {stored.trainer!r}; only iterative runs take more iterations")]
+            )
+        return reopen(folder, stored.num_iterations + 1)
+
+    return start_training(job, resume=True, run_dir=str(folder))  # type: ignore[return-value]

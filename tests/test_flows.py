@@ -62,19 +62,21 @@ def test_round_caching_follows_file_contents(tiny_model_dir, tmp_path):
 
 
 def _assert_round_artifacts(round_index: int) -> None:
+    """The run's round table (as ``pbrl train`` prints it) and its summary, keyed by the run (flows/artifacts.py)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     with get_client(sync_client=True) as client:
         by_key = {
             key: client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-            for key in ("round-metrics-run", "round-summary-run")
+            for key in ("round-table-run", "round-summary-run", "round-report-run")
         }  # keys carry the run's name
-    table, summary = by_key["round-metrics-run"], by_key["round-summary-run"]
-    assert table and table[-1].type == "table" and f"round {round_index}" in table[-1].description
+    table, summary = by_key["round-table-run"], by_key["round-summary-run"]
+    assert table and table[-1].type == "table" and f"run: round {round_index}" in table[-1].description
     rows = json.loads(table[-1].data) if isinstance(table[-1].data, str) else table[-1].data
-    assert {"madpo/loss", "pairs/count"} <= {r["metric"] for r in rows}
+    assert rows[-1]["round"] == str(round_index) and len(rows[-1]) > 3
     assert summary and "Run folder" in summary[-1].data and "update-policies" in summary[-1].data
+    assert by_key["round-report-run"][-1].data.startswith("data:image/png;base64,")
 
 
 def test_changed_train_item_reruns_every_downstream_stage(tiny_model_dir, tmp_path):

@@ -15,96 +15,212 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.artifacts import artifact_key
-from flows.ui import OTHER, TRAINER_FLOWS, config_file, form_signature, group_of
+from flows.ui import (
+    MAIN,
+    OTHER,
+    SECTIONS,
+    TASK_NOTE,
+    TRAINER_FLOWS,
+    config_file,
+    form_defaults,
+    form_job,
+    form_layout,
+    form_schema,
+    hidden_options,
+    one_value,
+)
 from pbrl.cli import app
-from pbrl.config import JOB_CLASSES
+from pbrl.config import JOB_CLASSES, load_job, parse_job
+from pbrl.config.notices import NO_EFFECT_MADPO, NO_EFFECT_MARLHF
+from pbrl.errors import ConfigError
+from pbrl.models.packaged import PACKAGED_MODELS
+from pbrl.tasks.registry import task_names
 
 ROOT = Path(__file__).resolve().parents[1]
+TRAINERS = sorted(JOB_CLASSES)
 
 
-@pytest.mark.parametrize(
-    ("option", "group"),
-    [
-        ("seed", "run"),
-        ("reward_func", "run"),  # named exactly, before the reward_* pattern
-        ("agent_model", "agents"),
-        ("lora_r", "agents"),
-        ("preference_num_candidates", "collection"),
-        ("top_k", "collection"),
-        ("comparator_api_url", "comparator"),
-        ("preference_replay_lambda", "replay"),
-        ("num_iterations", "training"),
-        ("agent_learning_rate", "training"),
-        ("reward_learning_rate", "reward model and RL"),
-        ("critic_type", "reward model and RL"),
-        ("eval_interval", "evaluation"),
-        ("an_option_added_later", OTHER),
-    ],
-)
-def test_every_option_has_a_form_section(option, group):
-    assert group_of(option) == group
+# ------------------------------------------------------------------------------------------ the forms
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_every_option_of_a_trainer_is_in_its_form_once_or_hidden_with_a_reason(trainer):
+    layout, hidden = form_layout(trainer), hidden_options(trainer)
+    placed = [n for options in layout.values() for n in options]
+    assert OTHER.name not in layout, f"place {layout.get(OTHER.name)} in a section of flows.ui.SECTIONS"
+    assert len(placed) == len(set(placed)) and not set(placed) & set(hidden)
+    assert set(placed) | set(hidden) == set(JOB_CLASSES[trainer].model_fields)
+    assert all(why for why in hidden.values())
 
 
-@pytest.mark.parametrize("trainer", sorted(JOB_CLASSES))
-def test_form_has_every_option_of_its_trainer_once_in_a_named_section(trainer):
-    params = form_signature(trainer).parameters
-    options = set(JOB_CLASSES[trainer].model_fields) - {"trainer"}
-    assert set(params) == options | {"resume"}
-    assert [n for n in options if group_of(n) == OTHER] == [], "add these options to flows.ui.GROUPS"
-    sections = [group_of(n) for n in params if n != "resume"]
-    assert sections == sorted(
-        sections,
-        key=[
-            "run",
-            "agents",
-            "collection",
-            "comparator",
-            "replay",
-            "training",
-            "reward model and RL",
-            "evaluation",
-        ].index,
-    )  # one block each
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_form_has_no_option_that_cannot_change_or_changes_nothing(trainer):
+    shown = {n for options in form_layout(trainer).values() for n in options}
+    no_effect = NO_EFFECT_MARLHF if trainer.startswith("marlhf") else NO_EFFECT_MADPO
+    never = {"num_turns", "advantage_mode", "trainer", "run_name"}
+    fixed = {
+        n for n, f in JOB_CLASSES[trainer].model_json_schema()["properties"].items() if len(f.get("enum", [])) == 1
+    }
+    assert not shown & (set(no_effect) | never | fixed)
+    if trainer.startswith("madpo"):  # MADPO is reference-free and learns from pairs: no KL, no advantages
+        assert not {n for n in shown if n.startswith(("reference_", "advantage_"))}
+    else:  # MARLHF: only decentralized agents, and dpo_beta is MADPO's
+        assert not shown & {"collaboration_mode", "dpo_beta"}
+
+
+def test_an_option_of_one_value_is_not_offered():
+    assert one_value({"enum": ["aligned"], "type": "string", "default": "aligned"})
+    assert not one_value({"enum": ["aligned", "cross"], "type": "string"})
+    assert not one_value({"anyOf": [{"enum": ["a"], "type": "string"}, {"type": "null"}]})  # a value or None
+    assert not one_value({"type": "integer"})
 
 
 def test_iterative_and_base_forms_differ_as_their_trainers_do():
-    assert "num_iterations" in form_signature("madpo_iter").parameters
-    assert "num_iterations" not in form_signature("madpo").parameters
-    assert "rl_algorithm" in form_signature("marlhf_iter").parameters
-    assert "rl_algorithm" not in form_signature("madpo_iter").parameters
+    assert "num_iterations" in form_layout("madpo_iter")["main"]
+    assert "num_iterations" not in form_layout("madpo")["main"]
+    assert {"comparator", "api_comparator", "replay"} <= set(form_layout("marlhf_iter"))
+    assert not {"comparator", "api_comparator", "replay", "reward_model", "rl"} & set(form_layout("madpo"))
+    assert "rl_algorithm" in form_layout("marlhf_iter")["main"] and "dpo_beta" not in form_layout("marlhf_iter")["main"]
+    assert form_layout("madpo_iter")["api_comparator"] == tuple(
+        n for n in JOB_CLASSES["madpo_iter"].model_fields if n.startswith("comparator_api_")
+    )  # the API comparator's options, all of them, in a group of their own
 
 
-def test_form_schema_renders_each_option_as_a_typed_field():
+def test_the_options_every_run_needs_come_first_and_are_required():
     from prefect.utilities.callables import parameter_schema
 
     schema = parameter_schema(TRAINER_FLOWS["madpo_iter"].fn).model_dump_for_openapi()
     props = schema["properties"]
-    assert schema.get("required", []) == []  # every field has its default
+    main = ["task", "agent_model", "num_iterations", "preference_num_candidates", "max_new_tokens"]
+    assert schema["required"][:5] == main and set(schema["required"]) == set(form_layout("madpo_iter")["main"])
+    assert sorted(props, key=lambda n: props[n]["position"])[:5] == main
+    assert props["task"]["anyOf"] == [
+        {"type": "string", "enum": task_names(), "title": "registered"},
+        {"type": "string", "minLength": 1, "title": "other"},
+    ]
+    assert props["task"]["description"] == TASK_NOTE
+    assert (
+        props["agent_model"]["anyOf"][0]["enum"] == sorted(PACKAGED_MODELS) == ["smollm2-135m-instruct", "tiny-random"]
+    )
+    assert props["agent_model"]["anyOf"][1] == {"type": "string", "minLength": 1, "title": "folder or hub id"}
     assert props["num_iterations"] == {
-        "default": 6,
         "description": "Rounds of collect -> store -> replay -> learn.",
         "minimum": 1,
-        "position": props["num_iterations"]["position"],
-        "title": "training: num_iterations",
+        "position": 2,
+        "title": "num_iterations",
         "type": "integer",
     }
-    assert props["preference_replay_mode"]["enum"] == ["current", "nearest_k", "all_history", "lambda_decay"]
-    assert props["preference_replay_mode"]["default"] == "current"
-    assert props["train_batch_size"]["anyOf"] == [{"minimum": 1, "type": "integer"}, {"type": "null"}]
-    assert props["dpo_beta"]["exclusiveMinimum"] == 0 and props["dpo_beta"]["default"] == 0.1
-    assert props["task_options"]["default"] == {} and props["task_options"]["type"] == "object"
-    assert props["resume"]["default"] is False and props["resume"]["title"] == "run: resume"
-    assert props["seed"]["position"] == 0  # the run section first
-    assert props["seed"]["position"] < props["agent_model"]["position"] < props["comparator_policy"]["position"]
+    assert form_defaults("madpo_iter") == {
+        "num_iterations": 6,
+        "preference_num_candidates": 20,
+        "max_new_tokens": 256,
+        "num_train_epochs": 1,
+        "agent_learning_rate": 5e-6,
+        "dpo_beta": 0.1,
+    }  # the deployment's parameters: a new form shows them
+
+
+def test_sections_are_groups_at_their_defaults_until_changed():
+    schema = form_schema("madpo_iter")
+    assert [n for n in schema if n not in MAIN] == [s.name for s in SECTIONS if s.name in form_layout("madpo_iter")]
+    defaults, change = schema["replay"]["anyOf"]
+    assert defaults["const"] == {} and defaults["title"] == "defaults"
+    assert defaults["description"] == "At the defaults: preference_replay_mode current; the others empty."
+    assert change["title"] == "change" and list(change["properties"]) == list(form_layout("madpo_iter")["replay"])
+    mode = change["properties"]["preference_replay_mode"]
+    assert mode["enum"] == ["current", "nearest_k", "all_history", "lambda_decay"] and mode["default"] == "current"
+
+
+def _schemas(value):
+    if isinstance(value, dict):
+        yield value
+        for v in value.values():
+            yield from _schemas(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _schemas(v)
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_no_field_offers_none_where_empty_means_the_default(trainer):
+    """An option whose default is None is an empty field (the UI shows 'Property is type "None"' for a None
+    choice); an option with another default keeps None as a choice where it means something (top_k: no cut)."""
+    model = JOB_CLASSES[trainer]
+    takes_none = {n for n, f in model.model_json_schema()["properties"].items() if '"null"' in json.dumps(f)}
+    for section in form_schema(trainer).values():
+        for branch in section.get("anyOf", []):
+            for name, field in branch.get("properties", {}).items():
+                offers_none = any(s.get("type") == "null" for s in _schemas(field))
+                default = model.model_fields[name].get_default(call_default_factory=True)
+                assert offers_none == (default is not None and name in takes_none), name
+                assert field.get("default", "unset") is not None, name
+    collection = form_schema(trainer)["collection"]["anyOf"][1]["properties"]
+    assert {"type": "null"} in collection["top_k"]["anyOf"] and collection["top_k"]["default"] == 50
+
+
+def test_descriptions_keep_their_placeholders_in_both_uis():
+    replay = form_schema("madpo_iter")["replay"]["anyOf"][1]["properties"]
+    assert replay["preference_replay_dir"]["description"].endswith("None = ‹run›/replay.")
+    assert "<" not in json.dumps(form_schema("marlhf_iter")).replace("<=", "")
+
+
+def _values(trainer: str, **given):
+    return {**form_defaults(trainer), **given}
+
+
+def test_a_form_maps_to_the_flat_job_a_config_file_holds(tmp_path):
+    values = _values(
+        "madpo_iter",
+        task="toy",
+        agent_model="tiny-random",
+        num_iterations=3,
+        run={"seed": 7, "task_options": {"num_items": 4}, "output_dir": "storage/runs"},
+        collection={"temperature": 1.0, "top_k": None, "pair_selection": "comparator_reward"},
+        replay={"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 0.5},
+        api_comparator={},
+    )
+    flat = form_job("madpo_iter", "form-run", values)
+    assert flat == {
+        "trainer": "madpo_iter",
+        "run_name": "form-run",
+        "task": "toy",
+        "agent_model": "tiny-random",
+        "num_iterations": 3,
+        "seed": 7,
+        "task_options": {"num_items": 4},
+        "temperature": 1.0,
+        "top_k": None,
+        "preference_replay_mode": "lambda_decay",
+        "preference_replay_lambda": 0.5,
+    }  # values equal to their defaults are left out, as a config file leaves them out
+    config = tmp_path / "same.yaml"
+    config.write_text(
+        "trainer: madpo_iter\nrun_name: form-run\ntask: toy\nagent_model: tiny-random\nnum_iterations: 3\n"
+        "seed: 7\ntask_options: {num_items: 4}\ntemperature: 1.0\ntop_k: null\n"
+        "preference_replay_mode: lambda_decay\npreference_replay_lambda: 0.5\n"
+    )
+    assert parse_job(flat) == load_job(config)
+    assert form_job("madpo_iter", "x", {"task": "toy", "run": {"task_options": {}, "seed": 0}}) == {
+        "trainer": "madpo_iter",
+        "run_name": "x",
+        "task": "toy",
+    }
+
+
+def test_a_form_with_a_misplaced_value_says_so():
+    with pytest.raises(ConfigError) as err:
+        form_job("madpo_iter", "x", {"task": "toy", "run": "seed=1", "replay": {"task": "toy"}})
+    assert [p.field for p in err.value.problems] == ["run", "task"]
+    flat = form_job("madpo_iter", "x", {"task": "toy", "training": {"logging_step": 5}})
+    with pytest.raises(ConfigError, match="did you mean 'logging_steps'"):
+        parse_job(flat)
 
 
 @pytest.mark.parametrize(
     ("kind", "run_name", "key"),
     [
-        ("round-metrics", "demo", "round-metrics-demo"),
+        ("round-table", "demo", "round-table-demo"),
         ("round-summary", "tiny-madpo-iter", "round-summary-tiny-madpo-iter"),
         ("round-report", "Run_1", "round-report-run-1-f3a089d7"),  # sha256("Run_1")[:8]
-        ("round-metrics", "tiny.v2", "round-metrics-tiny-v2-8d6910ff"),
+        ("round-table", "tiny.v2", "round-table-tiny-v2-8d6910ff"),
     ],
 )
 def test_artifact_keys_name_the_run(kind, run_name, key):
@@ -112,8 +228,8 @@ def test_artifact_keys_name_the_run(kind, run_name, key):
 
 
 def test_artifact_keys_of_look_alike_runs_differ():
-    assert artifact_key("round-metrics", "run-1") == "round-metrics-run-1"
-    assert artifact_key("round-metrics", "Run_1") != "round-metrics-run-1"
+    assert artifact_key("round-table", "run-1") == "round-table-run-1"
+    assert artifact_key("round-table", "Run_1") != "round-table-run-1"
 
 
 def test_config_path_falls_back_to_the_checkout(tmp_path, monkeypatch):
@@ -145,19 +261,33 @@ def test_deployments_register_with_forms_that_the_server_enforces():
         "pbrl-train/marlhf",
         "pbrl-train/marlhf-iter",
         "pbrl-train/config-file",
+        "pbrl-train/continue",
         "pbrl-train/train",
     }
     with get_client(sync_client=True) as client:
         form = client.read_deployment(ids["pbrl-train/madpo-iter"])
         assert form.entrypoint.endswith("flows/ui.py:madpo_iter")
-        props = form.parameter_openapi_schema["properties"]
-        assert props["num_iterations"]["description"] == "Rounds of collect -> store -> replay -> learn."
-        client.create_flow_run_from_deployment(form.id, parameters={"num_iterations": 2, "task": "toy"})
-        for bad in ({"num_iterations": 0}, {"preference_replay_mode": "td-lambda"}, {"dpo_beta": "high"}):
+        assert form.parameters == form_defaults("madpo_iter")  # what a new form shows
+        schema = form.parameter_openapi_schema
+        assert schema["required"] == list(form_layout("madpo_iter")["main"])
+        assert schema["properties"]["replay"]["anyOf"] == form_schema("madpo_iter")["replay"]["anyOf"]
+        good = {"task": "toy", "agent_model": "tiny-random", "replay": {"preference_replay_mode": "nearest_k"}}
+        client.create_flow_run_from_deployment(form.id, parameters=good)
+        client.create_flow_run_from_deployment(form.id, parameters={**good, "agent_model": "/models/mine"})
+        for bad in (
+            {"task": "toy"},  # agent_model is required
+            {**good, "num_iterations": 0},
+            {**good, "replay": {"preference_replay_mode": "td-lambda"}},
+            {**good, "dpo_beta": "high"},
+            {**good, "collection": {"top_k": 0}},
+        ):
             with pytest.raises(Exception, match="(?i)validation"):
                 client.create_flow_run_from_deployment(form.id, parameters=bad)
         file_form = client.read_deployment(ids["pbrl-train/config-file"])
         assert file_form.parameter_openapi_schema["required"] == ["config"]
+        again = client.read_deployment(ids["pbrl-train/continue"])
+        assert again.parameter_openapi_schema["required"] == ["run_name"]
+        assert again.parameter_openapi_schema["properties"]["num_iterations"]["type"] == "integer"
 
 
 def _validate_message(tmp_path: Path, config: Path, overrides: list[str]) -> str:
@@ -169,6 +299,12 @@ def _validate_message(tmp_path: Path, config: Path, overrides: list[str]) -> str
     return text
 
 
+def _error_lines(state) -> list[str]:
+    from tests.test_ui_flows import run_logs
+
+    return [log.message for log in run_logs(state.state_details.flow_run_id) if log.level >= 40]
+
+
 @pytest.mark.flow
 @flow_tests
 def test_config_file_flow_rejects_a_config_with_the_messages_of_pbrl_validate(tmp_path):
@@ -176,27 +312,41 @@ def test_config_file_flow_rejects_a_config_with_the_messages_of_pbrl_validate(tm
     overrides = ["preference_replay_mode=td-lambda", "dpo_beta=0", "dpo_betta=0.2"]
     expected = _validate_message(tmp_path, config, overrides)
     state = config_file(config=str(config), overrides=overrides, return_state=True)
-    assert state.is_failed()
-    assert expected in state.message, (expected, state.message)
+    assert state.is_failed() and state.message == "the run did not start: ConfigError, see the run's log"
+    assert str(state.result(raise_on_failure=False)) == expected
+    assert _error_lines(state) == [f"the run did not start (nothing was computed): {expected}"]  # once, no traceback
     for line in ("preference_replay_mode: got 'td-lambda'", "dpo_beta", "did you mean 'dpo_beta'"):
-        assert line in state.message
+        assert line in expected
 
 
 @pytest.mark.flow
 @flow_tests
-def test_trainer_form_rejects_broken_rules_with_the_messages_of_pbrl_validate(tmp_path):
+def test_trainer_form_rejects_broken_rules_with_every_message_of_pbrl_validate_once(tmp_path):
     config = tmp_path / "form.yaml"
-    config.write_text("trainer: madpo_iter\ntask: toy\npreference_replay_mode: nearest_k\n")
+    config.write_text(
+        "trainer: madpo_iter\ntask: toy\nagent_model: tiny-random\n"
+        "pair_selection: all\npreference_replay_mode: nearest_k\n"
+    )
     expected = _validate_message(tmp_path, config, [])
+    assert expected.count("\n  - ") == 2
     state = TRAINER_FLOWS["madpo_iter"](
-        task="toy", preference_replay_mode="nearest_k", output_dir=str(tmp_path), return_state=True
+        **form_defaults("madpo_iter"),
+        task="toy",
+        agent_model="tiny-random",
+        run={"output_dir": str(tmp_path)},
+        collection={"pair_selection": "all"},
+        replay={"preference_replay_mode": "nearest_k"},
+        return_state=True,
     )
     assert state.is_failed()
-    assert expected.splitlines()[1:] == [line for line in state.message.splitlines() if line.startswith("  - ")]
+    assert _error_lines(state) == [f"the run did not start (nothing was computed): {expected}"]
+    from tests.test_ui_flows import run_logs
+
+    assert not [log for log in run_logs(state.state_details.flow_run_id) if "Traceback" in log.message]
     assert list(tmp_path.iterdir()) == [config]  # nothing was created
     from prefect.client.orchestration import get_client
 
-    with get_client(sync_client=True) as client:  # no run_name: the run is named <trainer>-<UTC time>
+    with get_client(sync_client=True) as client:  # called from Python: the run is named <trainer>-<UTC time>
         name = client.read_flow_run(state.state_details.flow_run_id).name
     assert re.fullmatch(r"madpo_iter-\d{8}-\d{6}", name), name
 
