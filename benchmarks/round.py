@@ -6,8 +6,11 @@ stage calls in this one process (no Prefect, so the times are the stages' own): 
 evaluation, then round 1's stages in the flow's order. For each stage: wall seconds and the peak RSS of the
 process so far (``ru_maxrss``, a lifetime high-water mark in MiB, the number ``pbrl train`` reports in its
 round table). Targets (issue #14): round 1 in <= 180 s wall on the 2-core machine when otherwise idle, peak
-RSS <= 2.5 GiB. ``--model`` replaces the demo's agent model (``tiny-random`` checks the script in seconds;
-its targets are information only).
+RSS <= 2.5 GiB; issue #33: <= 120 s with the new defaults. ``--model`` replaces the demo's agent model
+(``tiny-random`` checks the script in seconds; its targets are information only). ``--dynamic-cache`` samples with
+transformers' own KV cache instead of pbrl's preallocated one (the lever of issue #33, for
+``benchmarks/round_levers.py``, which runs this script once per lever setting, interleaved). ``--config`` times
+another job's round with its trainer's stages (``benchmarks/marlhf_cost.py`` times MARLHF's beside MADPO's).
 
 Run: ``.venv/bin/python benchmarks/round.py --model smollm2-135m-instruct``.
 """
@@ -23,26 +26,20 @@ from pathlib import Path
 from benchkit import REPO_ROOT, check, peak_rss_mb, print_checks, write_result
 
 from pbrl.config import load_job
-from pbrl.run.folder import prepare_run
+from pbrl.data.storage import trainer_stages
+from pbrl.run.folder import open_job, prepare_run
+from pbrl.run.threads import configure_threads
 from stages import STAGE_MODULES
 
 DEMO = REPO_ROOT / "flows" / "configs" / "demo.yaml"
-ROUND_STAGES = (
-    "sample-candidates",
-    "score-with-oracle",
-    "build-pairs",
-    "store-round",
-    "replay-select",
-    "update-policies",
-    "evaluate",
-)
-TARGET_ROUND_S = 180.0
+TARGET_ROUND_S = 120.0  # issue #33 (issue #14 asked for 180 s)
 TARGET_PEAK_GB = 2.5
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="packaged alias or model folder")
+    parser.add_argument("--config", type=Path, default=DEMO, help="the job (default the demo's); its trainer's stages")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -51,14 +48,24 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="override a demo option (repeatable), e.g. --set num_train_epochs=2",
     )
+    parser.add_argument("--dynamic-cache", action="store_true", help="transformers' KV cache (issue #33's baseline)")
+    parser.add_argument("--result", default=None, help="result file name (default round / round-overrides)")
     args = parser.parse_args()
+    if args.dynamic_cache:  # the sampling path before issue #33: a cache that copies itself at every token
+        from transformers import DynamicCache
+
+        from pbrl.generation import sampling
+
+        sampling.preallocated_cache = lambda model, capacity: DynamicCache(config=model.config)
     # The targets are the demo's, on SmolLM2: a run with other options is information only.
-    applies = args.model == "smollm2-135m-instruct" and not args.overrides
+    applies = (
+        args.model == "smollm2-135m-instruct" and not args.overrides and not args.dynamic_cache and args.config == DEMO
+    )
     stages: list[dict] = []
     with tempfile.TemporaryDirectory() as out:
         # The user's options first: the folder, the single round and --model are the benchmark's own.
         job = load_job(
-            DEMO,
+            args.config,
             [
                 *args.overrides,
                 f"output_dir={out}",
@@ -69,6 +76,8 @@ def main() -> None:
         )
         start = time.perf_counter()
         run_dir = prepare_run(job, resume=False)
+        job = open_job(run_dir)  # as the flow runs it: 'auto' precision made concrete for this machine
+        configure_threads(job.num_threads)
         stages.append(
             {
                 "round": 0,
@@ -77,7 +86,7 @@ def main() -> None:
                 "peak_rss_mb": peak_rss_mb(),
             }
         )
-        for round_index, names in ((0, ("evaluate",)), (1, ROUND_STAGES)):
+        for round_index, names in ((0, ("evaluate",)), (1, trainer_stages(job.trainer))):
             for name in names:
                 start = time.perf_counter()
                 manifest = STAGE_MODULES[name].run(run_dir, round_index, job)
@@ -109,14 +118,20 @@ def main() -> None:
     ]
     # A run with overrides is written beside the demo's result, never over it.
     path = write_result(
-        "round-overrides" if args.overrides else "round",
+        args.result or ("round-overrides" if args.overrides or args.dynamic_cache or args.config != DEMO else "round"),
         args.model,
         {
             "workload": {
-                "config": str(DEMO.relative_to(REPO_ROOT)),
+                "config": str(args.config.resolve().relative_to(REPO_ROOT)),
+                "trainer": job.trainer,
                 "overrides": ["num_iterations=1", *args.overrides],
                 "agent_model": args.model,
                 "threads": os.environ.get("OMP_NUM_THREADS", "default"),
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                "torch_threads": __import__("torch").get_num_threads(),
+                "kv_cache": "transformers DynamicCache" if args.dynamic_cache else "pbrl preallocated",
+                "torch_dtype": job.torch_dtype,
+                "mixed_precision": job.mixed_precision,
             },
             "stages": stages,
             "round_1_seconds": round(round_s, 3),

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pbrl.config import JobConfig, parse_job
-from pbrl.run.folder import prepare_run
+from pbrl.run.folder import open_job, prepare_run
 
 
 def tiny_job(model_dir: Path, output_dir: Path, **overrides: Any) -> JobConfig:
@@ -34,8 +34,9 @@ def tiny_job(model_dir: Path, output_dir: Path, **overrides: Any) -> JobConfig:
 
 
 def new_run(model_dir: Path, output_dir: Path, **overrides: Any) -> tuple[Path, JobConfig]:
-    job = tiny_job(model_dir, output_dir, **overrides)
-    return prepare_run(job, resume=False), job
+    """A new tiny run's folder and its job as stored (``auto`` settings resolved), the job every front end runs."""
+    run_dir = prepare_run(tiny_job(model_dir, output_dir, **overrides), resume=False)
+    return run_dir, open_job(run_dir)
 
 
 def short_prompt(item: dict) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pbrl.errors import ArtifactError
+from pbrl.errors import ArtifactError, ConfigError
 from pbrl.learning.madpo import PairBatch
 from pbrl.models.loading import load_policy, save_agent
 from pbrl.models.policies import (
@@ -201,6 +201,7 @@ def test_mixed_precision_through_update_policies_writes_the_scaler_and_float32_w
 def test_auto_is_bfloat16_exactly_where_the_cpu_computes_it(monkeypatch):
     from pbrl.models import precision
 
+    monkeypatch.delenv(precision.CPU_BF16_ENV)  # the suite's pin (tests/conftest.py): the flags decide
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
     choice = precision.resolve_precision("auto", "auto", "cpu")
     assert (choice.torch_dtype, choice.mixed_precision) == ("bfloat16", "no")
@@ -212,6 +213,16 @@ def test_auto_is_bfloat16_exactly_where_the_cpu_computes_it(monkeypatch):
     assert choice.reason == "this CPU has none of avx512_bf16, amx_bf16"
     explicit = precision.resolve_precision("bfloat16", "fp16", "cpu")  # explicit settings are kept
     assert (explicit.torch_dtype, explicit.mixed_precision) == ("bfloat16", "fp16")
+    monkeypatch.setenv(precision.CPU_BF16_ENV, "1")  # the override wins over the flags, both ways
+    assert precision.resolve_precision("auto", "auto", "cpu") == precision.PrecisionChoice(
+        "bfloat16", "no", "PBRL_CPU_BF16=1"
+    )
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"})
+    monkeypatch.setenv(precision.CPU_BF16_ENV, "0")
+    assert precision.resolve_precision("auto", "auto", "cpu").torch_dtype == "float32"
+    monkeypatch.setenv(precision.CPU_BF16_ENV, "yes")
+    with pytest.raises(ConfigError, match="PBRL_CPU_BF16: got 'yes'; must be 0 or 1"):
+        precision.resolve_precision("auto", "auto", "cpu")
 
 
 @pytest.mark.parametrize(
@@ -236,12 +247,14 @@ def test_auto_on_cuda_follows_the_gpus_bfloat16_support(monkeypatch, capability,
 
 def test_a_run_records_what_auto_resolved_to_and_keeps_it_on_resume(tiny_model_dir, tmp_path, monkeypatch):
     from pbrl.models import precision
-    from pbrl.run.folder import check_resumable, open_job
+    from pbrl.run.folder import check_resumable, open_job, prepare_run
     from tests.helpers import new_run, tiny_job
 
+    monkeypatch.delenv(precision.CPU_BF16_ENV)
     monkeypatch.setattr(precision, "cpu_flags", lambda: set())
-    run_dir, job = new_run(tiny_model_dir, tmp_path)
+    job = tiny_job(tiny_model_dir, tmp_path)
     assert (job.torch_dtype, job.mixed_precision) == ("auto", "auto")
+    run_dir = prepare_run(job, resume=False)
     stored = open_job(run_dir)
     assert (stored.torch_dtype, stored.mixed_precision) == ("float32", "no")
     # Resumed on a machine that has bfloat16, auto keeps the run's float32: nothing recomputes.

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from pbrl.errors import ArtifactError
+from pbrl.errors import ArtifactError, ConfigError, Problem
 
 MIXED_PRECISION = ("no", "bf16", "fp16")  # accelerate.utils.PrecisionType, without fp8 (needs extra kernels)
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -165,6 +165,10 @@ def load_precision_state(precision: Precision | None, agent_dir: Path) -> None:
 # ---------------------------------------------------------------------------------------------- auto
 AUTO = "auto"
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bfloat16 arithmetic
+# Overrides the CPU's flags for 'auto': 0 = as a CPU without bfloat16 arithmetic, 1 = as one with it. For a machine
+# whose flags are hidden (some VMs and containers) and for reproducing a run of another CPU; the test suite sets 0
+# so its hand-worked float32 values hold on any CPU (tests/conftest.py).
+CPU_BF16_ENV = "PBRL_CPU_BF16"
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,11 @@ def cpu_flags() -> set[str]:
 def native_bf16(device: str | torch.device) -> tuple[bool, str]:
     """Whether ``device`` computes bfloat16 natively, and a short reason: a CUDA GPU that supports it
     (compute capability 8.0 and up, ``torch.cuda.is_bf16_supported``), or a CPU whose flags include
-    ``avx512_bf16`` or ``amx_bf16``."""
+    ``avx512_bf16`` or ``amx_bf16`` (the environment variable ``PBRL_CPU_BF16`` = 0 or 1 overrides the flags).
+
+    Raises:
+        ConfigError: ``PBRL_CPU_BF16`` is set to something other than 0 or 1.
+    """
     device = torch.device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -201,6 +209,11 @@ def native_bf16(device: str | torch.device) -> tuple[bool, str]:
         ok = torch.cuda.is_bf16_supported()
         return ok, f"CUDA compute capability {major}.{minor} {'supports' if ok else 'lacks'} bfloat16"
     if device.type == "cpu":
+        forced = os.environ.get(CPU_BF16_ENV, "").strip()
+        if forced:
+            if forced not in ("0", "1"):
+                raise ConfigError([Problem(CPU_BF16_ENV, forced, "must be 0 or 1 (or unset: the CPU's flags decide)")])
+            return forced == "1", f"{CPU_BF16_ENV}={forced}"
         found = sorted(cpu_flags().intersection(BF16_CPU_FLAGS))
         if found:
             return True, f"this CPU has {', '.join(found)}"

@@ -1,0 +1,94 @@
+"""Benchmark (issue #33): the demo round with each speed lever alone and all together, interleaved.
+
+Runs ``benchmarks/round.py`` (the demo's round 0 evaluation and round 1, stages called directly, one process) once
+per setting, in rounds of all settings, so that a slow period of the machine hits every setting alike:
+
+* ``before``: the settings of 2026-12-01 — float32 weights, no autocast, transformers' KV cache, OpenMP threads
+  spinning while they wait (``OMP_WAIT_POLICY=ACTIVE``);
+* ``+preallocated cache``, ``+passive OpenMP``, ``+bfloat16 weights`` (``torch_dtype: bfloat16``, whether or not
+  this CPU computes bfloat16 natively): one lever each over ``before``;
+* ``defaults``: today's defaults (``auto`` precision, resolved for this machine; the preallocated cache; passive
+  OpenMP waiting).
+
+Writes ``benchmarks/results/round-levers-<model>.json`` with every run's stage seconds and peak RSS, the median round
+seconds per setting and its ratio to ``before``. Run on an idle machine: ``.venv/bin/python benchmarks/round_levers.py
+--repeats 2`` (about 10 runs of ~4 minutes on 2 cores with SmolLM2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from benchkit import RESULTS_DIR, write_result
+
+HERE = Path(__file__).resolve().parent
+BEFORE = ["--set", "torch_dtype=float32", "--set", "mixed_precision=no"]
+SETTINGS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "before": ([*BEFORE, "--dynamic-cache"], {"OMP_WAIT_POLICY": "ACTIVE"}),
+    "+preallocated cache": (BEFORE, {"OMP_WAIT_POLICY": "ACTIVE"}),
+    "+passive OpenMP": ([*BEFORE, "--dynamic-cache"], {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "+bfloat16 weights": (
+        ["--set", "torch_dtype=bfloat16", "--set", "mixed_precision=no", "--dynamic-cache"],
+        {"OMP_WAIT_POLICY": "ACTIVE"},
+    ),
+    "defaults": ([], {"OMP_WAIT_POLICY": "PASSIVE"}),
+}
+
+
+def run_once(name: str, model: str, repeat: int) -> dict:
+    args, env = SETTINGS[name]
+    result = f"round-lever-{name.strip('+').replace(' ', '-')}-{repeat}"
+    cmd = [sys.executable, str(HERE / "round.py"), "--model", model, "--result", result, *args]
+    out = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, cwd=HERE.parent)
+    if out.returncode != 0:
+        raise RuntimeError(f"{name}: round.py failed:\n{out.stderr[-3000:]}")
+    data = json.loads((RESULTS_DIR / f"{result}-{model}.json").read_text())
+    return {
+        "setting": name,
+        "repeat": repeat,
+        "round_1_seconds": data["round_1_seconds"],
+        "peak_rss_gb": data["peak_rss_gb"],
+        "stages": data["stages"],
+        "workload": data["workload"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
+    args = parser.parse_args()
+    runs = []
+    for repeat in range(args.repeats):
+        order = args.settings if repeat % 2 == 0 else list(reversed(args.settings))  # alternate the order
+        for name in order:
+            runs.append(run_once(name, args.model, repeat))
+            print(
+                f"[levers] {name:22s} repeat {repeat}: round 1 {runs[-1]['round_1_seconds']:7.1f} s, "
+                f"peak {runs[-1]['peak_rss_gb']:.2f} GiB",
+                flush=True,
+            )
+    medians = {n: statistics.median(r["round_1_seconds"] for r in runs if r["setting"] == n) for n in args.settings}
+    base = medians.get("before")
+    summary = {
+        n: {
+            "median_round_1_seconds": round(m, 1),
+            "speedup_vs_before": round(base / m, 3) if base else None,
+            "peak_rss_gb": max(r["peak_rss_gb"] for r in runs if r["setting"] == n),
+        }
+        for n, m in medians.items()
+    }
+    for name, row in summary.items():
+        print(f"[levers] {name:22s} median {row['median_round_1_seconds']:7.1f} s  x{row['speedup_vs_before']}")
+    write_result("round-levers", args.model, {"summary": summary, "runs": runs, "method": __doc__})
+
+
+if __name__ == "__main__":
+    main()
