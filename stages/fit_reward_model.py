@@ -19,10 +19,11 @@ import shutil
 from pathlib import Path
 
 from pbrl.config import JobConfig
-from pbrl.data.schema import PAIR_JOINT_IDS, SELECTED_PAIRS, read_rows, read_selected_pairs
+from pbrl.data.schema import PAIR_JOINT_IDS, SELECTED_PAIRS, PairRow, read_rows, read_selected_pairs
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.errors import ArtifactError
+from pbrl.learning.joint_template import JointInput, joint_input_ids, joint_template_for
 from pbrl.learning.reward_model import (
     RewardModelSpec,
     fit_bradley_terry,
@@ -58,11 +59,40 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
 
 
 def spec_of(job: JobConfig) -> RewardModelSpec:
-    """``reward_model_name`` (default: the first agent's model), the run's LoRA settings, the freeze flag."""
+    """``reward_model_name`` (default: the first agent's model), the run's LoRA settings, the freeze flag, the
+    pooling and the number of agents (policies) in a joint response."""
     source = policy_source(job)
     return RewardModelSpec(
-        source=job.reward_model_name or source.models[0], lora=source.lora, freeze_backbone=job.reward_freeze_backbone
+        source=job.reward_model_name or source.models[0],
+        lora=source.lora,
+        freeze_backbone=job.reward_freeze_backbone,
+        pooling=job.reward_pooling,
+        num_agents=len(source.models),
     )
+
+
+def joint_inputs(pairs: list[PairRow], stored: dict[str, dict], job: JobConfig) -> list[tuple[JointInput, JointInput]]:
+    """The kept pairs' (winner, loser) joint inputs with their response spans, rebuilt from the pairs' stored ids
+    (:func:`pbrl.learning.joint_template.joint_input_ids`, deterministic) and checked against the ids build-pairs
+    stored (``pair_joint_ids.parquet``).
+
+    Raises:
+        ArtifactError: a rebuilt input differs from the stored one (names the pair; build-pairs must rerun).
+    """
+    source = policy_source(job)
+    template, _ = joint_template_for(job.reward_model_name or source.models[0], source.models)
+    out = []
+    for p in pairs:
+        w = joint_input_ids(template, p["prompt_ids"], p["winner_ids"], job.reward_max_length)
+        lo = joint_input_ids(template, p["prompt_ids"], p["loser_ids"], job.reward_max_length)
+        row = stored[p["pair_id"]]
+        if w.ids != row["winner_joint_ids"] or lo.ids != row["loser_joint_ids"]:
+            raise ArtifactError(
+                f"pair_joint_ids.parquet: the joint input ids of pair {p['pair_id']!r} differ from its pair's "
+                "token ids (written under another template or reward_max_length); rerun build-pairs of its round"
+            )
+        out.append((w, lo))
+    return out
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
@@ -80,7 +110,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
             "rerun build-pairs of their round"
         )
     kept = [p for p in pairs if joint[p["pair_id"]]["dropped"] is None]
-    usable = [(joint[p["pair_id"]]["winner_joint_ids"], joint[p["pair_id"]]["loser_joint_ids"]) for p in kept]
+    usable = joint_inputs(kept, joint, job)
     dropped = len(pairs) - len(usable)
     out = reward_model_dir(paths.round_dir(round_index))
     if dropped:

@@ -124,6 +124,7 @@ MARLHF_DEFAULTS = {
     "reward_train_batch_size": 1,
     "reward_max_length": None,
     "reward_freeze_backbone": False,
+    "reward_pooling": "segments",
     "rl_algorithm": "magrpo",
     "num_generations": 4,
     "critic_model_name": None,
@@ -1286,6 +1287,8 @@ SPEC_MARLHF |= {
     "critic_value_head_hidden_dim",
     "value_head_hidden_dim",
 }
+# pbrl's own option (issue #30): what the reward model's head reads (the reference's is the last token).
+SPEC_MARLHF |= {"reward_pooling"}
 SPEC_OPTIONS = {
     "madpo": SPEC_COMMON,
     "marlhf": SPEC_COMMON | SPEC_MARLHF,

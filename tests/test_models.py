@@ -267,6 +267,28 @@ def test_lora_policies_share_one_frozen_base_and_nothing_else(tiny: Path, tmp_pa
     assert shared() is None
 
 
+def test_reward_model_backbone_shares_the_policies_frozen_base(tiny: Path, tmp_path: Path) -> None:
+    """Issue #30: a frozen or LoRA reward model over the agents' model holds no second copy of the base weights
+    in a process whose LoRA policies hold them (update-policies), scores as a backbone of its own would, and a
+    fully trained one keeps its own weights."""
+    from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
+
+    lora = LoraSettings(r=4)
+    adapter = models.init_lora_adapter(tiny, lora, tmp_path / "a", seed=0)
+    policy = models.load_policy(tiny, checkpoint_dir=adapter, lora=lora)
+    base = {p.data_ptr() for n, p in policy.named_parameters() if "lora_" not in n}
+    for spec in (RewardModelSpec(str(tiny), freeze_backbone=True), RewardModelSpec(str(tiny), lora=LoraSettings(r=2))):
+        rm = new_reward_model(spec, seed=0)
+        weights = [p.data_ptr() for n, p in rm.backbone.named_parameters() if "lora_" not in n]
+        assert weights and set(weights) <= base
+    own = new_reward_model(RewardModelSpec(str(tiny)), seed=0)  # full training: its own copy
+    assert not {p.data_ptr() for p in own.backbone.parameters()} & base
+    with torch.no_grad():
+        rows = [[5, 6, 7, 8], [9, 10, 11]]
+        shared = new_reward_model(RewardModelSpec(str(tiny), freeze_backbone=True), seed=0)
+        assert torch.equal(shared(rows), own(rows))  # the same weights, the same head init: the same scores
+
+
 def test_save_agent_replaces_existing_folder(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "agent_0"
     model = models.load_model(tiny, trainable=True)

@@ -390,6 +390,8 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
         "source": str(tiny_model_dir),
         "trained": "lora",
         "lora": {"r": 2, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj"]},
+        "pooling": "last_token",
+        "num_agents": 1,
         "max_length": 64,
     }
     old = tmp_path / "old"
@@ -470,5 +472,6 @@ def test_backbone_weights_load_from_safetensors_only(tiny_model_dir, tmp_path):
     state = load_file(pickled / "model.safetensors")
     (pickled / "model.safetensors").unlink()
     torch.save(state, pickled / "pytorch_model.bin")
-    with pytest.raises(OSError):
-        _load_backbone(pickled)
+    for trained in ("full", "head"):  # its own copy, and the base shared with the LoRA policies
+        with pytest.raises(OSError):
+            _load_backbone(pickled, trained=trained, device="cpu")

@@ -23,7 +23,9 @@ from pbrl.learning.reward_model import (
     new_reward_model,
     pair_joint_ids_path,
     pair_metrics,
+    row_features,
     save_reward_model,
+    segment_features,
 )
 from pbrl.models.loading import load_tokenizer
 from pbrl.models.lora import LoraSettings
@@ -163,6 +165,102 @@ def test_saved_model_loads_safely_and_scores_the_same(tiny_model_dir, template, 
         assert torch.allclose(loaded(rows), model(rows), atol=1e-6, rtol=0)
     assert meta["trained"] == spec.trained and meta["max_length"] == 64
     assert not any(p.requires_grad for p in loaded.parameters())
+
+
+# ---------------------------------------------------------------------------------------------- segments pooling
+def test_segment_features_hand_values():
+    """Both rows' hidden states are [0, 1], [2, 3], [4, 5], [6, 7], [8, 9]. Row 0: agent 1's response at positions
+    1-2 (mean of [2, 3] and [4, 5]), agent 2's empty (zeros, log 1 = 0). Row 1: agent 1 at position 0, agent 2 at
+    positions 2-4 (mean of [4, 5], [6, 7], [8, 9])."""
+    hidden = torch.arange(20, dtype=torch.float32).view(2, 5, 2) % 10  # (b=2, t=5, h=2)
+    got = segment_features(hidden, [((1, 3), (4, 4)), ((0, 1), (2, 5))])
+    want = torch.tensor(
+        [
+            [3.0, 4.0, math.log(3), 0.0, 0.0, 0.0],
+            [0.0, 1.0, math.log(2), 6.0, 7.0, math.log(4)],
+        ]
+    )
+    assert got.shape == (2, 2 * (2 + 1)) and torch.allclose(got, want)
+
+
+def _joint_input(template, rng, eos=3):
+    prompts = [[int(x) for x in rng.integers(5, 300, rng.integers(3, 9))] for _ in range(2)]
+    completions = [[*(int(x) for x in rng.integers(5, 300, rng.integers(0, 7))), eos] for _ in range(2)]
+    return joint_input_ids(template, prompts, completions, None)
+
+
+def test_joint_input_spans_are_the_completions():
+    joint = joint_input_ids(T, PROMPTS, COMPLETIONS, 14)  # 2 prompt tokens cut: spans shift with them
+    assert [joint.ids[s:e] for s, e in joint.response_spans] == COMPLETIONS
+    assert joint_input_ids(T, PROMPTS, COMPLETIONS, None).response_spans == ((6, 8), (13, 16))
+
+
+def test_segments_scores_alone_equal_left_and_right_padded(tiny_model_dir, template):
+    spec = RewardModelSpec(str(tiny_model_dir), pooling="segments", num_agents=2)
+    model = new_reward_model(spec, seed=0)
+    assert model.head.in_features == 2 * (model.backbone.config.hidden_size + 1)
+    rng = np.random.default_rng(0)
+    rows = [_joint_input(template, rng) for _ in range(5)]
+    with torch.no_grad():
+        alone = torch.cat([model([r]) for r in rows])
+        right, left = model(rows, "right"), model(rows, "left")
+    assert torch.allclose(right, alone, atol=1e-5, rtol=0) and torch.allclose(left, alone, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="response spans"):
+        model([r.ids for r in rows])  # ids alone cannot be pooled by segment
+
+
+def _length_pairs(template, n, seed):
+    """The winner's agent-2 response is 2 tokens shorter than the loser's; tokens are random otherwise."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(n):
+        prompts = [[int(x) for x in rng.integers(5, 300, 4)] for _ in range(2)]
+        first = [int(x) for x in rng.integers(5, 300, 3)]
+        size = int(rng.integers(2, 6))
+        short, long = ([int(x) for x in rng.integers(5, 300, k)] for k in (size, size + 2))
+        pairs.append(tuple(joint_input_ids(template, prompts, [first, c], None) for c in (short, long)))
+    return pairs
+
+
+def test_frozen_segments_model_learns_lengths_with_one_backbone_pass(tiny_model_dir, template):
+    """A frozen backbone is run once over the distinct rows (not once per step and epoch); the standardization is
+    their features' mean and spread; the head learns that the shorter response wins, on pairs it never saw."""
+    spec = RewardModelSpec(str(tiny_model_dir), freeze_backbone=True, pooling="segments", num_agents=2)
+    model = new_reward_model(spec, seed=0)
+    calls = []
+    model.backbone.register_forward_hook(lambda *_: calls.append(1))
+    pairs = _length_pairs(template, 140, seed=3)
+    train, held = pairs[:120], pairs[120:]
+    stats = fit_bradley_terry(model, train, epochs=30, batch_size=8, learning_rate=1e-2, seed=0, max_grad_norm=1.0)
+    assert stats["steps"] == 30 * 15 and len(calls) == math.ceil(240 / 16)  # 240 distinct rows, 16 per forward
+    features = row_features(model, [r for p in train for r in p])
+    assert torch.allclose(model.feature_shift, features.mean(0), atol=1e-5)
+    assert torch.allclose(model.feature_scale, features.std(0, unbiased=False).clamp(min=1e-6), atol=1e-5)
+    weights = model.head.weight.detach()[0]  # per agent: the mean hidden state (h = 64), then log(1 + length)
+    assert int(weights.abs().argmax()) == 129 and weights[129] < 0  # agent 2's length decides, shorter is better
+    assert pair_metrics(model, held, 16).accuracy >= 0.85  # 20 unseen pairs: chance would be 0.5
+
+
+def test_saved_segments_model_scores_the_same_and_older_records_read_as_last_token(tiny_model_dir, template, tmp_path):
+    import json
+
+    spec = RewardModelSpec(str(tiny_model_dir), freeze_backbone=True, pooling="segments", num_agents=2)
+    model = new_reward_model(spec, seed=0)
+    pairs = _length_pairs(template, 6, seed=1)
+    fit_bradley_terry(model, pairs, epochs=2, batch_size=2, learning_rate=1e-2, seed=0, max_grad_norm=1.0)
+    save_reward_model(model, spec, tmp_path / "rm", max_length=64)
+    loaded, meta = load_reward_model(tmp_path / "rm")
+    rows = [p[0] for p in pairs]
+    with torch.no_grad():
+        assert torch.allclose(loaded(rows), model(rows), atol=1e-6, rtol=0)
+    assert meta["pooling"] == "segments"
+    assert not torch.equal(loaded.feature_scale, torch.ones_like(loaded.feature_scale))
+    old_spec = RewardModelSpec(str(tiny_model_dir), freeze_backbone=True)  # written before pooling existed
+    save_reward_model(new_reward_model(old_spec, seed=0), old_spec, tmp_path / "old", max_length=None)
+    record = json.loads((tmp_path / "old" / "reward_model.json").read_text())
+    del record["pooling"], record["num_agents"]
+    (tmp_path / "old" / "reward_model.json").write_text(json.dumps(record))
+    assert load_reward_model(tmp_path / "old")[0].pooling == "last_token"
 
 
 def test_other_vocabulary_is_refused(tiny_model_dir, tmp_path):

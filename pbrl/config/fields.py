@@ -60,10 +60,13 @@ class _CommonFields(_Fields):
     num_turns: StrictInt = Field(
         1, description="Turns per episode. Must be 1: pbrl trains single-turn joint responses."
     )
-    joint_mode: Literal["aligned"] = Field(
+    joint_mode: Literal["aligned", "cross"] = Field(
         "aligned",
-        description="How candidates form joint responses: "
-        "'aligned' joins the agents' candidates with the same index (only value).",
+        description="How candidates form joint responses: 'aligned' joins the agents' candidates with the same "
+        "index (as the reference); 'cross' scores combinations of the agents' candidates (K^n per item, at most "
+        "max_joint_responses_per_item) and pairs them, counterfactual pairs (one agent's candidate differs) "
+        "included; iterative trainers pair a target combination with the same one after some agents' candidates "
+        "were replaced by comparator candidates. Needs collaboration_mode='decentralized'.",
     )
     dpo_beta: StrictFloat = Field(
         0.1,
@@ -213,10 +216,11 @@ class _SingleRoundFields(_Fields):
         ge=2,
         description="Candidates sampled per agent per item; pairs are formed among the joint candidates of each item.",
     )
-    pair_selection: Literal["reward_gap", "all", "random"] = Field(
+    pair_selection: Literal["reward_gap", "all", "random", "counterfactual"] = Field(
         "reward_gap",
         description="Which pairs of an item to keep: 'reward_gap' (largest score gap first), 'all', "
-        "or 'random' (seeded shuffle).",
+        "'random' (seeded shuffle) or 'counterfactual' (joint_mode='cross' only: pairs that differ in one agent's "
+        "candidate first, the agents in turn, each by largest gap; then the others).",
     )
     preference_pairs_per_sample: StrictInt | None = Field(
         16, ge=1, description="Pairs kept per item after ordering; must be None with pair_selection='all'."
@@ -232,10 +236,12 @@ class _IterativeFields(_Fields):
         "in each round; 1 is enough, since pairs are target j vs comparator "
         "j (the reference asks for >= 2).",
     )
-    pair_selection: Literal["comparator_reward", "reward_gap", "all", "random"] = Field(
+    pair_selection: Literal["comparator_reward", "reward_gap", "all", "random", "counterfactual"] = Field(
         "comparator_reward",
-        description="Order of an item's index-matched target/comparator pairs: "
-        "'comparator_reward' (comparator score, then gap, largest first), 'reward_gap', 'all' or 'random'.",
+        description="Order of an item's target/comparator pairs: "
+        "'comparator_reward' (comparator score, then gap, largest first), 'reward_gap', 'all', 'random' or "
+        "'counterfactual' (joint_mode='cross' only: pairs that differ in one agent's candidate first, the agents "
+        "in turn, each by largest gap; then the others).",
     )
     preference_pairs_per_sample: StrictInt | None = Field(
         4, ge=1, description="Pairs kept per item after ordering; must be None with pair_selection='all'."
@@ -380,6 +386,12 @@ class _RewardModelFields(_Fields):
         None, ge=1, description="Most tokens of a joint text for the reward model; None = the tokenizer's limit."
     )
     reward_freeze_backbone: StrictBool = Field(False, description="Train only the reward model's scalar head.")
+    reward_pooling: Literal["last_token", "segments"] = Field(
+        "segments",
+        description="What the reward model's head reads: 'segments' (per agent, the mean hidden state over its "
+        "response and log(1 + its length), standardized) or 'last_token' (the hidden state at the joint text's "
+        "last token, the reference's).",
+    )
     rl_algorithm: Literal["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"] = Field(
         "magrpo",
         description="RL backend against the learned reward: 'magrpo' (group-mean baseline), "
@@ -529,6 +541,13 @@ class _RunFields(_Fields):
         gt=0,
         description="Seconds one reward_func call may take; past it the call is abandoned and its joint responses "
         "are dropped and counted like any reward failure.",
+    )
+    max_joint_responses_per_item: StrictInt = Field(
+        256,
+        ge=2,
+        description="The oracle's guard with joint_mode='cross' (an item has K^n combinations): at most this many "
+        "combinations per item are scored; when an item has more, this many are drawn without replacement with a "
+        "generator seeded from the run seed, round and item. Aligned joint responses are never capped.",
     )
     generation_batch_size: StrictInt = Field(64, ge=1, description="Rows (prompt x candidate) per generate call.")
     eval_samples_per_item: StrictInt = Field(

@@ -64,11 +64,13 @@ class JointTemplate:
 
 @dataclass(frozen=True)
 class JointInput:
-    """One joint input: ``ids`` (None when dropped), ``prompt_tokens_cut`` and the drop ``reason``."""
+    """One joint input: ``ids`` (None when dropped), ``prompt_tokens_cut``, the drop ``reason``, and where each
+    agent's response lies in ``ids`` (``response_spans[k] = (start, end)``, end exclusive; empty when dropped)."""
 
     ids: list[int] | None
     prompt_tokens_cut: int = 0
     reason: str | None = None
+    response_spans: tuple[tuple[int, int], ...] = ()
 
 
 def joint_input_ids(
@@ -117,11 +119,14 @@ def joint_input_ids(
         prompts[k] = prompts[k][n:]
         remaining -= n
     ids: list[int] = list(template.header)
+    spans = []
     for k in range(a):
         if k:
             ids += template.separator
-        ids += [*template.prompt_markers[k], *prompts[k], *template.response_markers[k], *completion_ids[k]]
-    return JointInput([int(i) for i in ids], cut)
+        ids += [*template.prompt_markers[k], *prompts[k], *template.response_markers[k]]
+        spans.append((len(ids), len(ids) + len(completion_ids[k])))
+        ids += completion_ids[k]
+    return JointInput([int(i) for i in ids], cut, None, tuple(spans))
 
 
 def check_same_vocabulary(reward_tokenizer: Any, agent_tokenizers: Sequence[Any], reward_model_name: str) -> None:

@@ -3,17 +3,26 @@ response.
 
 **Joint input**: :mod:`pbrl.learning.joint_template`.
 
-**Model.** :class:`JointRewardModel`: a causal-LM backbone without its LM head (``AutoModel``), a scalar
-linear head on the last layer's hidden state at the **last non-padding token** of each row. Masks and
-position ids come from the row lengths, never from comparing ids with the pad id, so left and right
+**Model.** :class:`JointRewardModel`: a causal-LM backbone without its LM head (``AutoModel``) and a scalar
+linear head on a pooled feature vector of the last layer's hidden states (``pooling``, :data:`POOLINGS`):
+
+- ``last_token`` (the reference's): the hidden state at the **last non-padding token** of the joint text (h);
+- ``segments``: per agent k, the mean hidden state over agent k's response tokens and log(1 + their count)
+  (a·(h+1), :func:`segment_features`), standardized with the mean and spread of the training rows' features
+  (stored with the head). The last token of a long joint text says little about which joint response is
+  better; what decides the docs task's preference (each response's length and content) lives in the
+  segments (measured in docs/results/marlhf.md).
+
+Masks and position ids come from the row lengths, never from comparing ids with the pad id, so left and right
 padding give the same score as the row alone and pad == EOS is safe. Forwards run in eval mode (dropout
 off): fitting and scoring are deterministic.
 
 **Fitting.** Bradley–Terry (Bradley and Terry 1952; Christiano et al. 2017; Ouyang et al. 2022 eq. 1):
-L = −log σ(R(w) − R(l)), mean over a batch, AdamW. Saved with safetensors (:func:`save_reward_model`),
-loaded with safe loaders only (:func:`load_reward_model`).
+L = −log σ(R(w) − R(l)), mean over a batch, AdamW. With a frozen backbone the features of every row are
+computed once and only the head is stepped (the same losses, without a backbone forward per step). Saved with
+safetensors (:func:`save_reward_model`), loaded with safe loaders only (:func:`load_reward_model`).
 
-Shape legend: b batch (rows), t tokens, h hidden size.
+Shape legend: b batch (rows), t tokens, h hidden size, a agents, f features.
 """
 
 from __future__ import annotations
@@ -32,10 +41,10 @@ from torch import nn
 from transformers import AutoModel
 
 from pbrl.data.storage import RunPaths, atomic_dir, read_json, read_manifest, write_json
-from pbrl.learning.joint_template import TEMPLATE_VERSION, JointTemplate, joint_input_ids
+from pbrl.learning.joint_template import TEMPLATE_VERSION, JointInput, JointTemplate, joint_input_ids
 from pbrl.learning.losses import bradley_terry_loss
 from pbrl.models.forward import eval_mode, pad_rows
-from pbrl.models.loading import load_tokenizer, resolve_devices, resolve_model_source
+from pbrl.models.loading import load_tokenizer, resolve_devices, resolve_model_source, shared_backbone
 from pbrl.models.lora import LoraSettings, quiet_peft_wrapping
 
 PAIR_JOINT_IDS_FILE = "pair_joint_ids.parquet"  # rounds/<r>/: the pairs' joint input ids (build-pairs)
@@ -44,19 +53,64 @@ _META = "reward_model.json"
 _HEAD = "head.safetensors"
 
 
+POOLINGS = ("last_token", "segments")
+STANDARDIZE_EPS = 1e-6  # a feature's spread is clamped here before dividing (a constant feature stays 0)
+
+JointRow = JointInput | Sequence[int]  # a joint input with its response spans, or its ids alone (last_token)
+
+
+def segment_features(hidden: torch.Tensor, spans: Sequence[Sequence[tuple[int, int]]]) -> torch.Tensor:
+    """Per row and agent: the mean of ``hidden`` over the agent's response positions [start, end) and
+    log(1 + end − start); an empty response gives zeros and log 1 = 0.
+
+    Args:
+        hidden: (b, t, h) hidden states of right-padded rows.
+        spans: per row, one (start, end) per agent (``JointInput.response_spans``), the same count a for all.
+
+    Returns:
+        (b, a·(h+1)) features, agent by agent: [mean_1 (h), log-length_1, …, mean_a, log-length_a].
+    """
+    b, t, _ = hidden.shape
+    bounds = torch.tensor([list(row) for row in spans], dtype=torch.long, device=hidden.device)  # (b, a, 2)
+    pos = torch.arange(t, device=hidden.device)  # (t,)
+    inside = (pos >= bounds[..., :1]) & (pos < bounds[..., 1:])  # (b, a, t)
+    counts = inside.sum(-1, keepdim=True)  # (b, a, 1)
+    means = torch.einsum("bat,bth->bah", inside.to(hidden.dtype), hidden) / counts.clamp(min=1)  # (b, a, h)
+    return torch.cat([means, torch.log1p(counts.to(hidden.dtype))], dim=-1).reshape(b, -1)  # (b, a·(h+1))
+
+
+def _split_rows(rows: Sequence[JointRow]) -> tuple[list[list[int]], list[tuple[tuple[int, int], ...]] | None]:
+    ids = [list(r.ids) if isinstance(r, JointInput) else list(r) for r in rows]
+    spans = [r.response_spans for r in rows] if all(isinstance(r, JointInput) for r in rows) else None
+    return ids, spans
+
+
 class JointRewardModel(nn.Module):
-    """Backbone (a causal LM's base model, or a peft model around it) + a scalar head (h → 1)."""
+    """Backbone (a causal LM's base model, or a peft model around it) + a scalar head (f → 1) on pooled features.
 
-    def __init__(self, backbone: nn.Module, head: nn.Linear, pad_token_id: int):
+    ``feature_shift`` and ``feature_scale`` (buffers, (f,)) standardize the features before the head: 0 and 1
+    until :meth:`standardize_on` sets them (``segments``; ``last_token`` keeps the reference's raw hidden state).
+    """
+
+    def __init__(self, backbone: nn.Module, head: nn.Linear, pad_token_id: int, pooling: str = "last_token"):
         super().__init__()
-        self.backbone, self.head, self.pad_token_id = backbone, head, int(pad_token_id)
+        if pooling not in POOLINGS:
+            raise ValueError(f"reward_pooling: got {pooling!r}; allowed: {', '.join(POOLINGS)}")
+        self.backbone, self.head, self.pad_token_id, self.pooling = backbone, head, int(pad_token_id), pooling
+        self.register_buffer("feature_shift", torch.zeros(head.in_features))
+        self.register_buffer("feature_scale", torch.ones(head.in_features))
 
-    def forward(self, joint_ids: Sequence[Sequence[int]], padding_side: str = "right") -> torch.Tensor:
-        """Scores R of b joint inputs, shape (b,), float32, on the head's device; gradients flow when enabled.
+    def features(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
+        """Pooled, unstandardized features of b rows, (b, f) float32 on the head's device; gradients flow when
+        enabled. Every submodule runs in eval mode (dropout off) and gets its mode back afterwards.
 
-        Every submodule runs in eval mode (dropout off) and gets its mode back afterwards.
+        Raises:
+            ValueError: ``segments`` pooling with rows that are ids alone (no response spans).
         """
-        input_ids, mask, positions, last = pad_rows(joint_ids, self.pad_token_id, padding_side)
+        ids, spans = _split_rows(rows)
+        if self.pooling == "segments" and spans is None:
+            raise ValueError("reward_pooling 'segments' needs each row's response spans (JointInput rows)")
+        input_ids, mask, positions, last = pad_rows(ids, self.pad_token_id, padding_side)
         device = self.head.weight.device
         with eval_mode(self):
             hidden = self.backbone(
@@ -65,16 +119,49 @@ class JointRewardModel(nn.Module):
                 position_ids=positions.to(device),
                 use_cache=False,
             ).last_hidden_state  # (b, t, h)
-            pooled = hidden[torch.arange(len(joint_ids), device=device), last.to(device)]  # (b, h)
-            return self.head(pooled.to(self.head.weight.dtype)).squeeze(-1)  # (b,)
+            if self.pooling == "last_token":
+                pooled = hidden[torch.arange(len(ids), device=device), last.to(device)]  # (b, h)
+            else:
+                offsets = (input_ids.shape[1] - torch.tensor([len(r) for r in ids])) if padding_side == "left" else None
+                shifted = spans if offsets is None else [
+                    tuple((s + int(o), e + int(o)) for s, e in row) for row, o in zip(spans, offsets, strict=True)
+                ]  # fmt: skip
+                pooled = segment_features(hidden, shifted)  # (b, a·(h+1))
+        return pooled.to(self.head.weight.dtype)
+
+    def head_scores(self, features: torch.Tensor) -> torch.Tensor:
+        """Scores (b,) of pooled features (b, f): the head on the standardized features."""
+        return self.head((features - self.feature_shift) / self.feature_scale).squeeze(-1)
+
+    def forward(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
+        """Scores R of b joint inputs, shape (b,), float32, on the head's device; gradients flow when enabled."""
+        return self.head_scores(self.features(rows, padding_side))
+
+    @torch.no_grad()
+    def standardize_on(self, features: torch.Tensor) -> None:
+        """``segments``: set the standardization to the mean and population spread (clamped at
+        :data:`STANDARDIZE_EPS`) of ``features`` (n, f), the training rows'; ``last_token``: nothing changes."""
+        if self.pooling == "segments" and len(features):
+            self.feature_shift.copy_(features.mean(0))
+            self.feature_scale.copy_(features.std(0, unbiased=False).clamp(min=STANDARDIZE_EPS))
+
+    @property
+    def backbone_frozen(self) -> bool:
+        return not any(p.requires_grad for p in self.backbone.parameters())
 
 
 @torch.no_grad()
-def score_joint(model: JointRewardModel, joint_ids: Sequence[Sequence[int]], batch_size: int = 16) -> list[float]:
+def row_features(model: JointRewardModel, rows: Sequence[JointRow], batch_size: int = 16) -> torch.Tensor:
+    """:meth:`JointRewardModel.features` of many rows without gradients, ``batch_size`` rows per forward, (n, f)."""
+    return torch.cat([model.features(rows[s : s + batch_size]) for s in range(0, len(rows), batch_size)])
+
+
+@torch.no_grad()
+def score_joint(model: JointRewardModel, rows: Sequence[JointRow], batch_size: int = 16) -> list[float]:
     """Scores of many joint inputs without gradients, ``batch_size`` rows per forward (right padding)."""
     out: list[float] = []
-    for start in range(0, len(joint_ids), batch_size):
-        out += [float(x) for x in model(joint_ids[start : start + batch_size]).double().cpu()]
+    for start in range(0, len(rows), batch_size):
+        out += [float(x) for x in model(rows[start : start + batch_size]).double().cpu()]
     return out
 
 
@@ -88,20 +175,31 @@ class RewardModelSpec:
             or the first agent's model). Stored as given; the run folder never names an absolute path.
         lora: LoRA on the backbone, or None (train every backbone weight).
         freeze_backbone: train the head only (``reward_freeze_backbone``; LoRA is then not applied).
+        pooling: what the head reads (``reward_pooling``, :data:`POOLINGS`).
+        num_agents: agents per joint response (the ``segments`` head has a·(h+1) inputs).
     """
 
     source: str
     lora: LoraSettings | None = None
     freeze_backbone: bool = False
+    pooling: str = "last_token"
+    num_agents: int = 1
+
+    def head_inputs(self, hidden_size: int) -> int:
+        """f: h for ``last_token``, a·(h+1) for ``segments``."""
+        return hidden_size if self.pooling == "last_token" else self.num_agents * (hidden_size + 1)
 
     @property
     def trained(self) -> str:
         return "head" if self.freeze_backbone else ("lora" if self.lora is not None else "full")
 
 
-def _load_backbone(path: Path) -> nn.Module:
-
-    return AutoModel.from_pretrained(path, dtype=torch.float32, local_files_only=True, use_safetensors=True)
+def _load_backbone(path: Path, *, trained: str, device: str) -> nn.Module:
+    """The float32 backbone: its own copy when every weight trains (``full``), else over the frozen base weights
+    that this process's LoRA policies of the same model already hold (one copy in memory)."""
+    if trained == "full":
+        return AutoModel.from_pretrained(path, dtype=torch.float32, local_files_only=True, use_safetensors=True)
+    return shared_backbone(path, device=device)
 
 
 def _pad_id(source: Path) -> int:
@@ -117,8 +215,8 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
     src = resolve_model_source(spec.source, field="reward_model_name")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        backbone = _load_backbone(src)
-        head = nn.Linear(backbone.config.hidden_size, 1)
+        backbone = _load_backbone(src, trained=spec.trained, device=device)
+        head = nn.Linear(spec.head_inputs(backbone.config.hidden_size), 1)
         if spec.trained == "head":
             backbone.requires_grad_(False)
         elif spec.trained == "lora":
@@ -130,7 +228,7 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
             )
             with quiet_peft_wrapping():
                 backbone = get_peft_model(backbone, config)
-    return JointRewardModel(backbone, head, _pad_id(src)).to(device)
+    return JointRewardModel(backbone, head, _pad_id(src), spec.pooling).to(device)
 
 
 def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: Path, *, max_length: int | None) -> None:
@@ -138,7 +236,8 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
     (``backbone/`` for full training, ``adapter/`` for LoRA, none when frozen); ``reward_model.json`` last."""
 
     with atomic_dir(Path(out_dir)) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}, tmp / _HEAD)
+        head = {**model.head.state_dict(), "feature_shift": model.feature_shift, "feature_scale": model.feature_scale}
+        save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, tmp / _HEAD)
         if spec.trained == "full":
             model.backbone.save_pretrained(tmp / "backbone", safe_serialization=True)
         elif spec.trained == "lora":
@@ -150,6 +249,8 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
                 "source": spec.source,
                 "trained": spec.trained,
                 "lora": asdict(spec.lora) if spec.lora is not None else None,
+                "pooling": spec.pooling,
+                "num_agents": spec.num_agents,
                 "max_length": max_length,
             },
         )
@@ -170,14 +271,20 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     if meta.get("template") != TEMPLATE_VERSION:
         raise ValueError(f"{folder / _META}: template {meta.get('template')!r}, expected {TEMPLATE_VERSION!r}")
     src = resolve_model_source(meta["source"], field="reward_model_name")
-    backbone = _load_backbone(folder / "backbone" if meta["trained"] == "full" else src)
+    backbone = _load_backbone(
+        folder / "backbone" if meta["trained"] == "full" else src, trained=meta["trained"], device=device
+    )
     if meta["trained"] == "lora":
         with quiet_peft_wrapping():
             backbone = PeftModel.from_pretrained(backbone, str(folder / "adapter"), is_trainable=False)
     state = load_file(str(folder / _HEAD))
     head = nn.Linear(state["weight"].shape[1], 1)
-    head.load_state_dict(state)
-    model = JointRewardModel(backbone, head, _pad_id(src)).to(device)
+    head.load_state_dict({k: state[k] for k in ("weight", "bias")})
+    model = JointRewardModel(backbone, head, _pad_id(src), meta.get("pooling", "last_token"))  # older: last_token
+    for name in ("feature_shift", "feature_scale"):
+        if name in state:
+            getattr(model, name).copy_(state[name])
+    model = model.to(device)
     model.requires_grad_(False)
     model.eval()
     return model, meta
@@ -191,11 +298,12 @@ class PairMetrics:
     margin_mean: float  # mean R(w) − R(l)
 
 
+Pair = tuple[JointRow, JointRow]  # (winner, loser)
+
+
 @torch.no_grad()
-def pair_metrics(
-    model: JointRewardModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int
-) -> PairMetrics:
-    """Loss, accuracy and mean margin of ``pairs`` (winner ids, loser ids); NaN for no pairs."""
+def pair_metrics(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int) -> PairMetrics:
+    """Loss, accuracy and mean margin of ``pairs`` (winner, loser); NaN for no pairs."""
     if not pairs:
         return PairMetrics(math.nan, math.nan, math.nan)
     w = torch.tensor(score_joint(model, [p[0] for p in pairs], batch_size), dtype=torch.float64)  # (b,)
@@ -207,10 +315,8 @@ def pair_metrics(
 
 
 @torch.no_grad()
-def pair_correct(
-    model: JointRewardModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int
-) -> list[bool]:
-    """Per pair (winner ids, loser ids): whether the model scores the winner strictly higher."""
+def pair_correct(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int) -> list[bool]:
+    """Per pair (winner, loser): whether the model scores the winner strictly higher."""
     if not pairs:
         return []
     w = score_joint(model, [p[0] for p in pairs], batch_size)
@@ -218,9 +324,25 @@ def pair_correct(
     return [a > b for a, b in zip(w, lo, strict=True)]
 
 
+def _distinct_rows(pairs: Sequence[Pair]) -> tuple[list[JointRow], list[tuple[int, int]]]:
+    """The distinct rows of the pairs (by ids, first-seen order) and each pair as (winner, loser) row indexes."""
+    index: dict[tuple[int, ...], int] = {}
+    rows: list[JointRow] = []
+    for pair in pairs:
+        for row in pair:
+            key = tuple(row.ids if isinstance(row, JointInput) else row)
+            if key not in index:
+                index[key] = len(rows)
+                rows.append(row)
+    keys = [tuple(tuple(r.ids if isinstance(r, JointInput) else r) for r in pair) for pair in pairs]
+    return rows, [(index[w], index[lo]) for w, lo in keys]
+
+
+# Over 60 lines: one fitting loop reads top to bottom (standardize, then per step: scores, loss, checks, step);
+# the frozen and trained paths differ in one line (cached features or a forward).
 def fit_bradley_terry(
     model: JointRewardModel,
-    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pairs: Sequence[Pair],
     *,
     epochs: int,
     batch_size: int,
@@ -229,11 +351,15 @@ def fit_bradley_terry(
     max_grad_norm: float | None,
     on_step: Callable[[float], None] | None = None,
 ) -> dict[str, int]:
-    """Fit ``model`` in place: ``epochs`` passes over ``pairs`` (winner ids, loser ids) in a seeded order,
-    ``batch_size`` pairs per AdamW step (torch defaults besides ``lr``), winner and loser rows in one padded
-    forward, gradient norm clipped to ``max_grad_norm`` (None: not clipped). A step whose loss or gradient
-    norm is not finite is skipped (parameters and optimizer state untouched) and counted. ``on_step(loss)`` is
-    called after every step (the stage's progress).
+    """Fit ``model`` in place: ``epochs`` passes over ``pairs`` (winner, loser) in a seeded order,
+    ``batch_size`` pairs per AdamW step (torch defaults besides ``lr``), winner and loser rows scored together,
+    gradient norm clipped to ``max_grad_norm`` (None: not clipped). A step whose loss or gradient norm is not
+    finite is skipped (parameters and optimizer state untouched) and counted. ``on_step(loss)`` is called after
+    every step (the stage's progress).
+
+    First the standardization of ``segments`` features is set from the distinct training rows
+    (:meth:`JointRewardModel.standardize_on`). With a frozen backbone those rows' features are computed once
+    (no gradients, eval mode, as every forward) and each step runs the head alone on them.
 
     Returns:
         ``{"steps": n, "skipped_steps": n}``.
@@ -241,12 +367,21 @@ def fit_bradley_terry(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=learning_rate)
     rng = np.random.default_rng(seed)
+    rows, index = _distinct_rows(pairs)
+    joint = isinstance(model, JointRewardModel)  # any other module: a plain scorer of rows (tests' hand models)
+    frozen = joint and model.backbone_frozen
+    cached = row_features(model, rows) if rows and joint and (frozen or model.pooling == "segments") else None
+    if cached is not None:
+        model.standardize_on(cached)
+    if not frozen:
+        cached = None  # the backbone moves: features are recomputed at every step
     steps = skipped = 0
     for _ in range(epochs):
         order = rng.permutation(len(pairs))
         for begin in range(0, len(pairs), batch_size):
-            chunk = [pairs[j] for j in order[begin : begin + batch_size]]
-            scores = model([p[0] for p in chunk] + [p[1] for p in chunk])  # (2b,)
+            chunk = [index[j] for j in order[begin : begin + batch_size]]
+            both = [w for w, _ in chunk] + [lo for _, lo in chunk]  # winners then losers: (2b,)
+            scores = model.head_scores(cached[both]) if cached is not None else model([rows[j] for j in both])
             loss = bradley_terry_loss(scores[: len(chunk)], scores[len(chunk) :]).mean()
             steps += 1
             if on_step is not None:
@@ -326,7 +461,7 @@ class RewardScorer:
             joint_input_ids(self.template, p, c, self.max_length)
             for p, c in zip(prompt_ids, completion_ids, strict=True)
         ]
-        kept = [j.ids for j in joint if j.ids is not None]
+        kept = [j for j in joint if j.ids is not None]
         scores = iter(score_joint(self.model, kept, self.batch_size))
         return [(next(scores), j.ids) if j.ids is not None else (None, None) for j in joint]
 

@@ -30,7 +30,6 @@ import torch
 
 from pbrl.learning.critics import ACTOR_CRITIC, CriticSet, actor_critic_advantages, normalize_batch
 from pbrl.learning.logprobs import completion_token_logprobs as scoring_token_logprobs
-from pbrl.learning.logprobs import sequence_logprobs
 from pbrl.learning.losses import k3_kl, policy_gradient_loss
 from pbrl.models.forward import has_dropout, training_forward
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
@@ -155,6 +154,32 @@ def apply_update(policy: TrainablePolicy, loss: torch.Tensor, max_grad_norm: flo
     )
 
 
+def training_token_logprobs(
+    policy: TrainablePolicy,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    seed: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training forward of an RL step: (n, c) float32 token log-probs of every completion token, with
+    gradients, and the (n, c) bool mask of real tokens (:func:`pbrl.learning.logprobs.completion_token_logprobs`).
+    Seeded by ``seed`` (dropout masks, :func:`pbrl.models.forward.training_forward`), or without dropout when
+    ``seed`` is None; under the policy's autocast.
+
+    Raises:
+        ValueError: ``seed`` is None while the model has dropout.
+    """
+    if seed is None:
+        if has_dropout(policy.model):
+            raise ValueError("seeds: a policy has dropout (lora_dropout > 0); its forwards need a dropout seed")
+        with autocast(policy.precision):
+            return scoring_token_logprobs(policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id)
+    with training_forward(policy.model, seed, policy.precision):
+        return scoring_token_logprobs(
+            policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id, dropout=True
+        )
+
+
 def rl_agent_step(
     policy: TrainablePolicy,
     prompt_ids: Sequence[Sequence[int]],
@@ -163,10 +188,11 @@ def rl_agent_step(
     *,
     max_grad_norm: float | None,
     seed: int | None,
+    token_logprobs: torch.Tensor | None = None,
 ) -> tuple[float, str]:
     """Update one agent on n rows. Rows with A = 0 carry no signal: when every row's A is 0 the agent is not
-    stepped (AdamW momentum would still move it). The forward is a training forward seeded by ``seed``
-    (dropout masks), or without dropout when ``seed`` is None.
+    stepped (AdamW momentum would still move it). The forward is :func:`training_token_logprobs` (seeded by
+    ``seed``), unless the caller already ran it and passes its ``token_logprobs`` (n, c) with their graph.
 
     Returns:
         (loss, outcome) with outcome ``"updated"``, ``"no_signal"`` or ``"skipped"`` (non-finite).
@@ -176,16 +202,10 @@ def rl_agent_step(
     """
     if not bool((advantages != 0).any()):
         return 0.0, "no_signal"
-    if seed is None:
-        if has_dropout(policy.model):
-            raise ValueError("seeds: a policy has dropout (lora_dropout > 0); its forwards need a dropout seed")
-        with autocast(policy.precision):
-            logps = sequence_logprobs(policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id)
-    else:
-        with training_forward(policy.model, seed, policy.precision):
-            logps = sequence_logprobs(
-                policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id, dropout=True
-            )
+    if token_logprobs is None:
+        token_logprobs, _ = training_token_logprobs(policy, prompt_ids, completion_ids, seed=seed)
+    # Summed in float64 as sequence_logprobs does; padding positions hold 0.
+    logps = token_logprobs.double().sum(-1) if token_logprobs.shape[1] else token_logprobs.new_zeros(len(advantages))
     loss = policy_gradient_loss(advantages, logps)
     return float(loss.detach()), "skipped" if apply_update(policy, loss, max_grad_norm) else "updated"
 
@@ -279,13 +299,6 @@ def run_rl(
                 len(chunk), g
             )  # (b, g)
             kl = torch.zeros((a, len(rows_items)), dtype=torch.float64)  # (a, n)
-            if references is not None:
-                for i in range(a):
-                    pol, mask = completion_token_logprobs(
-                        policies[i].model, prompts[i], completions[i], pad_token_id=policies[i].pad_token_id
-                    )
-                    ref, _ = references[i].token_logprobs(prompts[i], completions[i])
-                    kl[i] = k3_kl(pol, ref, mask)
             critic_batch = critics.evaluate(prompts, completions) if critics is not None else None
             if critic_batch is not None:  # a critic input that does not fit leaves its item group out
                 ok &= critic_batch.ok.view(len(chunk), g).all(dim=-1)
@@ -294,6 +307,18 @@ def run_rl(
             advantages = torch.zeros((a, len(rows_items)), dtype=torch.float64)  # (a, n)
             returns = torch.zeros((a, len(rows_items)), dtype=torch.float64)  # (a, n): R − c·KL_i
             for i in range(a):
+                step_seed, tokens = dropout_seed(i, out.steps), None
+                if references is not None:  # KL to the reference, from the step's own training forward
+                    tokens, mask = training_token_logprobs(policies[i], prompts[i], completions[i], seed=step_seed)
+                    pol = (
+                        tokens.detach().double().cpu()
+                        if not has_dropout(policies[i].model)
+                        else completion_token_logprobs(  # dropout on: the KL is measured without it
+                            policies[i].model, prompts[i], completions[i], pad_token_id=policies[i].pad_token_id
+                        )[0]
+                    )
+                    ref, _ = references[i].token_logprobs(prompts[i], completions[i])
+                    kl[i] = k3_kl(pol, ref, mask.cpu())
                 shaped = rewards - (settings.kl_coef or 0.0) * kl[i].view(len(chunk), g)  # (b, g)
                 returns[i] = shaped.reshape(-1)
                 if critic_batch is not None:
@@ -310,8 +335,10 @@ def run_rl(
                     completions[i],
                     advantages[i],
                     max_grad_norm=settings.max_grad_norm,
-                    seed=dropout_seed(i, out.steps),
+                    seed=step_seed,
+                    token_logprobs=tokens,
                 )
+                del tokens  # the graph of this agent's forward
                 out.skipped[i] += outcome == "skipped"
                 metrics[f"rl/loss_agent_{i}"] = loss
             if critic_batch is not None:  # after the policy steps: a value head sees its moved backbone

@@ -222,6 +222,29 @@ def _shared_base(key: tuple[str, torch.dtype, str], load: Any) -> Any:
     return tree
 
 
+def shared_backbone(source: str | Path, *, device: str = "cpu") -> Any:
+    """The base model (the causal LM without its LM head, what ``AutoModel`` loads) of ``source`` in float32, over
+    the frozen weights this process's LoRA policies of the same source, dtype and device already hold (one copy
+    in memory, :func:`_shared_base`; loaded when none is alive). The module tree is the caller's own (LoRA may be
+    wrapped into it); its weights must never be written (a frozen or LoRA-trained reward model only).
+    Global RNG state is left untouched."""
+
+    src = _local(source)
+
+    def load() -> Any:
+        model = AutoModelForCausalLM.from_pretrained(
+            src, dtype=torch.float32, local_files_only=True, use_safetensors=True
+        )
+        _fill_pad_ids(model, src)
+        return model.to(device)
+
+    with torch.random.fork_rng(devices=[]):
+        lm = _shared_base((str(src), torch.float32, device), load)
+    backbone = getattr(lm, lm.base_model_prefix)
+    backbone.__dict__["_pbrl_shared_base"] = lm.__dict__["_pbrl_shared_base"]  # keeps the shared entry alive
+    return backbone.to(device)
+
+
 def _fill_pad_ids(model: Any, src: Path) -> None:
     if model.config.pad_token_id is not None and model.generation_config.pad_token_id is not None:
         return

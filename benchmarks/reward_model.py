@@ -1,0 +1,335 @@
+"""Benchmark: what does the joint reward model learn of the docs task's preference? Accuracy on pairs of unseen items.
+
+Data: one collection of the demo job (``flows/configs/demo.yaml``: 2 SmolLM2-135M-Instruct agents on
+``humaneval_docs``) through the product's own stages — sample-candidates then score-with-oracle with
+``--candidates`` target and as many comparator candidates per item (comparator = the current policy, so every
+joint response is a draw of the same policy) on ``--items`` training problems. Every pair of an item's joint
+responses whose task rewards differ by more than ``tie_tolerance`` is a preference pair (winner = higher reward).
+
+Held out by *item*: for a training size of n items, ``--splits`` seeded draws of n items train a representation's
+head; its accuracy is measured on **every pair of every other item** (no prompt, no response shared with a training
+pair). Reported per representation and size: the mean and range over splits of the held-out accuracy, the
+training pairs and the held-out pairs.
+
+Representations (the backbone is frozen in all of them; each is a linear Bradley–Terry head on standardized
+features, fitted to convergence with L-BFGS and an L2 penalty, i.e. a logistic regression on the feature
+differences of winner and loser):
+- ``last_token``: the last hidden state at the last token of the joint text (the reference's reward model);
+- ``segments``: per agent the mean of the last hidden states over its response tokens and log(1 + its response
+  tokens) (:func:`pbrl.learning.reward_model.segment_features`, the product's ``reward_pooling: segments``);
+- ``segment_lengths``: only the log(1 + response tokens) of each agent;
+- ``hand``: a yardstick of what is learnable: words of the summary and of the explanation (log), the explanation /
+  summary length ratio (log), the identifier coverage of the explanation, both lengths within bounds.
+``--product`` also fits the product's reward model the way fit-reward-model does (AdamW, the run's learning rate,
+epochs and batch size) for the configured pooling and training (head only or LoRA), on one split per size.
+
+Writes ``benchmarks/results/reward-model-<model>.json``. Run: ``python benchmarks/reward_model.py`` (about 20 min
+on 2 idle CPU cores, mostly the sampling; ``--keep`` keeps the run folder, ``--from-run`` reuses one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from benchkit import REPO_ROOT, peak_rss_mb, write_result
+
+from pbrl.config import JobConfig, load_job
+from pbrl.data.items import read_items
+from pbrl.data.schema import SCORES, read_joint_responses, read_rows
+from pbrl.data.storage import RunPaths
+from pbrl.learning.joint_template import JointTemplate, joint_input_ids
+from pbrl.learning.reward_model import RewardModelSpec, fit_bradley_terry, new_reward_model, pair_correct
+from pbrl.models.loading import load_tokenizer, resolve_model_source
+from pbrl.run.folder import open_job, prepare_run
+from pbrl.run.threads import configure_threads
+
+CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
+REPRESENTATIONS = ("last_token", "segments", "segment_lengths", "hand")
+L2 = 1.0  # the L2 penalty of the logistic regressions (on standardized features, summed over pairs)
+
+
+def collect(out: Path, args: argparse.Namespace) -> Path:
+    """The product's sample-candidates and score-with-oracle on ``args.items`` training problems."""
+    from stages import STAGE_MODULES
+
+    job = load_job(
+        CONFIG,
+        [
+            f"agent_model={args.model}",
+            f"task_options={{num_train_items: {args.items}, num_eval_items: 4}}",
+            f"preference_num_candidates={args.candidates}",
+            f"max_new_tokens={args.max_new_tokens}",
+            "num_iterations=1",
+            f"seed={args.seed}",
+            f"output_dir={out}",
+            "run_name=reward-model-data",
+        ],
+    )
+    run_dir = prepare_run(job, resume=False)
+    for stage in ("sample-candidates", "score-with-oracle"):
+        started = time.perf_counter()
+        STAGE_MODULES[stage].run(run_dir, 1, job)
+        print(f"[reward-model] {stage}: {time.perf_counter() - started:.0f} s", flush=True)
+    return run_dir
+
+
+def joint_responses(run_dir: Path, job: JobConfig) -> list[dict[str, Any]]:
+    """Every scored joint response of round 1: item, reward, prompts and completions (text and ids) per agent."""
+    paths = RunPaths(run_dir)
+    rewards = {
+        (s["item_id"], s["side"], s["candidate_index"]): s["reward"]
+        for s in read_rows(paths.scores(1), SCORES)
+        if s["failure"] is None
+    }
+    out = []
+    for key, rows in read_joint_responses(paths.candidates(1), job.num_agents).items():
+        if key in rewards:
+            out.append(
+                {
+                    "item_id": key[0],
+                    "reward": rewards[key],
+                    "prompt_ids": [r["prompt_ids"] for r in rows],
+                    "completion_ids": [r["completion_ids"] for r in rows],
+                    "completions": [r["completion"] for r in rows],
+                }
+            )
+    return out
+
+
+def preference_pairs(responses: list[dict[str, Any]], tie_tolerance: float) -> list[tuple[int, int]]:
+    """(winner, loser) indexes into ``responses``: every pair of one item's responses, rewards apart by > tol."""
+    pairs = []
+    for i, a in enumerate(responses):
+        for j in range(i + 1, len(responses)):
+            b = responses[j]
+            if a["item_id"] == b["item_id"] and abs(a["reward"] - b["reward"]) > tie_tolerance:
+                pairs.append((i, j) if a["reward"] > b["reward"] else (j, i))
+    return pairs
+
+
+@torch.no_grad()
+def backbone_features(responses: list[dict[str, Any]], job: JobConfig) -> dict[str, np.ndarray]:
+    """``last_token`` (n, h), ``segments`` (n, a·(h+1)) and ``segment_lengths`` (n, a) of the frozen backbone."""
+    from pbrl.learning.reward_model import segment_features
+    from pbrl.models.forward import pad_rows
+
+    spec = RewardModelSpec(source=job.agent_model, freeze_backbone=True)
+    model = new_reward_model(spec, seed=0)
+    template = JointTemplate.build(load_tokenizer(resolve_model_source(spec.source)), job.num_agents)
+    inputs = [joint_input_ids(template, r["prompt_ids"], r["completion_ids"], 512) for r in responses]
+    last, segments = [], []
+    for start in range(0, len(inputs), 8):
+        chunk = inputs[start : start + 8]
+        ids, mask, positions, last_index = pad_rows([x.ids for x in chunk], model.pad_token_id, "right")
+        hidden = model.backbone(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
+        last.append(hidden[torch.arange(len(chunk)), last_index])
+        segments.append(segment_features(hidden, [x.response_spans for x in chunk]))
+    seg = torch.cat(segments).double().numpy()
+    h = model.backbone.config.hidden_size
+    lengths = seg[:, [k * (h + 1) + h for k in range(job.num_agents)]]
+    return {"last_token": torch.cat(last).double().numpy(), "segments": seg, "segment_lengths": lengths}
+
+
+def hand_features(responses: list[dict[str, Any]], items: dict[str, dict]) -> np.ndarray:
+    """The yardstick's 5 features per response (see the module docstring), (n, 5)."""
+    from pbrl.tasks.humaneval_docs import EXPLANATION_WORDS, SUMMARY_WORDS, coverage, key_identifiers
+
+    rows = []
+    for r in responses:
+        s, e = (c.strip() for c in r["completions"])
+        ws, we = len(s.split()), len(e.split())
+        ok = SUMMARY_WORDS[0] <= ws <= SUMMARY_WORDS[1] and EXPLANATION_WORDS[0] <= we <= EXPLANATION_WORDS[1]
+        cov = coverage(e, key_identifiers(items[r["item_id"]])) if e else 0.0
+        rows.append([math.log1p(ws), math.log1p(we), math.log((len(e) + 1) / (len(s) + 1)), cov, float(ok)])
+    return np.array(rows, dtype=np.float64)
+
+
+def fit_logistic(x: np.ndarray, pairs: list[tuple[int, int]]) -> np.ndarray:
+    """Scores z·w of every response, with w the weights of P(winner ≻ loser) = σ(w·(z_w − z_l)) on standardized
+    features z, L2 penalty :data:`L2` (L-BFGS to convergence); the standardization is over the training pairs'
+    responses."""
+    used = sorted({i for p in pairs for i in p})
+    mean, std = x[used].mean(0), x[used].std(0) + 1e-8
+    z = torch.tensor((x - mean) / std)
+    diff = z[[w for w, _ in pairs]] - z[[lo for _, lo in pairs]]  # (p, f)
+    w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w], max_iter=500, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.softplus(-(diff @ w)).sum() + 0.5 * L2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return (z @ w.detach()).numpy()  # every response's score, (n,)
+
+
+def accuracy(scores: np.ndarray, pairs: list[tuple[int, int]]) -> float:
+    return float(np.mean([scores[w] > scores[lo] for w, lo in pairs])) if pairs else math.nan
+
+
+def splits(items: list[str], n_train: int, count: int, seed: int) -> list[set[str]]:
+    rng = np.random.default_rng(seed)
+    return [set(rng.choice(items, size=n_train, replace=False).tolist()) for _ in range(count)]
+
+
+def table(
+    features: dict[str, np.ndarray], responses: list[dict], pairs: list[tuple[int, int]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    items = sorted({r["item_id"] for r in responses})
+    rows = []
+    for n in args.train_items:
+        for rep, x in features.items():
+            accs, n_train, n_held = [], [], []
+            for train_items in splits(items, n, args.splits, args.seed):
+                train = [p for p in pairs if responses[p[0]]["item_id"] in train_items]
+                held = [p for p in pairs if responses[p[0]]["item_id"] not in train_items]
+                accs.append(accuracy(fit_logistic(x, train), held))
+                n_train.append(len(train))
+                n_held.append(len(held))
+            rows.append(
+                {
+                    "representation": rep,
+                    "train_items": n,
+                    "train_pairs_mean": statistics.fmean(n_train),
+                    "heldout_pairs_mean": statistics.fmean(n_held),
+                    "heldout_accuracy_mean": round(statistics.fmean(accs), 4),
+                    "heldout_accuracy_min": round(min(accs), 4),
+                    "heldout_accuracy_max": round(max(accs), 4),
+                }
+            )
+            r = rows[-1]
+            print(
+                f"  {rep:16s} {n:3d} items ({r['train_pairs_mean']:5.1f} pairs): held-out accuracy "
+                f"{r['heldout_accuracy_mean']:.3f} [{r['heldout_accuracy_min']:.2f}, {r['heldout_accuracy_max']:.2f}]"
+                f" on {r['heldout_pairs_mean']:.0f} pairs",
+                flush=True,
+            )
+    return rows
+
+
+def product_fits(
+    responses: list[dict], pairs: list[tuple[int, int]], job: JobConfig, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """The product's reward model, fitted as fit-reward-model does, on one split per training size."""
+    from stages.fit_reward_model import spec_of
+
+    job = job.model_copy(update=dict(args.product_settings))
+    spec = spec_of(job)
+    template = JointTemplate.build(load_tokenizer(resolve_model_source(spec.source)), job.num_agents)
+    inputs = [joint_input_ids(template, r["prompt_ids"], r["completion_ids"], 512) for r in responses]
+    items = sorted({r["item_id"] for r in responses})
+    rows = []
+    for n in args.train_items:
+        train_items = splits(items, n, 1, args.seed)[0]
+        train = [(inputs[w], inputs[lo]) for w, lo in pairs if responses[w]["item_id"] in train_items]
+        held = [(inputs[w], inputs[lo]) for w, lo in pairs if responses[w]["item_id"] not in train_items]
+        model = new_reward_model(spec, seed=args.seed)
+        started = time.perf_counter()
+        stats = fit_bradley_terry(
+            model,
+            train,
+            epochs=job.reward_num_train_epochs,
+            batch_size=job.reward_train_batch_size,
+            learning_rate=job.reward_learning_rate,
+            seed=args.seed,
+            max_grad_norm=job.max_grad_norm,
+        )
+        seconds = time.perf_counter() - started
+        rows.append(
+            {
+                "settings": dict(args.product_settings),
+                "trained": spec.trained,
+                "train_items": n,
+                "train_pairs": len(train),
+                "heldout_pairs": len(held),
+                "train_accuracy": statistics.fmean(pair_correct(model, train, 16)),
+                "heldout_accuracy": statistics.fmean(pair_correct(model, held, 16)),
+                "fit_seconds": round(seconds, 1),
+                **stats,
+            }
+        )
+        print(f"  product {rows[-1]}", flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--items", type=int, default=20, help="training problems sampled")
+    parser.add_argument("--candidates", type=int, default=5, help="target (and comparator) candidates per item")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="the demo's 48")
+    parser.add_argument("--train-items", type=int, nargs="+", default=[2, 4, 8, 12, 16])
+    parser.add_argument("--splits", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--from-run", type=Path, help="reuse the run folder of an earlier --keep")
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--product",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="also fit the product's reward model with these job settings (repeatable)",
+    )
+    args = parser.parse_args()
+    configure_threads(None)
+    started = time.perf_counter()
+    run_dir = args.from_run or collect(Path(tempfile.mkdtemp(prefix="pbrl-rm-")), args)
+    job = open_job(run_dir)
+    responses = joint_responses(run_dir, job)
+    pairs = preference_pairs(responses, job.tie_tolerance)
+    items = {x["item_id"]: x for x in read_items(RunPaths(run_dir), "train")}
+    print(f"[reward-model] {len(responses)} joint responses, {len(pairs)} pairs on {len(items)} items", flush=True)
+    features = {**backbone_features(responses, job), "hand": hand_features(responses, items)}
+    rows = table(features, responses, pairs, args)
+    product = []
+    for spec in args.product:
+        args.product_settings = {k: _value(v) for k, v in (kv.split("=", 1) for kv in spec.split(","))}
+        product += product_fits(responses, pairs, job, args)
+    winners_shorter = statistics.fmean(
+        len(responses[w]["completion_ids"][0]) < len(responses[lo]["completion_ids"][0]) for w, lo in pairs
+    )
+    path = write_result(
+        "reward-model",
+        Path(args.model).name,
+        {
+            "run": str(run_dir) if args.keep or args.from_run else None,
+            "items": len(items),
+            "joint_responses": len(responses),
+            "pairs": len(pairs),
+            "winner_has_shorter_summary": round(winners_shorter, 3),
+            "table": rows,
+            "product": product,
+            "peak_rss_mb": peak_rss_mb(),
+            "total_s": round(time.perf_counter() - started, 1),
+            "method": __doc__.split("\n\n", 1)[1].split("\n\nWrites")[0],
+        },
+    )
+    print(f"result: {path}")
+    if not (args.keep or args.from_run):
+        import shutil
+
+        shutil.rmtree(Path(run_dir).parent, ignore_errors=True)
+    else:
+        print(f"run folder: {run_dir}")
+    return 0
+
+
+def _value(text: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
