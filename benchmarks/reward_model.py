@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from benchkit import REPO_ROOT, peak_rss_mb, write_result
 
-from pbrl.config import JobConfig, load_job
+from pbrl.config import JOB_CLASSES, JobConfig, load_job, parse_job
 from pbrl.data.items import read_items
 from pbrl.data.schema import SCORES, read_joint_responses, read_rows
 from pbrl.data.storage import RunPaths
@@ -224,7 +224,9 @@ def product_fits(
     """The product's reward model, fitted as fit-reward-model does, on one split per training size."""
     from stages.fit_reward_model import spec_of
 
-    job = job.model_copy(update=dict(args.product_settings))
+    # The collection ran the demo's MADPO job; the reward model's options are MARLHF's: the same run as marlhf_iter.
+    run = {k: v for k, v in job.model_dump().items() if k in JOB_CLASSES["marlhf_iter"].model_fields}
+    job = parse_job({**run, "trainer": "marlhf_iter", **args.product_settings})
     spec = spec_of(job)
     template = JointTemplate.build(load_tokenizer(resolve_model_source(spec.source)), job.num_agents)
     inputs = [joint_input_ids(template, r["prompt_ids"], r["completion_ids"], 512) for r in responses]

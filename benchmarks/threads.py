@@ -4,7 +4,7 @@ Each child process loads the model and samples the same rows (``generate``, 12 r
 prompts), once alone and then two at a time, under three settings:
 
 * ``spinning, 2 threads``: torch's default before issue #33 (``OMP_WAIT_POLICY=ACTIVE``, one thread per core);
-* ``passive, 2 threads``: pbrl's default now (``OMP_WAIT_POLICY=PASSIVE``; threads = the CPUs the process owns);
+* ``passive, 2 threads``: ``OMP_WAIT_POLICY=PASSIVE`` in the environment (what the docs advise on a shared machine);
 * ``passive, 1 thread``: what a process gets when it owns one CPU (a Ray shard or actor, or ``num_threads: 1``).
 
 For every child: wall seconds of the sampling and the CPU seconds its threads burnt meanwhile

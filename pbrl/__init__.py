@@ -1,9 +1,8 @@
 """pbrl: multi-agent preference-based RL for cooperating LLM agents."""
 
-import os
-
-# OpenMP threads that wait for work sleep instead of spinning (pbrl/run/threads.py says why); set before torch
-# loads its OpenMP runtime, which reads it once. A value the user set wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's wait policy is left as the user (or the OpenMP runtime) sets it: on an idle 2-core machine passive
+# waiting made the demo round 1.35x slower (update-policies 74 -> 110 s; measured in
+# docs/results/benchmarks.md#precision-the-sampling-path-and-threads), and what protects a shared machine is
+# fitting the threads to the CPUs a process owns (pbrl/run/threads.py).
 
 __version__ = "0.1.0"

@@ -364,3 +364,21 @@ def test_the_heldout_pairs_are_the_pairs_of_items_never_seen_in_fitting():
     assert len({items[i] for i in held}) == 1  # round(0.25 * 4) items
     assert heldout_split(items, 0.25, seed=5) == (train, held)  # seeded
     assert heldout_split(["a", "a"], 0.5, seed=0) == ([0, 1], [])  # one item: nothing can be held out
+
+
+def test_pair_scores_run_each_distinct_row_once(tiny_model_dir, template):
+    """Found measuring 410 pairs of 128 joint responses: every pair's rows were scored again. Each distinct row is
+    scored once now, with the same scores as per pair."""
+    from pbrl.learning.reward_model import pair_correct, score_joint
+
+    spec = RewardModelSpec(str(tiny_model_dir), freeze_backbone=True, pooling="segments", num_agents=2)
+    model = new_reward_model(spec, seed=0)
+    rows = [r for p in _length_pairs(template, 3, seed=4) for r in p]  # 6 distinct rows
+    pairs = [(rows[i], rows[j]) for i in range(6) for j in range(6) if i != j]  # 30 pairs over them
+    calls = []
+    model.backbone.register_forward_hook(lambda *_: calls.append(1))
+    metrics, correct = pair_metrics(model, pairs, 16), pair_correct(model, pairs, 16)
+    assert len(calls) == 2  # one forward of the 6 rows per call, not 60 rows
+    each = [score_joint(model, [r], 1)[0] for r in rows]
+    assert correct == [each[i] > each[j] for i in range(6) for j in range(6) if i != j]
+    assert metrics.accuracy == 0.5  # every ordered pair and its reverse

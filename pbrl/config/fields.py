@@ -576,8 +576,8 @@ class _RunFields(_Fields):
         ge=1,
         description="torch's intra-op threads (and OpenMP's) in the process that runs the stages; None = the CPUs "
         "this process may use (its affinity mask, capped by a cgroup CPU quota). Ray shards and actors use the "
-        "CPUs Ray reserved for them. OpenMP waits passively (OMP_WAIT_POLICY=PASSIVE), so a shared machine is "
-        "not burnt by spinning threads.",
+        "CPUs Ray reserved for them. On a machine other jobs share, also set OMP_WAIT_POLICY=PASSIVE in the "
+        "environment (waiting threads sleep instead of spinning).",
     )
     gradient_checkpointing: StrictBool = Field(
         False,

@@ -306,8 +306,7 @@ def pair_metrics(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int
     """Loss, accuracy and mean margin of ``pairs`` (winner, loser); NaN for no pairs."""
     if not pairs:
         return PairMetrics(math.nan, math.nan, math.nan)
-    w = torch.tensor(score_joint(model, [p[0] for p in pairs], batch_size), dtype=torch.float64)  # (b,)
-    lo = torch.tensor(score_joint(model, [p[1] for p in pairs], batch_size), dtype=torch.float64)  # (b,)
+    w, lo = (torch.tensor(x, dtype=torch.float64) for x in _pair_scores(model, pairs, batch_size))  # (b,) each
     margins = w - lo
     return PairMetrics(
         float(bradley_terry_loss(w, lo).mean()), float((margins > 0).double().mean()), float(margins.mean())
@@ -319,9 +318,16 @@ def pair_correct(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int
     """Per pair (winner, loser): whether the model scores the winner strictly higher."""
     if not pairs:
         return []
-    w = score_joint(model, [p[0] for p in pairs], batch_size)
-    lo = score_joint(model, [p[1] for p in pairs], batch_size)
+    w, lo = _pair_scores(model, pairs, batch_size)
     return [a > b for a, b in zip(w, lo, strict=True)]
+
+
+def _pair_scores(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int) -> tuple[list[float], list[float]]:
+    """The winners' and the losers' scores, each distinct row scored once: a joint response is in many pairs
+    (every pair of an item's responses shares them), so scoring per pair would repeat most forwards."""
+    rows, index = _distinct_rows(pairs)
+    scores = score_joint(model, rows, batch_size)
+    return [scores[w] for w, _ in index], [scores[lo] for _, lo in index]
 
 
 def _distinct_rows(pairs: Sequence[Pair]) -> tuple[list[JointRow], list[tuple[int, int]]]:

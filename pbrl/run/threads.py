@@ -5,11 +5,14 @@ for their partners. On a shared machine (other jobs, or several Ray workers per 
 CPU of the work itself: measured here, a SmolLM2 ``generate`` at load ~13 on 2 cores took 4.2x the wall time and
 8.8x the CPU with 2 spinning threads against 1 thread (docs/results/benchmarks.md). So pbrl
 
-* sets ``OMP_WAIT_POLICY=PASSIVE`` for its processes (``pbrl/__init__.py``, before torch loads OpenMP; an
-  explicit setting of the user's wins): waiting threads sleep instead of spinning;
 * gives torch as many threads as the CPUs this process may use: ``num_threads`` when set, else its affinity mask
   (``os.sched_getaffinity``) capped by a cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``); a Ray
   shard or actor gets the CPUs Ray reserved for it.
+
+OpenMP's wait policy is not changed: ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep instead of spinning) helps where
+other work shares the cores, but on an idle machine it made the demo round 1.35x slower (update-policies 74 ->
+110 s, docs/results/benchmarks.md#precision-the-sampling-path-and-threads); set it in the environment for a
+machine you share.
 """
 
 from __future__ import annotations
