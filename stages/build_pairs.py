@@ -189,8 +189,14 @@ def _has_empty(joint: dict, item_id: str, pair: Pair) -> bool:
 def _pair_row(round_index, pair_index, item_id, p: Pair, joint, by_side, mean, iterative) -> dict:
     w = joint[(item_id, p.winner.side, p.winner.index)]
     lo = joint[(item_id, p.loser.side, p.loser.index)]
-    raw_w = by_side[p.winner.side][p.winner.index][1]
-    raw_l = by_side[p.loser.side][p.loser.index][1]
+    raw = (by_side[p.winner.side][p.winner.index][1], by_side[p.loser.side][p.loser.index][1])
+    return _row(round_index, pair_index, item_id, p, (w, lo), raw, mean, iterative)
+
+
+def _row(round_index, pair_index, item_id, p: Pair, rows, raw, mean, iterative) -> dict:
+    """The columns aligned and cross pairs share; ``rows`` = the (winner, loser) joint responses' agent rows and
+    ``raw`` their raw rewards."""
+    (w, lo), (raw_w, raw_l) = rows, raw
     target_raw = comparator_raw = None
     if iterative:
         target_raw = raw_w if p.winner.side == "target" else raw_l
@@ -225,35 +231,9 @@ def _pair_row(round_index, pair_index, item_id, p: Pair, joint, by_side, mean, i
 
 def _cross_pair_row(round_index, pair_index, item_id, p: Pair, joint, raw, mean, iterative) -> dict:
     """A :data:`~pbrl.data.schema.CROSS_PAIRS` row, token ids included (the caller drops them before writing)."""
-    w, lo = _agent_rows(joint, item_id, p.winner), _agent_rows(joint, item_id, p.loser)
-    raw_w, raw_l = raw[p.winner], raw[p.loser]
-    target_raw = comparator_raw = None
-    if iterative:
-        target_raw = raw_w if p.winner.side == "target" else raw_l
-        comparator_raw = raw_w if p.winner.side == "comparator" else raw_l
-    prompt_rows = w if p.winner.side == "target" else lo  # the target-side joint response's, as aligned pairs
+    rows = (_agent_rows(joint, item_id, p.winner), _agent_rows(joint, item_id, p.loser))
     return {
-        "pair_id": f"r{round_index:04d}-p{pair_index:05d}",
-        "round_index": round_index,
-        "pair_index": pair_index,
-        "item_id": item_id,
-        "winner_side": p.winner.side,
-        "winner_index": p.winner.index,
-        "loser_side": p.loser.side,
-        "loser_index": p.loser.index,
-        "winner_reward": p.winner_score,
-        "loser_reward": p.loser_score,
-        "winner_raw_reward": raw_w,
-        "loser_raw_reward": raw_l,
-        "candidate_reward_mean": mean,
-        "target_raw_reward": target_raw,
-        "comparator_raw_reward": comparator_raw,
-        "prompts": [r["prompt"] for r in prompt_rows],
-        "prompt_ids": [r["prompt_ids"] for r in prompt_rows],
-        "winner_completions": [r["completion"] for r in w],
-        "winner_ids": [r["completion_ids"] for r in w],
-        "loser_completions": [r["completion"] for r in lo],
-        "loser_ids": [r["completion_ids"] for r in lo],
+        **_row(round_index, pair_index, item_id, p, rows, (raw[p.winner], raw[p.loser]), mean, iterative),
         "winner_candidate_sides": [side for side, _ in p.winner.agents or ()],
         "winner_candidate_indices": [index for _, index in p.winner.agents or ()],
         "loser_candidate_sides": [side for side, _ in p.loser.agents or ()],
