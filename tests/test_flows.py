@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -38,7 +39,7 @@ def test_round_caching_follows_file_contents(tiny_model_dir, tmp_path):
         "update-policies",
         "evaluate",
     }
-    _assert_round_artifacts(round_index=1)
+    _assert_round_artifacts(run_dir, round_index=1)
     # Same round again: nothing executes.
     assert executed(round_flow(str(run_dir), "run", 1, job)) == set()
     # A deleted output reruns its stage; the rebuilt file is identical, so nothing downstream runs.
@@ -61,8 +62,9 @@ def test_round_caching_follows_file_contents(tiny_model_dir, tmp_path):
     assert "sample-candidates" in executed(again)
 
 
-def _assert_round_artifacts(round_index: int) -> None:
-    """The run's round table (as ``pbrl train`` prints it) and its summary, keyed by the run (flows/artifacts.py)."""
+def _assert_round_artifacts(run_dir: Path, round_index: int) -> None:
+    """The run's round table (as ``pbrl train`` prints it), report and summary, keyed by the run's name
+    (flows/artifacts.py); other tests' runs named "run" share the keys, so this run's are told by its folder."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -71,12 +73,14 @@ def _assert_round_artifacts(round_index: int) -> None:
             key: client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
             for key in ("round-table-run", "round-summary-run", "round-report-run")
         }  # keys carry the run's name
-    table, summary = by_key["round-table-run"], by_key["round-summary-run"]
-    assert table and table[-1].type == "table" and f"run: round {round_index}" in table[-1].description
+    root = str(Path(run_dir).resolve())
+    table = [a for a in by_key["round-table-run"] if root in a.description]
+    summary = [a for a in by_key["round-summary-run"] if root in a.data]
+    assert table and table[-1].type == "table" and f"run: round {round_index} " in table[-1].description
     rows = json.loads(table[-1].data) if isinstance(table[-1].data, str) else table[-1].data
     assert rows[-1]["round"] == str(round_index) and len(rows[-1]) > 3
-    assert summary and "Run folder" in summary[-1].data and "update-policies" in summary[-1].data
-    assert by_key["round-report-run"][-1].data.startswith("data:image/png;base64,")
+    assert summary and "update-policies" in summary[-1].data
+    assert by_key["round-report-run"] and by_key["round-report-run"][-1].data.startswith("data:image/png;base64,")
 
 
 def test_changed_train_item_reruns_every_downstream_stage(tiny_model_dir, tmp_path):
