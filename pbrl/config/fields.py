@@ -562,7 +562,8 @@ class _RunFields(_Fields):
         description="Dtype of frozen model weights (reference, comparator copies, a LoRA base, sampling "
         "copies); trainable parameters are always float32 master weights (see mixed_precision). 'auto' (★) is "
         "bfloat16 where the agents' device computes it natively (a CUDA GPU with bfloat16, a CPU with avx512_bf16 "
-        "or amx_bf16), else float32; a run records what auto resolved to and keeps it on resume.",
+        "or amx_bf16; the environment variable PBRL_CPU_BF16=0 or 1 overrides a CPU's flags), else float32; a run "
+        "records what auto resolved to and keeps it on resume.",
     )
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
         "auto",

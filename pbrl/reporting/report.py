@@ -209,11 +209,7 @@ def draw_per_round(ax: Axes, table: pd.DataFrame, run_dir: str | Path, marlhf: b
                 ax.plot(table[col].dropna().index, table[col].dropna().values, marker="o", color=color, label=label)
         ax.set(ylim=(-0.05, 1.05), ylabel="pair accuracy")
         if "rl_kl" in table and table["rl_kl"].notna().any():
-            kl_ax = ax.twinx()
-            kl = table["rl_kl"].dropna()
-            kl_ax.plot(kl.index, kl.values, marker="s", linestyle="--", color="tab:red", label="RL: KL to reference")
-            kl_ax.set(ylabel="KL (nats)")
-            _legend(ax, extra=[kl_ax])
+            _legend(ax, extra=[_right_axis(ax, table["rl_kl"], "RL: KL to reference", "KL (nats)", "tab:red")])
         else:
             _legend(ax)
         ax.set(title="Reward model and RL per round", xlabel="round")
@@ -239,14 +235,20 @@ def draw_critic(ax: Axes, table: pd.DataFrame) -> None:
     loss = table["critic_loss"].dropna()
     ax.plot(loss.index, loss.values, marker="o", color="tab:brown", label="value loss")
     if "critic_explained_variance" in table:
-        ev_ax = ax.twinx()
-        ev = table["critic_explained_variance"].dropna()
-        ev_ax.plot(ev.index, ev.values, marker="s", linestyle="--", color="tab:cyan", label="explained variance")
-        ev_ax.set(ylabel="explained variance")
-        _legend(ax, extra=[ev_ax])
+        ev = table["critic_explained_variance"]
+        _legend(ax, extra=[_right_axis(ax, ev, "explained variance", "explained variance", "tab:cyan")])
     else:
         _legend(ax)
     ax.set(title="Critic per round", xlabel="round", ylabel="value loss")
+
+
+def _right_axis(ax: Axes, series: pd.Series, label: str, ylabel: str, color: str) -> Axes:
+    """``series`` (per round, NaN where not measured) as a dashed line on a second y axis at the right of ``ax``."""
+    right = ax.twinx()
+    values = series.dropna()
+    right.plot(values.index, values.values, marker="s", linestyle="--", color=color, label=label)
+    right.set(ylabel=ylabel)
+    return right
 
 
 def draw_completions(ax: Axes, stats: pd.DataFrame, max_new_tokens: int | None) -> None:
