@@ -225,7 +225,8 @@ def pass_rate(rows: list[dict], items: dict[str, dict]) -> float:
 def round_record(
     paths: RunPaths, job: JobConfig, r: int, pairs: list[tuple[dict, dict]], items: dict[str, dict]
 ) -> dict[str, Any]:
-    from pbrl.data.schema import EVAL, read_rows
+    from pbrl.data.schema import EVAL
+    from pbrl.data.tables import read_rows
 
     ev = read_manifest(paths, r, "evaluate")
     rows = read_rows(paths.eval(r), EVAL)
@@ -282,7 +283,8 @@ def docs_term_means(rows: list[dict], items: dict[str, dict]) -> dict[str, float
 
 
 def seed_result(run_dir: Path, job: JobConfig) -> dict[str, Any]:
-    from pbrl.data.schema import EVAL, read_rows
+    from pbrl.data.schema import EVAL
+    from pbrl.data.tables import read_rows
 
     paths = RunPaths(run_dir)
     seen = read_manifest(paths, 0, "evaluate").counts["items_seen_in_training"]

@@ -44,10 +44,12 @@ from benchkit import REPO_ROOT, peak_rss_mb, write_result
 
 from pbrl.config import JOB_CLASSES, JobConfig, load_job, parse_job
 from pbrl.data.items import read_items
-from pbrl.data.schema import SCORES, read_joint_responses, read_rows
+from pbrl.data.schema import SCORES
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_joint_responses, read_rows
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
-from pbrl.learning.reward_model import RewardModelSpec, fit_bradley_terry, new_reward_model, pair_correct
+from pbrl.learning.reward_fit import fit_bradley_terry, pair_correct
+from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
 from pbrl.models.loading import load_tokenizer, resolve_model_source
 from pbrl.run.folder import open_job, prepare_run
 from pbrl.run.threads import configure_threads

@@ -71,9 +71,14 @@ LOCK_WAIT_SECONDS = 30.0  # how long a stage that must run waits for another pro
 # Front-end modules that never change what a stage writes: editing them must not invalidate stage caches.
 _FRONT_END = {
     "cli.py",
+    "cli_display.py",
+    "cli_setup.py",
     "trainers.py",
+    "run/trainer_arguments.py",
+    "run/model_objects.py",
     "callbacks.py",
     "reporting/trackers.py",
+    "reporting/tracker_tools.py",
     "orchestration.py",
     "run/progress.py",
     "reporting/report.py",

@@ -2,9 +2,9 @@
 whose stored API answers a retry would reuse) and their shards, only on a transient error
 (:func:`pbrl.preference.oracle.is_transient`). Training never retries: a failed update resumes from its manifests.
 
-One retry budget per request: the API comparator's client (:mod:`pbrl.generation.api_client`) retries its own
+One retry budget per request: the API comparator's client (:mod:`pbrl.generation.api_transport`) retries its own
 requests (``max_attempts`` sends, backoff, ``Retry-After`` up to a cap) and, when that budget is spent, raises a
-*non-transient* :class:`~pbrl.generation.api_client.ApiComparatorError`, so these stage retries never multiply its
+*non-transient* :class:`~pbrl.generation.api_errors.ApiComparatorError`, so these stage retries never multiply its
 requests (before: 5 sends x 4 stage attempts = 20, reported as 5) and its message counts the requests really sent.
 :func:`retry_transient` also declines any API comparator error explicitly, should one ever be made transient. The
 stage retries below are thus the only retries of everything else (a reward function's remote judge raising
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from pbrl.errors import in_chain
-from pbrl.generation.api_client import ApiComparatorError
+from pbrl.generation.api_errors import ApiComparatorError
 from pbrl.preference.oracle import is_transient
 
 RETRYING_STAGES = frozenset({"score-with-oracle", "sample-candidates"})

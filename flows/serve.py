@@ -23,11 +23,13 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron
 
 from flows.training import add_iteration_flow, continue_run, train_flow
-from flows.ui import DEPLOYMENT_NAMES, TRAINER_FLOWS, config_file, form_defaults, form_layout
+from flows.ui import DEPLOYMENT_NAMES, TRAINER_FLOWS, config_file
+from flows.ui_form import form_defaults, form_layout
 
 DEFAULT_CRON = "0 2 * * *"  # 02:00 UTC every night (UTC avoids daylight-saving gaps)
 
 
+# Over 60 lines: one list of deployments, each call mostly its description text (what the Prefect UI shows).
 def build_deployments(
     *,
     nightly_run: str | None = None,

@@ -8,7 +8,7 @@ rejected and counted; every agent's completion of a winner comes from the same c
 With ``joint_mode: cross`` the joint responses are the scored combinations of scores.parquet
 (:data:`~pbrl.data.schema.CROSS_SCORES`) and the pairs are :func:`pbrl.preference.pairs.cross_candidate_pairs`; each
 pair row names every agent's candidate on both sides, and its token ids stay in the round's candidates.parquet
-(:data:`~pbrl.data.schema.CROSS_PAIRS`, read back with :func:`pbrl.data.schema.read_pairs`).
+(:data:`~pbrl.data.schema.CROSS_PAIRS`, read back with :func:`pbrl.data.tables.read_pairs`).
 """
 
 from __future__ import annotations
@@ -17,18 +17,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from pbrl.config import JobConfig, is_iterative, is_marlhf, num_actors
-from pbrl.data.schema import (
-    CROSS_SCORES,
-    PAIR_JOINT_IDS,
-    PAIRS,
-    SCORES,
-    cross_pairs_schema,
-    read_joint_responses,
-    read_rows,
-    write_table,
-)
+from pbrl.data.schema import CROSS_SCORES, PAIR_JOINT_IDS, PAIRS, SCORES
 from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
+from pbrl.data.tables import cross_pairs_schema, read_joint_responses, read_rows, write_table
 from pbrl.learning.joint_template import joint_template_for, pair_joint_rows
 from pbrl.learning.reward_model import pair_joint_ids_path
 from pbrl.preference.pairs import (
@@ -38,8 +30,8 @@ from pbrl.preference.pairs import (
     changed_agents,
     cross_candidate_pairs,
     iterative_candidate_pairs,
-    select_pairs,
 )
+from pbrl.preference.selection import select_pairs
 from pbrl.run.settings import policy_source
 from pbrl.run.stage_record import StageRecord
 

@@ -26,9 +26,10 @@ from pathlib import Path
 
 from pbrl.config import JobConfig, actor_job, is_centralized
 from pbrl.data.items import read_items
-from pbrl.data.schema import EVAL, EvalRow, Item, read_rows, write_table
+from pbrl.data.schema import EVAL, EvalRow, Item
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest
+from pbrl.data.tables import read_rows, write_table
 from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.generation.collaboration import actor_prompts, score_joint, write_eval_roles
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
@@ -89,6 +90,8 @@ def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[It
     return read_items(paths, "eval")[: job.eval_num_samples]
 
 
+# Over 60 lines: one pass reads top to bottom (each agent generates its rows, the task scores the joint rows,
+# the rows are assembled); the eval row's fields, spelled out one per line, are a third of it.
 def collect(
     paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
 ) -> tuple[list[EvalRow], dict[str, int]]:

@@ -19,19 +19,17 @@ import shutil
 from pathlib import Path
 
 from pbrl.config import JobConfig
-from pbrl.data.schema import PAIR_JOINT_IDS, SELECTED_PAIRS, PairRow, read_rows, read_selected_pairs
+from pbrl.data.schema import PAIR_JOINT_IDS, SELECTED_PAIRS, PairRow
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest
+from pbrl.data.tables import read_rows, read_selected_pairs
 from pbrl.errors import ArtifactError
 from pbrl.learning.joint_template import JointInput, joint_input_ids, joint_template_for
+from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_correct, pair_metrics
 from pbrl.learning.reward_model import (
     RewardModelSpec,
-    fit_bradley_terry,
-    heldout_split,
     new_reward_model,
-    pair_correct,
     pair_joint_ids_path,
-    pair_metrics,
     reward_device,
     reward_model_dir,
     save_reward_model,
@@ -95,6 +93,8 @@ def joint_inputs(pairs: list[PairRow], stored: dict[str, dict], job: JobConfig) 
     return out
 
 
+# Over 60 lines: the stage reads as one recipe (the pairs' joint ids, the held-out split, the fit, the metrics
+# with their interval over items, the model and manifest) over shared local state.
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from pbrl.config import JobConfig
 from pbrl.data.replay_store import run_identity, stored_rounds
-from pbrl.data.schema import PAIRS, SCORES, SELECTED_PAIRS, read_rows, write_table
+from pbrl.data.schema import PAIRS, SCORES, SELECTED_PAIRS
 from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest, hash_path, write_json
+from pbrl.data.tables import read_rows, write_table
 from pbrl.errors import ArtifactError
 from pbrl.preference.replay import ReplayDataset, select_replay
 from pbrl.reporting.reward_hist import check_reward_range, distribution_metrics, distribution_record, plot_distribution

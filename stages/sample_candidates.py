@@ -19,11 +19,12 @@ from typing import Any
 
 from pbrl.config import JobConfig, actor_job, is_centralized, is_iterative, num_actors
 from pbrl.data.items import read_items
-from pbrl.data.schema import CANDIDATES, CandidateRow, Item, write_table
+from pbrl.data.schema import CANDIDATES, CandidateRow, Item
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest
+from pbrl.data.tables import write_table
 from pbrl.distributed.shards import ShardSet, gather_shards
-from pbrl.generation.api_client import ApiSettings
+from pbrl.generation.api_formats import ApiSettings
 from pbrl.generation.centralized import ADAPTER_FIELD, load_adapter
 from pbrl.generation.collaboration import actor_prompts
 from pbrl.generation.comparator_factory import build_comparator
@@ -133,6 +134,8 @@ def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[It
     return read_items(paths, "train")
 
 
+# Over 60 lines: one sampling pass reads top to bottom (per agent and shared-model group: load, seed, generate,
+# rows; then the comparator's rows); the seed and row constructors, one field per line, are half of it.
 def collect(
     paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:

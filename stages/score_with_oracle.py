@@ -21,9 +21,10 @@ from pathlib import Path
 
 from pbrl.config import JobConfig, actor_job, is_centralized, num_actors
 from pbrl.data.items import read_items
-from pbrl.data.schema import CROSS_SCORES, SCORES, Item, ScoreRow, read_joint_responses, write_table
+from pbrl.data.schema import CROSS_SCORES, SCORES, Item, ScoreRow
 from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
+from pbrl.data.tables import read_joint_responses, write_table
 from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.errors import ArtifactError, OracleError
 from pbrl.generation.collaboration import (
@@ -64,7 +65,7 @@ def cross_refs(
     combination, before the guard) and ``items_capped`` (items with more than ``max_joint_responses_per_item``).
 
     Args:
-        joint: the aligned joint responses (:func:`pbrl.data.schema.read_joint_responses`), whose candidate indices
+        joint: the aligned joint responses (:func:`pbrl.data.tables.read_joint_responses`), whose candidate indices
             per item and side give each agent's choices (the same for every agent).
     """
     limit = job.max_joint_responses_per_item  # the guard (a run-level option)
@@ -179,14 +180,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
     if missing:
         raise ArtifactError(f"{NAME} round {round_index}: no score for joint response(s) {missing[:5]}")
     rows = [by_key[k] for k in keys]  # candidates.parquet's (cross: cross_refs') order, however they were computed
-    reasons: Counter[str] = Counter()
-    failed_items: Counter[str] = Counter()
-    for row in rows:
-        if row["failure"] is not None:
-            reasons[row["failure"].split(":")[0]] += 1
-            if not is_parse_failure(row["failure"]):  # an unparsable joint response is dropped, never stops the round
-                failed_items[row["item_id"]] += 1
-
+    reasons, failed_items = _failures(rows)
     failed = sum(failed_items.values())
     for reason, n in reasons.items():
         record.say(f"{n} joint response(s) dropped: {reason}")
@@ -225,6 +219,18 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
         record.details.update({"reward_model": paths.rel(model[1]), "reward_model_round": model[0]})
         record.say(f"scored by the reward model fitted in round {model[0]} (preference_scoring_reward)")
     return record.finish(input_files(paths, round_index, job), outputs)
+
+
+def _failures(rows: list[ScoreRow]) -> tuple[Counter[str], Counter[str]]:
+    """The rows' failures by reason, and per item the failures that count toward ``oracle_max_failure_share``."""
+    reasons: Counter[str] = Counter()
+    failed_items: Counter[str] = Counter()
+    for row in rows:
+        if row["failure"] is not None:
+            reasons[row["failure"].split(":")[0]] += 1
+            if not is_parse_failure(row["failure"]):  # an unparsable joint response is dropped, never stops the round
+                failed_items[row["item_id"]] += 1
+    return reasons, failed_items
 
 
 def _write_cross(

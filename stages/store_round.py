@@ -10,8 +10,9 @@ from pathlib import Path
 
 from pbrl.config import JobConfig
 from pbrl.data.replay_store import run_identity, store_round
-from pbrl.data.schema import PAIRS, read_rows
+from pbrl.data.schema import PAIRS
 from pbrl.data.storage import RunPaths, StageManifest, sha256_file
+from pbrl.data.tables import read_rows
 from pbrl.run.folder import job_replay_dir
 from pbrl.run.stage_record import StageRecord
 

@@ -91,13 +91,13 @@ KILL_SCRIPT = textwrap.dedent("""
     from pbrl import orchestration
     from pbrl.config import load_job
 
-    real = update._save_round
+    real = update.save_round
     def save_then_die(paths, job, round_index, *args, **kw):
         out = real(paths, job, round_index, *args, **kw)
         if round_index == 2:
             os.kill(os.getpid(), signal.SIGKILL)   # round 2's checkpoint (critics included) written, manifest not
         return out
-    update._save_round = save_then_die
+    update.save_round = save_then_die
     job = load_job(sys.argv[1], [f"output_dir={sys.argv[2]}", "run_name=killed"])
     orchestration.train(job)
 """)

@@ -28,15 +28,11 @@ import pytest
 from flows.retry import retry_transient
 from pbrl.config import parse_job
 from pbrl.errors import EXPECTED_ERRORS, ConfigError, TransientError, expected_error
-from pbrl.generation.api_client import (
-    ApiComparatorError,
-    ApiRequest,
-    ApiRetriesSpentError,
-    ApiSettings,
-    Redactor,
-    fetch_answers,
-    retry_after_seconds,
-)
+from pbrl.generation.api_client import fetch_answers
+from pbrl.generation.api_errors import ApiComparatorError, ApiRetriesSpentError
+from pbrl.generation.api_formats import ApiRequest, ApiSettings
+from pbrl.generation.api_transport import retry_after_seconds
+from pbrl.generation.redaction import Redactor
 from pbrl.generation.sampling import SamplingSettings
 from pbrl.preference.oracle import is_transient
 
@@ -44,7 +40,7 @@ KEY = "sk-proj-Q7v/Lm2+Zx9_Rt4-Wy6=Hb3Kd8Nf5Pq1Sa0J"  # 44 characters, with '/',
 KEY_ENV = "PBRL_TEST_HOSTILE_KEY"
 SAMPLING = SamplingSettings(max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=20, batch_size=8)
 ASK = ApiRequest("agent 0, item 'q1'", "Say one word.", 0, {"item_id": "q1"}, 2)
-LOGGER = "pbrl.generation.api_client"
+LOGGER = "pbrl.generation.api_transport"
 
 Responder = Callable[[BaseHTTPRequestHandler, int, dict[str, Any]], None]
 
@@ -209,7 +205,7 @@ def test_retry_after_values_are_read_as_rfc_9110_says():
 
 def test_a_type_error_of_an_api_option_never_shows_a_credential():
     """The values pbrl.config.messages may show for a type error (api_shown_value): nothing secret-shaped."""
-    from pbrl.config.trainer_rules import api_shown_value
+    from pbrl.config.credentials import api_shown_value
 
     assert api_shown_value("comparator_api_headers", {"X-Api-Key": [SECRET]}) == "<hidden>"
     assert api_shown_value("comparator_api_headers", {"X-Trace": 1}) == {"X-Trace": 1}

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from pbrl.data.schema import CANDIDATES, PAIRS, read_rows
+from pbrl.data.schema import CANDIDATES, PAIRS
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_rows
 from pbrl.errors import ConfigError
 from pbrl.generation.centralized import CentralizedParseError, TaggedAdapter, load_adapter, split_roles
 from stages import STAGE_MODULES

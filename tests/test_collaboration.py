@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from pbrl.config import JOB_CLASSES, ConfigNotice, actor_job, num_actors, parse_job
-from pbrl.data.schema import CANDIDATES, PAIRS, SCORES, read_rows, write_table
+from pbrl.data.schema import CANDIDATES, PAIRS, SCORES
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_rows, write_table
 from pbrl.errors import ConfigError
 from pbrl.generation.centralized import EqualSharesAdapter, TaggedAdapter
 from pbrl.generation.collaboration import ROLES, actor_prompts, roles_path, score_joint

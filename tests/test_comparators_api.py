@@ -22,13 +22,9 @@ from typing import Any
 import pytest
 
 from pbrl.errors import TransientError
-from pbrl.generation.api_client import (
-    ApiComparatorError,
-    ApiRequest,
-    ApiRetriesSpentError,
-    ApiSettings,
-    fetch_answers,
-)
+from pbrl.generation.api_client import fetch_answers
+from pbrl.generation.api_errors import ApiComparatorError, ApiRetriesSpentError
+from pbrl.generation.api_formats import ApiRequest, ApiSettings
 from pbrl.generation.sampling import SamplingSettings
 
 KEY = "sk-loopback-7f3a9c1e5b"  # a distinctive value: scanned for in artifacts and messages
@@ -399,8 +395,9 @@ def api_job_fields(url: str, fmt: str = "openai", **kw: Any) -> dict[str, Any]:
 
 
 def test_stage_stores_answers_in_each_target_vocabulary_and_a_rerun_resumes(tiny_model_dir, tmp_path, writer, key):
-    from pbrl.data.schema import CANDIDATES, read_rows
+    from pbrl.data.schema import CANDIDATES
     from pbrl.data.storage import RunPaths
+    from pbrl.data.tables import read_rows
     from pbrl.models.loading import load_tokenizer
     from stages import sample_candidates
     from tests.helpers import new_run

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pbrl.data.schema import CANDIDATES, PAIRS, read_rows
+from pbrl.data.schema import CANDIDATES, PAIRS
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_rows
 from pbrl.errors import ConfigError
 from pbrl.generation import comparators
 from pbrl.models.loading import load_tokenizer

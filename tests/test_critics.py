@@ -1,5 +1,5 @@
-"""Actor-critic backends of MARLHF (docs/design/algorithms.md#critics, pbrl.learning.critics): advantages, the clipped
-value loss, explained
+"""Actor-critic backends of MARLHF (docs/design/algorithms.md#critics, pbrl.learning.critics, critic_set,
+advantages): advantages, the clipped value loss, explained
 variance, critic inputs, the iac value head on the policy backbone, learning, checkpoints, the RL loop, preflight."""
 
 from __future__ import annotations
@@ -11,15 +11,13 @@ import torch
 
 from pbrl.errors import ArtifactError
 from pbrl.generation.sampling import Generation
+from pbrl.learning.advantages import actor_critic_advantages, normalize_batch
+from pbrl.learning.critic_set import CriticSet, explained_variance
 from pbrl.learning.critics import (
-    CriticSet,
     CriticSpec,
-    actor_critic_advantages,
     critic_rows,
     critic_step,
-    explained_variance,
     new_critic,
-    normalize_batch,
     predict,
     restore_critic,
     save_critic,

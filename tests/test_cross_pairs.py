@@ -33,17 +33,10 @@ import torch
 
 from pbrl.config import parse_job
 from pbrl.data.replay_store import CROSS_KEYS, EXTRA_KEYS
-from pbrl.data.schema import (
-    CANDIDATES,
-    CROSS_PAIRS,
-    CROSS_SCORES,
-    PAIR_JOINT_IDS,
-    read_pairs,
-    read_rows,
-    write_table,
-)
+from pbrl.data.schema import CANDIDATES, CROSS_PAIRS, CROSS_SCORES, PAIR_JOINT_IDS
 from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, read_json
+from pbrl.data.tables import read_pairs, read_rows, write_table
 from pbrl.errors import ArtifactError, ConfigError
 from pbrl.learning.madpo import PairBatch
 from pbrl.preference.pairs import (
@@ -54,9 +47,8 @@ from pbrl.preference.pairs import (
     cross_candidate_pairs,
     cross_joint_responses,
     iterative_candidate_pairs,
-    order_counterfactual,
-    select_pairs,
 )
+from pbrl.preference.selection import order_counterfactual, select_pairs
 from pbrl.run.folder import prepare_run
 from stages import STAGE_MODULES
 from tests.helpers import madpo_step, tiny_job, tiny_policies

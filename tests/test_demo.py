@@ -9,8 +9,9 @@ import pytest
 from pbrl import orchestration
 from pbrl.config import load_job
 from pbrl.data.items import read_items
-from pbrl.data.schema import CANDIDATES, EVAL, read_rows
+from pbrl.data.schema import CANDIDATES, EVAL
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_rows
 from pbrl.reporting.metrics import round_table
 from pbrl.tasks.humaneval_docs import docs_reward
 

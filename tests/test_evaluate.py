@@ -9,8 +9,9 @@ import statistics
 import pytest
 
 import stages.evaluate as evaluate
-from pbrl.data.schema import EVAL, METRICS, read_rows, read_table
+from pbrl.data.schema import EVAL, METRICS
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_rows, read_table
 from pbrl.reporting.metrics import round_table, write_run_metrics
 from pbrl.tasks.humaneval_coop import humaneval_coop_task
 from pbrl.tasks.humaneval_docs import humaneval_docs_task

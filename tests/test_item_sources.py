@@ -20,8 +20,8 @@ import pytest
 from pbrl.config import parse_job
 from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.data.items import load_item_source, load_run_items, read_items, write_items
-from pbrl.data.schema import read_items_sources
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_items_sources
 from pbrl.errors import ArtifactError, ConfigError
 from pbrl.run.folder import prepare_run
 from pbrl.run.task import resolve_task

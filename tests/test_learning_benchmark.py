@@ -20,8 +20,9 @@ from types import SimpleNamespace
 import pytest
 
 from pbrl.data.items import read_items
-from pbrl.data.schema import EVAL, read_rows
+from pbrl.data.schema import EVAL
 from pbrl.data.storage import RunPaths, read_manifest
+from pbrl.data.tables import read_rows
 from pbrl.generation.sampling import encode_prompt
 from pbrl.models.policies import load_agent, policy_checkpoint
 from pbrl.run.folder import open_job

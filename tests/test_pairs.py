@@ -15,8 +15,8 @@ from pbrl.preference.pairs import (
     base_candidate_pairs,
     is_tie,
     iterative_candidate_pairs,
-    select_pairs,
 )
+from pbrl.preference.selection import select_pairs
 
 TOL = 1e-9
 

@@ -35,12 +35,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pbrl.config.trainer_rules import replay_problems
+from pbrl.config.replay_rules import replay_problems
 from pbrl.learning.logprobs import sequence_logprobs
 from pbrl.learning.losses import madpo_agent_loss, preference_accuracy
 from pbrl.learning.madpo import PairBatch
 from pbrl.models.policies import TrainablePolicy
-from pbrl.preference.pairs import CandidateRef, Pair, base_candidate_pairs, iterative_candidate_pairs, select_pairs
+from pbrl.preference.pairs import CandidateRef, Pair, base_candidate_pairs, iterative_candidate_pairs
 from pbrl.preference.replay import (
     ReplayDataset,
     allocate_draws,
@@ -50,6 +50,7 @@ from pbrl.preference.replay import (
     lambda_weights,
     sample_within,
 )
+from pbrl.preference.selection import select_pairs
 from tests.helpers import lora_dropout_policy, madpo_step
 
 MODES = "current, nearest_k, all_history, lambda_decay"

@@ -1,10 +1,10 @@
-"""The actor-critic parts (``pbrl/learning/critics.py``, docs/design/algorithms.md#critics) pinned where ``make
-mutate`` found behaviour no test
+"""The actor-critic parts (``pbrl/learning/critics.py``, ``critic_set.py``, docs/design/algorithms.md#critics)
+pinned where ``make mutate`` found behaviour no test
 checked (docs/results/mutation.md#the-last-measured-run). Expectations are worked out by hand in each test, never by
 calling the
 code under test.
 
-Wrong versions (mutmut ids of ``pbrl/learning/critics.py``) made to fail here, by family:
+Wrong versions (mutmut ids of ``pbrl/learning/critics.py`` and ``critic_set.py``) made to fail here, by family:
 
 - ``CriticSet.metrics``: every metric name and suffix, the per-critic filter of the seen rows, the non-finite
   losses kept (or the finite ones dropped), the NaN of a critic with no rows or losses, the iac means over every
@@ -35,17 +35,8 @@ import pytest
 import torch
 
 from pbrl.errors import ArtifactError
-from pbrl.learning.critics import (
-    CriticBatch,
-    CriticSet,
-    CriticSpec,
-    ValueModel,
-    critic_step,
-    new_critic,
-    predict,
-    restore_critic,
-    save_critic,
-)
+from pbrl.learning.critic_set import CriticBatch, CriticSet
+from pbrl.learning.critics import CriticSpec, ValueModel, critic_step, new_critic, predict, restore_critic, save_critic
 from pbrl.learning.losses import clipped_value_loss
 from pbrl.models.lora import LoraSettings
 

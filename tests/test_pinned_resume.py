@@ -34,8 +34,9 @@ import torch
 
 from pbrl import orchestration
 from pbrl.config import load_job
-from pbrl.data.schema import CANDIDATES, PAIRS, SCORES, read_rows
+from pbrl.data.schema import CANDIDATES, PAIRS, SCORES
 from pbrl.data.storage import RunPaths, read_json
+from pbrl.data.tables import read_rows
 from tests.helpers import assert_same_artifacts, run_artifacts
 
 pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_api")]

@@ -1,12 +1,12 @@
-"""The joint reward model (``pbrl/learning/reward_model.py``, docs/design/algorithms.md#joint-reward-model) pinned
-where ``make mutate`` found behaviour no
+"""The joint reward model (``pbrl/learning/reward_model.py``, ``reward_fit.py``,
+docs/design/algorithms.md#joint-reward-model) pinned where ``make mutate`` found behaviour no
 fast test checked (docs/results/mutation.md#the-last-measured-run). The stage tests of ``tests/test_reward_model.py``
 run a whole
 MARLHF round in a module fixture, too slow to run once per mutant; these pin the same pieces without a round.
 Expectations are worked out by hand (one-token templates, a one-parameter stand-in scorer whose AdamW step is
 known in closed form), or come from the tokenizer itself, never from the function under test.
 
-Wrong versions (mutmut ids of ``pbrl/learning/reward_model.py``) made to fail here, by family:
+Wrong versions (mutmut ids of ``pbrl/learning/reward_model.py`` and ``reward_fit.py``) made to fail here, by family:
 
 - ``pair_joint_rows``: ``max_length`` not passed for the winner or the loser, a pair kept when only one side
   does not fit (``reason = None``, ``and``), the cut counted as a difference or one side only, ids kept for a
@@ -37,14 +37,12 @@ from torch import nn
 from pbrl.data.storage import RunPaths, StageManifest, write_manifest
 from pbrl.errors import ConfigError
 from pbrl.learning.joint_template import DROP_TOO_LONG, JointTemplate, joint_template_for, pair_joint_rows
+from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_metrics
 from pbrl.learning.reward_model import (
     RewardModelSpec,
     RewardScorer,
-    fit_bradley_terry,
-    heldout_split,
     new_reward_model,
     newest_reward_model,
-    pair_metrics,
     reward_device,
     save_reward_model,
     score_joint,

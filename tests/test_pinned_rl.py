@@ -1,10 +1,10 @@
-"""The RL modules (``pbrl/learning/rl.py``, docs/design/algorithms.md#marlhf-policy-learning) pinned where ``make
-mutate`` found behaviour no test checked
+"""The RL modules (``pbrl/learning/rl.py``, ``pbrl/learning/advantages.py``,
+docs/design/algorithms.md#marlhf-policy-learning) pinned where ``make mutate`` found behaviour no test checked
 (docs/results/mutation.md#the-last-measured-run). Expectations are worked out by hand in each test (never by calling
 the code
 under test), or come from a brute-force reference.
 
-Wrong versions (mutmut ids of ``pbrl/learning/rl.py``) made to fail here, by family:
+Wrong versions (mutmut ids of ``pbrl/learning/rl.py`` and ``advantages.py``) made to fail here, by family:
 
 - ``rl_metrics``: every key name, the agent-0 filter of the rewards (one score per joint response), the
   ``None`` filters of rewards and advantages, the sample (not population) or missing std, the loss mean
@@ -26,7 +26,8 @@ import warnings
 import pytest
 import torch
 
-from pbrl.learning.rl import RLResult, advantage_backend, normalize_group, rl_agent_step, rl_metrics
+from pbrl.learning.advantages import advantage_backend, normalize_group
+from pbrl.learning.rl import RLResult, rl_agent_step, rl_metrics
 from tests.helpers import lora_dropout_policy
 
 
@@ -392,7 +393,7 @@ def test_rl_agent_step_steps_through_the_fp16_loss_scaler(tiny_model_dir):
 
 # ---------------------------------------------------------------------------------------------- actor-critic path
 class _StubCritics:
-    """What ``run_rl`` asks of a :class:`pbrl.learning.critics.CriticSet`, with hand-set values: V of agent i for
+    """What ``run_rl`` asks of a :class:`pbrl.learning.critic_set.CriticSet`, with hand-set values: V of agent i for
     generation k of item x is ``VALUES[x] + 0.1 * i + 0.01 * k``; the critic input of item "c" does not fit."""
 
     VALUES = {"a": 0.5, "b": 0.25, "c": 1.0}
@@ -402,7 +403,7 @@ class _StubCritics:
         self.evaluated, self.updated = [], []
 
     def evaluate(self, prompts, completions):
-        from pbrl.learning.critics import CriticBatch
+        from pbrl.learning.critic_set import CriticBatch
 
         self.evaluated.append((prompts, completions))
         rows = self.item_of_row

@@ -30,9 +30,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from pbrl.data.schema import CANDIDATES, PAIRS, SCORES, SELECTED_PAIRS, read_rows, write_table
+from pbrl.data.schema import CANDIDATES, PAIRS, SCORES, SELECTED_PAIRS
 from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_rows, write_table
 from pbrl.learning.madpo import PairBatch
 from pbrl.models.policies import TrainablePolicy
 from stages import STAGE_MODULES

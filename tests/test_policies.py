@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from pbrl.config import parse_job
-from pbrl.data.schema import SELECTED_PAIRS, write_table
+from pbrl.data.schema import SELECTED_PAIRS
 from pbrl.data.storage import RunPaths, StageManifest, read_manifest, write_json, write_manifest
+from pbrl.data.tables import write_table
 from pbrl.errors import ArtifactError
 from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint, write_initial_checkpoints

@@ -26,7 +26,8 @@ from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError
 from pbrl.learning.env_steps import env_step_axis, logged_steps, train_log
 from pbrl.models.placement import placement_spec
-from pbrl.preference.pairs import base_candidate_pairs, iterative_candidate_pairs, select_pairs
+from pbrl.preference.pairs import base_candidate_pairs, iterative_candidate_pairs
+from pbrl.preference.selection import select_pairs
 from pbrl.reporting.reward_hist import (
     check_reward_range,
     distribution_metrics,

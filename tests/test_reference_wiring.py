@@ -101,8 +101,9 @@ def _items(tmp_path):
 
 
 def test_reward_distribution_of_a_round_through_replay_select(tiny_model_dir, tmp_path):
-    from pbrl.data.schema import SCORES, SELECTED_PAIRS, read_rows
+    from pbrl.data.schema import SCORES, SELECTED_PAIRS
     from pbrl.data.storage import RunPaths
+    from pbrl.data.tables import read_rows
 
     run_dir, job = new_run(tiny_model_dir, tmp_path, log_reward_distribution=True)
     manifest = _round(run_dir, job, 1)

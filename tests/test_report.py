@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pbrl.data.schema import EVAL, read_rows
+from pbrl.data.schema import EVAL
 from pbrl.data.storage import RunPaths, read_manifest
+from pbrl.data.tables import read_rows
 from pbrl.reporting.metrics import write_run_metrics
 from pbrl.reporting.report import REWARD_PARTS, report_figure, title_of, write_report_png
 from stages import STAGE_MODULES

@@ -10,19 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from pbrl.data.schema import PAIR_JOINT_IDS, PAIRS, ROLLOUTS, read_rows
+from pbrl.data.schema import PAIR_JOINT_IDS, PAIRS, ROLLOUTS
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_rows
 from pbrl.learning.joint_template import DROP_TOO_LONG, JointTemplate, check_same_vocabulary, joint_input_ids
 from pbrl.learning.losses import bradley_terry_loss
+from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_metrics
 from pbrl.learning.reward_model import (
     RewardModelSpec,
     RewardScorer,
-    fit_bradley_terry,
-    heldout_split,
     load_reward_model,
     new_reward_model,
     pair_joint_ids_path,
-    pair_metrics,
     row_features,
     save_reward_model,
     segment_features,
@@ -369,7 +368,8 @@ def test_the_heldout_pairs_are_the_pairs_of_items_never_seen_in_fitting():
 def test_pair_scores_run_each_distinct_row_once(tiny_model_dir, template):
     """Found measuring 410 pairs of 128 joint responses: every pair's rows were scored again. Each distinct row is
     scored once now, with the same scores as per pair."""
-    from pbrl.learning.reward_model import pair_correct, score_joint
+    from pbrl.learning.reward_fit import pair_correct
+    from pbrl.learning.reward_model import score_joint
 
     spec = RewardModelSpec(str(tiny_model_dir), freeze_backbone=True, pooling="segments", num_agents=2)
     model = new_reward_model(spec, seed=0)

@@ -9,18 +9,10 @@ import pytest
 import torch
 
 from pbrl.generation.sampling import Generation
+from pbrl.learning.advantages import ADVANTAGE_BACKENDS, advantage_backend, normalize_group
 from pbrl.learning.logprobs import sequence_logprobs
 from pbrl.learning.losses import k3_kl
-from pbrl.learning.rl import (
-    ADVANTAGE_BACKENDS,
-    ReferencePolicy,
-    RLSettings,
-    advantage_backend,
-    completion_token_logprobs,
-    normalize_group,
-    rl_agent_step,
-    run_rl,
-)
+from pbrl.learning.rl import ReferencePolicy, RLSettings, completion_token_logprobs, rl_agent_step, run_rl
 from pbrl.models.loading import load_model
 from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters

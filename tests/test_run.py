@@ -12,8 +12,9 @@ import pytest
 
 from pbrl.config import parse_job
 from pbrl.data.items import load_item_source, read_items
-from pbrl.data.schema import SCORES, read_rows
+from pbrl.data.schema import SCORES
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_rows
 from pbrl.errors import ConfigError
 from pbrl.run.folder import prepare_run
 from pbrl.run.task import resolve_task

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from pbrl.sandbox.isolation import WORKDIR
-from pbrl.sandbox.runner import FILE_SIZE_LIMIT_BYTES, run_in_process_group, run_python, run_python_pair
+from pbrl.sandbox.process_group import run_in_process_group
+from pbrl.sandbox.runner import FILE_SIZE_LIMIT_BYTES, run_python, run_python_pair
 from pbrl.tasks.humaneval import load_problems
 from pbrl.tasks.humaneval_coop import coop_score, make_coop_reward
 from pbrl.tasks.humaneval_coop_harness import MAX_DEPTH, decode_reply, decode_value, encode_value

@@ -15,15 +15,13 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.artifacts import artifact_key
-from flows.ui import (
+from flows.ui import TRAINER_FLOWS, config_file, form_job
+from flows.ui_form import (
     MAIN,
     OTHER,
     SECTIONS,
     TASK_NOTE,
-    TRAINER_FLOWS,
-    config_file,
     form_defaults,
-    form_job,
     form_layout,
     form_schema,
     hidden_options,
@@ -45,7 +43,7 @@ TRAINERS = sorted(JOB_CLASSES)
 def test_every_option_of_a_trainer_is_in_its_form_once_or_hidden_with_a_reason(trainer):
     layout, hidden = form_layout(trainer), hidden_options(trainer)
     placed = [n for options in layout.values() for n in options]
-    assert OTHER.name not in layout, f"place {layout.get(OTHER.name)} in a section of flows.ui.SECTIONS"
+    assert OTHER.name not in layout, f"place {layout.get(OTHER.name)} in a section of flows.ui_form.SECTIONS"
     assert len(placed) == len(set(placed)) and not set(placed) & set(hidden)
     assert set(placed) | set(hidden) == set(JOB_CLASSES[trainer].model_fields)
     assert all(why for why in hidden.values())

@@ -8,8 +8,9 @@ import statistics
 
 import pytest
 
-from pbrl.data.schema import CANDIDATES, EVAL, PAIRS, SCORES, SELECTED_PAIRS, read_rows
+from pbrl.data.schema import CANDIDATES, EVAL, PAIRS, SCORES, SELECTED_PAIRS
 from pbrl.data.storage import RunPaths, read_json, read_manifest
+from pbrl.data.tables import read_rows
 from pbrl.run.task import resolve_task
 from pbrl.tasks.toy import toy_reward
 from stages import STAGE_MODULES

@@ -11,8 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from pbrl.data.items import read_items
-from pbrl.data.schema import CANDIDATES, EVAL, read_rows
+from pbrl.data.schema import CANDIDATES, EVAL
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_rows
 from pbrl.errors import SamplingError
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate, stop_token_ids
 from pbrl.generation.seeded_sampler import SeededSampler, build_warpers

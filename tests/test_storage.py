@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pbrl.data.schema import CANDIDATES, SCORES, read_rows, read_table, write_table
+from pbrl.data.schema import CANDIDATES, SCORES
 from pbrl.data.storage import (
     RunPaths,
     StageManifest,
@@ -23,6 +23,7 @@ from pbrl.data.storage import (
     write_json,
     write_manifest,
 )
+from pbrl.data.tables import read_rows, read_table, write_table
 from pbrl.errors import ArtifactError
 
 SCORE_ROW = {"item_id": "a", "side": "target", "candidate_index": 0, "raw_reward": 1.0, "reward": 0.5, "failure": None}
@@ -210,7 +211,7 @@ def test_a_full_disk_is_named_as_such_with_the_path_and_nothing_stored_is_lost(t
     import pyarrow as pa
 
     from pbrl.data import storage
-    from pbrl.data.schema import write_table
+    from pbrl.data.tables import write_table
     from pbrl.errors import ArtifactError
 
     schema = pa.schema([("x", pa.int32())])

@@ -15,8 +15,9 @@ import pytest
 
 from pbrl.data.storage import write_json
 from pbrl.errors import ConfigError
-from pbrl.reporting import trackers
-from pbrl.reporting.trackers import RunTracker, flat_params, tracker_problems
+from pbrl.reporting import tracker_tools
+from pbrl.reporting.tracker_tools import tracker_problems
+from pbrl.reporting.trackers import RunTracker, flat_params
 from pbrl.run.progress import Event
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,13 +68,15 @@ def replay(tracker: RunTracker, run_dir: Path, rounds: int = 2, steps: int = 3) 
 
 # ---------------------------------------------------------------------------------------------- checks at start
 def test_a_missing_tracker_package_is_one_clear_problem(monkeypatch):
-    real = trackers.importlib.util.find_spec
-    monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None if name == "mlflow" else real(name))
+    real = tracker_tools.importlib.util.find_spec
+    monkeypatch.setattr(
+        tracker_tools.importlib.util, "find_spec", lambda name: None if name == "mlflow" else real(name)
+    )
     problems = tracker_problems(["tensorboard", "mlflow", "mlflow"])
     assert len(problems) == 1 and problems[0].field == "report_to" and problems[0].value == "mlflow"
     assert "pip install 'pbrl[tracking]'" in problems[0].message and "mlflow-skinny==3.17.2" in problems[0].message
     with pytest.raises(ConfigError, match="report_to: got 'mlflow'; needs the mlflow package"):
-        trackers.require_trackers("mlflow")
+        tracker_tools.require_trackers("mlflow")
 
 
 def test_wandb_online_without_a_key_is_refused_and_offline_needs_none(monkeypatch, tmp_path):

@@ -17,8 +17,9 @@ from pbrl.config import RUN_FIELDS, MADPOConfig, MADPOIterConfig, MARLHFConfig
 from pbrl.data.storage import RunPaths, read_json
 from pbrl.errors import ConfigError
 from pbrl.run import progress
+from pbrl.run.model_objects import save_model_object
 from pbrl.run.progress import Event
-from pbrl.trainers import MADPOIterTrainer, MADPOTrainer, MARLHFTrainer, save_model_object
+from pbrl.trainers import MADPOIterTrainer, MADPOTrainer, MARLHFTrainer
 from tests.test_export import docs_module
 
 TINY = {"task": "toy", "task_options": {"num_items": 4}}

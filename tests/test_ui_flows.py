@@ -18,7 +18,8 @@ import pytest
 
 from flows.artifacts import artifact_key
 from flows.training import RUN_ID_LABEL, continue_run, reopen, train_flow
-from flows.ui import TRAINER_FLOWS, form_defaults
+from flows.ui import TRAINER_FLOWS
+from flows.ui_form import form_defaults
 from pbrl.data.storage import RunPaths, read_run_id
 from pbrl.errors import ConfigError
 from pbrl.reporting.table import round_table_rows

@@ -11,7 +11,8 @@ not 1. Every entry (:func:`parse_job`, :func:`load_job`, :func:`make_job`, direc
 
 The code is split along its seams:
 
-* :mod:`pbrl.config.fields` — the fields: types, defaults, ranges, descriptions (the Prefect UI form);
+* :mod:`pbrl.config.fields` — the fields: types, defaults, ranges, descriptions (the Prefect UI form),
+  per trainer (iterative ones in :mod:`pbrl.config.iterative_fields`) and per run (:mod:`pbrl.config.run_fields`);
 * :mod:`pbrl.config.rules` — the cross-field rules;
 * :mod:`pbrl.config.notices` — warnings about valid options (no effect in pbrl) and options derived from others;
 * :mod:`pbrl.config.messages` — pydantic's errors in pbrl's wording;

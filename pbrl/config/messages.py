@@ -15,7 +15,7 @@ import annotated_types
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from pbrl.config.trainer_rules import api_shown_value
+from pbrl.config.credentials import api_shown_value
 from pbrl.errors import ConfigError, Problem
 
 _BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")

@@ -2,10 +2,10 @@
 trainer, the run-level model,
 and the flat job models (run fields + one trainer's fields) that YAML files and the Prefect flow use.
 
-The fields are in :mod:`pbrl.config.fields`, the cross-field rules in :mod:`pbrl.config.rules`; the only
-behaviour here is ``_Checked``, which runs the rules of the concrete class after pydantic's field
-validation, and :func:`collect_problems`, which lists every problem of a mapping of options at once.
-Import these names from :mod:`pbrl.config`.
+The fields are in :mod:`pbrl.config.fields` and :mod:`pbrl.config.run_fields`, the cross-field rules in
+:mod:`pbrl.config.rules`; the only behaviour here is ``_Checked``, which runs the rules of the concrete class
+after pydantic's field validation, and :func:`collect_problems`, which lists every problem of a mapping of
+options at once. Import these names from :mod:`pbrl.config`.
 """
 
 from __future__ import annotations
@@ -18,14 +18,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, ValidationInfo, model_validator
 from pydantic.fields import FieldInfo
 
-from pbrl.config.fields import (
-    _Fields,
-    _MADPOFields,
-    _MADPOIterFields,
-    _MARLHFFields,
-    _MARLHFIterFields,
-    _RunFields,
-)
+from pbrl.config.field_types import _Fields
+from pbrl.config.fields import _MADPOFields, _MADPOIterFields, _MARLHFFields, _MARLHFIterFields
 from pbrl.config.messages import field_problems
 from pbrl.config.notices import (
     ConfigNotice,
@@ -37,6 +31,7 @@ from pbrl.config.notices import (
     marlhf_no_effect_notice,
 )
 from pbrl.config.rules import HIDDEN, SECRET_MESSAGE, Rule, run_rules
+from pbrl.config.run_fields import _RunFields
 from pbrl.config.run_rules import RUN_RULES, job_rules
 from pbrl.config.trainer_rules import TRAINER_RULES
 from pbrl.errors import ConfigError, Problem

@@ -1,7 +1,7 @@
 """Cross-field rules of the pbrl configuration: what a rule is, and the checks several rules share.
 
-The rules themselves are in :mod:`pbrl.config.trainer_rules` (per trainer) and :mod:`pbrl.config.run_rules`
-(run-level fields and whole jobs).
+The rules themselves are in :mod:`pbrl.config.trainer_rules` (per trainer; the replay options' in
+:mod:`pbrl.config.replay_rules`) and :mod:`pbrl.config.run_rules` (run-level fields and whole jobs).
 
 Each rule is a plain function over a mapping of field values that returns a list of :class:`Problem`.
 A :class:`Rule` also names the fields it reads, so that a rule is skipped when one of its inputs already

@@ -24,8 +24,9 @@ from pbrl.data.item_sources import (
     load_spec_items,
     with_provenance,
 )
-from pbrl.data.schema import ITEMS, Item, items_schema, read_rows, write_table
+from pbrl.data.schema import ITEMS, Item, items_schema
 from pbrl.data.storage import RunPaths
+from pbrl.data.tables import read_rows, write_table
 from pbrl.errors import ConfigError, Problem
 from pbrl.tasks.base import Task
 
@@ -42,6 +43,56 @@ def format_prompts(formatter, items: list[Item], agent: int) -> list[str]:
             raise ConfigError([Problem(f"formatters[{agent}]", item["item_id"], "must return a non-empty str")])
         prompts.append(prompt)
     return prompts
+
+
+def _file_items(source: str | Path, *, field: str) -> LoadedItems:
+    """The items of a .jsonl or .parquet file, recorded with its path (for :func:`load_item_source`).
+
+    Raises:
+        ConfigError: the file is missing, of another kind, not UTF-8, or holds a malformed JSON line or an
+            unreadable Parquet table (file and line named).
+    """
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError([Problem(field, str(source), "file not found")])
+    items: list[Any]
+    if path.suffix == ".jsonl":
+        items = []
+        for n, raw in enumerate(path.read_bytes().splitlines(), 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(
+                    [
+                        Problem(
+                            field,
+                            f"{path}:{n}",
+                            f"is not UTF-8 text (byte {exc.start + 1} of "
+                            f"the line: {raw[exc.start : exc.start + 1]!r}); save the file as UTF-8",
+                        )
+                    ]
+                ) from None
+            if line.strip():
+                try:
+                    items.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError([Problem(field, f"{path}:{n}", f"malformed JSON line ({exc})")]) from exc
+    elif path.suffix == ".parquet":
+        try:
+            items = pq.read_table(path).to_pylist()
+        except Exception as exc:  # pyarrow raises several types for corrupt or non-Parquet files
+            raise ConfigError([Problem(field, str(path), f"not a readable Parquet file ({exc})")]) from None
+    else:
+        raise ConfigError(
+            [
+                Problem(
+                    field,
+                    str(source),
+                    "expected a .jsonl or .parquet file (other formats: give a dataset spec, e.g. {path: items.csv})",
+                )
+            ]
+        )
+    return LoadedItems(items, {"kind": "file", "path": str(source)})
 
 
 def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, field: str) -> list[Item]:
@@ -79,47 +130,7 @@ def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, 
     elif isinstance(source, DatasetSpec):
         items = load_spec_items(source, field=field)
     elif isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise ConfigError([Problem(field, str(source), "file not found")])
-        if path.suffix == ".jsonl":
-            items = []
-            for n, raw in enumerate(path.read_bytes().splitlines(), 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise ConfigError(
-                        [
-                            Problem(
-                                field,
-                                f"{path}:{n}",
-                                f"is not UTF-8 text (byte {exc.start + 1} of "
-                                f"the line: {raw[exc.start : exc.start + 1]!r}); save the file as UTF-8",
-                            )
-                        ]
-                    ) from None
-                if line.strip():
-                    try:
-                        items.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise ConfigError([Problem(field, f"{path}:{n}", f"malformed JSON line ({exc})")]) from exc
-        elif path.suffix == ".parquet":
-            try:
-                items = pq.read_table(path).to_pylist()
-            except Exception as exc:  # pyarrow raises several types for corrupt or non-Parquet files
-                raise ConfigError([Problem(field, str(path), f"not a readable Parquet file ({exc})")]) from None
-        else:
-            raise ConfigError(
-                [
-                    Problem(
-                        field,
-                        str(source),
-                        "expected a .jsonl or .parquet file (other formats: "
-                        "give a dataset spec, e.g. {path: items.csv})",
-                    )
-                ]
-            )
-        items = LoadedItems(items, {"kind": "file", "path": str(source)})
+        items = _file_items(source, field=field)
     else:
         items = LoadedItems((dict(x) if isinstance(x, Mapping) else x for x in source), {"kind": "python"})
     for i, item in enumerate(items):
@@ -213,7 +224,7 @@ def _with_ids(items: list[Item], prefix: str, field: str) -> list[tuple[str, dic
 
 def write_items(paths: RunPaths, train: list[Item], eval_: list[Item]) -> None:
     """Store the run's items with stable ``item_id`` values (see :func:`_with_ids`), and where each split came
-    from as items.parquet metadata (read back with :func:`pbrl.data.schema.read_items_sources`): the source
+    from as items.parquet metadata (read back with :func:`pbrl.data.tables.read_items_sources`): the source
     description (a dataset spec as given, a file path, ``python``, a task) and a fingerprint, ``datasets:<fp>``
     for items loaded through ``datasets`` (the dataset's own fingerprint) else ``sha256:<hex>`` of the stored
     items' JSON (one per line, in order).

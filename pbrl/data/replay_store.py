@@ -15,8 +15,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from pbrl.data.schema import CROSS_PAIRS, PairRow, read_table
+from pbrl.data.schema import CROSS_PAIRS, PairRow
 from pbrl.data.storage import RunPaths, hash_path, read_json, read_run_id, sha256_file, write_json
+from pbrl.data.tables import read_table
 from pbrl.errors import ArtifactError, ConfigError, Problem
 
 EXTRA_KEYS = ("pair_id", "item_id", "winner_side", "winner_index", "loser_side", "loser_index")

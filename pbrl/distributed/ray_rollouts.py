@@ -147,6 +147,8 @@ def pool_size(source: PolicySource, items_per_step: int, shard_size: int, availa
     return max(1, min(largest, fits))
 
 
+# Over 60 lines because of its docstring (the generator's contract, the pool, Ray's lifetime); the code is one
+# setup, yield and teardown (~45 lines) that a context manager keeps in one body.
 @contextlib.contextmanager
 def ray_rollouts(
     source: PolicySource,

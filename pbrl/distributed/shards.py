@@ -22,8 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from pbrl.data.schema import read_rows, write_table
 from pbrl.data.storage import RunPaths, read_json, sha256_file, write_json
+from pbrl.data.tables import read_rows, write_table
 from pbrl.errors import ArtifactError, ConfigError, Problem
 
 

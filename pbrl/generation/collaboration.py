@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from pbrl.data.items import format_prompts
-from pbrl.data.schema import EvalRow, Item, read_joint_responses, write_table
+from pbrl.data.schema import EvalRow, Item
+from pbrl.data.tables import read_joint_responses, write_table
 from pbrl.errors import ConfigError, Problem
 from pbrl.generation.centralized import ADAPTER_FIELD, CentralizedAdapter, parse_roles
 from pbrl.preference.oracle import OracleScore, score_batch

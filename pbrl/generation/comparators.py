@@ -37,7 +37,8 @@ from typing import Any, Literal, Protocol
 from pbrl.data.schema import CandidateRow
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, read_json, write_json
-from pbrl.generation.api_client import ApiAnswer, ApiRequest, ApiSettings, fetch_answers
+from pbrl.generation.api_client import fetch_answers
+from pbrl.generation.api_formats import ApiAnswer, ApiRequest, ApiSettings
 from pbrl.generation.centralized import CentralizedAdapter, split_roles
 from pbrl.generation.sampling import Generation, SamplingSettings, encode_prompt, generate
 from pbrl.models.policies import policy_checkpoint

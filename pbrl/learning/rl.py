@@ -9,11 +9,11 @@ R_ij = R_j − c·KL_ij (c = ``reference_kl_coef``, KL only when enabled, else R
 backend turns each item's group R_i1..R_iG into advantages; agent i's loss is
 −mean_j A_ij · log π_i(a_i^j | h_i) with the log-prob summed over every completion token, EOS included.
 
-Advantage backends are a name → function mapping (:data:`ADVANTAGE_BACKENDS`, :class:`AdvantageBackend`) of
+Advantage backends (:mod:`pbrl.learning.advantages`) are a name → function mapping of
 the group-baseline family. The actor-critic backends (``maac``, ``iac``) take their baseline from critics
-(:class:`pbrl.learning.critics.CriticSet`): A_ij = R_ij − V (V recorded before the update, a constant), normalised over
-the batch when ``advantage_normalization`` is on (the reference's actor-critic rule: (A − mean) / std, std
-clamped at 1e-6); after the agents' steps each critic takes one step on its clipped value loss.
+(:class:`pbrl.learning.critic_set.CriticSet`): A_ij = R_ij − V (V recorded before the update, a constant),
+normalised over the batch when ``advantage_normalization`` is on (the reference's actor-critic rule: (A − mean) /
+std, std clamped at 1e-6); after the agents' steps each critic takes one step on its clipped value loss.
 
 Shape legend: b items in a batch, g generations per item, n = b·g rows, a agents, c completion positions.
 """
@@ -23,86 +23,24 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from pbrl.learning.critics import ACTOR_CRITIC, CriticSet, actor_critic_advantages, normalize_batch
+from pbrl.learning.advantages import (
+    ACTOR_CRITIC,
+    actor_critic_advantages,
+    advantage_backend,
+    normalize_batch,
+    normalize_group,
+)
+from pbrl.learning.critic_set import CriticSet
 from pbrl.learning.logprobs import completion_token_logprobs as scoring_token_logprobs
 from pbrl.learning.losses import k3_kl, policy_gradient_loss
 from pbrl.models.forward import has_dropout, training_forward
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from pbrl.models.precision import autocast, backward_and_step
-
-NORMALIZATION_EPS = 1e-6  # a group's standard deviation is clamped here before dividing (never by zero)
-
-
-# ---------------------------------------------------------------------------------------------- advantages
-class AdvantageBackend(Protocol):
-    def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
-        """Advantages (b, g) from rewards (b, g): one row per item, one column per joint response."""
-        ...
-
-
-def group_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """``magrpo``: A_j = R_j − mean(R) over the item's group. (b, g) → (b, g)."""
-    return rewards - rewards.mean(dim=-1, keepdim=True)
-
-
-def raw_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """``mareinforce``: A_j = R_j (no baseline). (b, g) → (b, g)."""
-    return rewards.clone()
-
-
-def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """``marloo``: A_j = R_j − mean_{k≠j} R_k (Kool et al. 2019, "Buy 4 REINFORCE samples"). (b, g) → (b, g).
-
-    Raises:
-        ValueError: g < 2 (no other sample to average).
-    """
-    g = rewards.shape[-1]
-    if g < 2:
-        raise ValueError(f"num_generations: got {g}; rl_algorithm='marloo' needs >= 2 samples per item")
-    others = (rewards.sum(dim=-1, keepdim=True) - rewards) / (g - 1)
-    return rewards - others
-
-
-def group_max_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """``maremax``: A_j = R_j − max(R) over the item's group (every advantage ≤ 0). (b, g) → (b, g)."""
-    return rewards - rewards.max(dim=-1, keepdim=True).values
-
-
-ADVANTAGE_BACKENDS: dict[str, AdvantageBackend] = {
-    "magrpo": group_mean_advantages,
-    "mareinforce": raw_advantages,
-    "marloo": leave_one_out_advantages,
-    "maremax": group_max_advantages,
-}
-
-
-def advantage_backend(name: str) -> AdvantageBackend:
-    """The backend named by ``rl_algorithm``.
-
-    Raises:
-        ValueError: an actor-critic backend (its baseline is a critic, :class:`pbrl.learning.critics.CriticSet`, not a
-            function of the rewards) or an unknown name.
-    """
-    if name in ADVANTAGE_BACKENDS:
-        return ADVANTAGE_BACKENDS[name]
-    if name in ACTOR_CRITIC:
-        raise ValueError(
-            f"rl_algorithm: got {name!r}; an actor-critic backend takes its baseline from critics "
-            f"(pbrl.learning.critics.CriticSet), not from the group; group backends: "
-            f"{', '.join(ADVANTAGE_BACKENDS)}"
-        )
-    raise ValueError(f"rl_algorithm: got {name!r}; allowed: {', '.join(ADVANTAGE_BACKENDS)}")
-
-
-def normalize_group(advantages: torch.Tensor, eps: float = NORMALIZATION_EPS) -> torch.Tensor:
-    """``advantage_normalization``: each group's advantages divided by their population standard deviation,
-    clamped at ``eps`` (all-equal advantages stay 0; a 1e-12 spread is not blown up). (b, g) → (b, g)."""
-    return advantages / advantages.std(dim=-1, unbiased=False, keepdim=True).clamp(min=eps)
 
 
 # ---------------------------------------------------------------------------------------------- KL

@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from pbrl.config.trainer_rules import REPLAY_MODES, replay_problems
+from pbrl.config.replay_rules import REPLAY_MODES, replay_problems
 from pbrl.errors import ConfigError
 
 ReplayMode = Literal["current", "nearest_k", "all_history", "lambda_decay"]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from pbrl.data.schema import METRICS, read_table, write_table
+from pbrl.data.schema import METRICS
 from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest
+from pbrl.data.tables import read_table, write_table
 
 COUNT_METRICS = {  # manifest counts worth a metric row: (stage, count) -> metric name
     ("build-pairs", "pairs"): "pairs/count",

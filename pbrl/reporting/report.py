@@ -36,8 +36,9 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from pbrl.data.items import read_items  # noqa: E402
-from pbrl.data.schema import EVAL, read_rows  # noqa: E402
+from pbrl.data.schema import EVAL  # noqa: E402
 from pbrl.data.storage import RunPaths, existing_rounds, read_manifest  # noqa: E402
+from pbrl.data.tables import read_rows  # noqa: E402
 from pbrl.reporting.metrics import metrics_frame, round_table  # noqa: E402
 
 MARLHF_TRAINERS = ("marlhf", "marlhf_iter")

@@ -262,6 +262,8 @@ TRAINER_CLASSES = {
 }
 
 
+# Over 60 lines: the card is one document written top to bottom (metadata, the table's rows, how to load, the
+# sampling settings); most of its lines are the card's own text.
 def model_card(
     job: JobConfig,
     run: dict[str, Any],

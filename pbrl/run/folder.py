@@ -279,6 +279,8 @@ def _in_use(run_dir: Path, holder: dict[str, object]) -> Problem:
 
 
 # ---------------------------------------------------------------------------------------------- prepare
+# Over 60 lines: a 12-line docstring, and the two paths (reopen a run, create one), each doing its steps in the
+# order that keeps a failed start retryable.
 def prepare_run(
     job: JobConfig,
     *,

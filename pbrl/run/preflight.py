@@ -17,7 +17,7 @@ from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
 from pbrl.models.placement import auto_device_map
 from pbrl.models.precision import autocast_problem
 from pbrl.reporting.reward_hist import check_reward_range
-from pbrl.reporting.trackers import tracker_problems
+from pbrl.reporting.tracker_tools import tracker_problems
 from pbrl.run.settings import centralized_adapter, concrete_precision, policy_source
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task

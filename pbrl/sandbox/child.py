@@ -23,6 +23,9 @@ by the code it watches).
 from __future__ import annotations
 
 
+# Over 60 lines: the bootstrap runs its steps top to bottom, in the docstring's order, before any untrusted line.
+# Its helpers stay nested and bind what they use as defaults: at module level they would live in __main__'s
+# namespace, which becomes the untrusted code's own (cleared, then free for it to change).
 def child_main() -> None:  # pragma: no cover - runs only inside the sandbox process
     """Entry of the sandbox process; its source is sent with ``-c``, so it imports what it uses.
 

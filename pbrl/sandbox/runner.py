@@ -6,7 +6,8 @@ tmpfs as the one writable place, no capability, ``nobody`` when pbrl runs as roo
 it, this module adds:
 
 * a wall-clock limit measured by the parent: the sandbox's process group is killed when it is reached and after
-  every run (bwrap dies with it, and with bwrap every process of its PID namespace);
+  every run (bwrap dies with it, and with bwrap every process of its PID namespace;
+  :mod:`pbrl.sandbox.process_group`);
 * ``resource`` limits set by the bootstrap (:mod:`pbrl.sandbox.child`) before any untrusted line runs:
   ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no core files and
   ``RLIMIT_NPROC`` = 0 (no fork, no thread: the bootstrap runs the code as ``nobody``, whose limit the kernel
@@ -35,7 +36,6 @@ import functools
 import json
 import math
 import os
-import selectors
 import shutil
 import signal
 import subprocess
@@ -43,50 +43,24 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from pbrl.errors import IsolationError
 from pbrl.sandbox import child as sandbox_child
 from pbrl.sandbox.isolation import CODE_PATH, WORKDIR, bwrap_argv, interpreter, isolation, sandbox_env, seccomp_program
+from pbrl.sandbox.process_group import SandboxResult, close_all, leader_exited, run_in_process_group
 
 FILE_SIZE_LIMIT_BYTES = 16 * 2**20
 OPEN_FILES_LIMIT = 64
 DISK_MB = 64  # the sandbox's writable tmpfs (working folder, HOME, TMPDIR)
 MAIN_FILE = "__sandbox_main__.py"
 UNSAFE_OPTION = "unsafe_run_untrusted_code_without_isolation"
-_POLL_S = 0.05
 _END_WAIT_S = 5.0  # how long bwrap gets to reap a killed sandbox before its group is killed
-_READ_CHUNK = 65536
 
 
-@dataclass(frozen=True)
-class SandboxResult:
-    """What a sandboxed run did.
-
-    Attributes:
-        returncode: exit status when the process exited by itself (``sys.exit(3)`` gives 3, an uncaught
-            exception 1); None when it was killed by a signal (including the timeout kill).
-        stdout / stderr: decoded as UTF-8 (invalid bytes replaced), each cut to ``max_output_bytes``
-            bytes (the first bytes are kept).
-        timed_out: the wall-clock limit was reached and the process group was killed.
-        killed_signal: the signal that ended the process (SIGKILL after a timeout, SIGXCPU for the CPU
-            limit, SIGSEGV for a crash), else None.
-    """
-
-    returncode: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    killed_signal: int | None
-
-    @property
-    def ok(self) -> bool:
-        """True when the process exited with status 0 within the time limit."""
-        return self.returncode == 0 and not self.timed_out
-
-
+# Over 60 lines, 26 of them its docstring (the sandbox's contract); the code checks the limits, then starts one
+# run, isolated or not, with the descriptors closed and the folder removed on every way out (two nested finally).
 def run_python(
     code: str,
     *,
@@ -174,7 +148,7 @@ def run_python(
         finally:
             _remove_tree(folder)
     finally:
-        _close_all(fds)  # when the process never started (run_in_process_group empties the list)
+        close_all(fds)  # when the process never started (run_in_process_group empties the list)
 
 
 def _run_isolated(
@@ -283,7 +257,7 @@ def run_python_pair(
     try:
         worker.start()
     except BaseException:
-        _close_all([to_untrusted_r, to_judge_w, to_judge_r, to_untrusted_w])
+        close_all([to_untrusted_r, to_judge_w, to_judge_r, to_untrusted_w])
         raise
     try:
         judge = run(judge_code, pass_fds=(to_judge_r, to_untrusted_w))
@@ -297,83 +271,6 @@ def run_python_pair(
 def unisolated_env(workdir: str) -> dict[str, str]:
     """The whole environment of an unisolated run: the sandbox's allowlist with ``workdir`` as HOME and TMPDIR."""
     return {**sandbox_env(), "HOME": workdir, "TMPDIR": workdir}
-
-
-def run_in_process_group(
-    argv: Sequence[str],
-    *,
-    cwd: str,
-    env: dict[str, str],
-    timeout_s: float,
-    max_output_bytes: int,
-    pass_fds: list[int] | None = None,
-    before_group_kill: Callable[[subprocess.Popen[bytes]], None] | None = None,
-) -> SandboxResult:
-    """Run ``argv`` in a new session/process group with a wall-clock limit; kill the whole group after.
-
-    The group gets SIGKILL when the time is up and also after a normal exit of the leader (so background
-    children die too), always while the leader is still unreaped, so its id cannot name another group.
-    stdout/stderr are read while the process runs (no pipe deadlock) and cut to ``max_output_bytes``.
-    ``pass_fds`` are inherited by the process; the parent's copies are closed once it started (or failed to
-    start) and the list is emptied, so the caller cannot close them twice. ``before_group_kill(proc)`` runs
-    first when the run ends (a sandbox ends its own processes there, see :func:`_end_sandbox`).
-
-    Returns:
-        A :class:`SandboxResult` (see its fields for how exits and signals are reported).
-    """
-    inherited = pass_fds if pass_fds is not None else []
-    try:
-        proc = subprocess.Popen(
-            list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, close_fds=True, pass_fds=tuple(inherited),
-        )  # fmt: skip
-    finally:
-        _close_all(inherited)
-    assert proc.stdout is not None and proc.stderr is not None
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    captured = {out_fd: bytearray(), err_fd: bytearray()}
-    selector = selectors.DefaultSelector()
-    timed_out = False
-    try:
-        for fd in captured:
-            os.set_blocking(fd, False)
-            selector.register(fd, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout_s
-        while not _leader_exited(proc):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            if selector.get_map():
-                for key, _ in selector.select(min(remaining, _POLL_S)):
-                    if not _read_available(key.fd, captured[key.fd], max_output_bytes):
-                        selector.unregister(key.fd)
-            else:  # both pipes closed by the code, process still running
-                time.sleep(min(remaining, _POLL_S))
-    finally:
-        if before_group_kill is not None:
-            before_group_kill(proc)
-        _kill_group(proc.pid)
-        proc.wait()
-        for fd, buf in captured.items():
-            _read_available(fd, buf, max_output_bytes)
-        selector.close()
-        proc.stdout.close()
-        proc.stderr.close()
-    status = proc.returncode
-    if timed_out:
-        returncode, killed = None, int(signal.SIGKILL)
-    elif status < 0:
-        returncode, killed = None, -status
-    else:
-        returncode, killed = status, None
-    return SandboxResult(
-        returncode=returncode,
-        stdout=_decode(captured[out_fd]),
-        stderr=_decode(captured[err_fd]),
-        timed_out=timed_out,
-        killed_signal=killed,
-    )
 
 
 def _end_sandbox(bwrap: subprocess.Popen[bytes], info_read: int) -> None:
@@ -391,7 +288,7 @@ def _end_sandbox(bwrap: subprocess.Popen[bytes], info_read: int) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.monotonic() + _END_WAIT_S
-    while not _leader_exited(bwrap) and time.monotonic() < deadline:
+    while not leader_exited(bwrap) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -409,51 +306,6 @@ def _check_limits(*, timeout_s: float, memory_mb: int, cpu_s: int | None, max_ou
         problems.append(f"disk_mb: got {disk_mb!r}; must be an int >= 1")
     if problems:
         raise ValueError("run_python: " + "; ".join(problems))
-
-
-def _close_all(fds: list[int]) -> None:
-    """Close each descriptor once and empty the list (a number closed twice could be another thread's)."""
-    while fds:
-        try:
-            os.close(fds.pop())
-        except OSError:
-            pass
-
-
-def _leader_exited(proc: subprocess.Popen[bytes]) -> bool:
-    """True once the leader has exited, without reaping it (WNOWAIT keeps its pid and group id taken)."""
-    if not hasattr(os, "waitid"):  # macOS: poll() reaps; the group kill after it is best effort
-        return proc.poll() is not None
-    try:
-        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _read_available(fd: int, buf: bytearray, limit: int) -> bool:
-    """Read what the pipe holds now into ``buf`` (kept up to ``limit`` bytes). False at end of file."""
-    while True:
-        try:
-            chunk = os.read(fd, _READ_CHUNK)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        if not chunk:
-            return False
-        if len(buf) < limit:
-            buf.extend(chunk[: limit - len(buf)])
-
-
-def _decode(data: bytearray) -> str:
-    return bytes(data).decode("utf-8", errors="replace")
 
 
 def _remove_tree(path: str) -> None:

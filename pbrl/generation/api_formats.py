@@ -1,0 +1,220 @@
+"""The API comparator's settings, one request and one answer, and its four formats
+(docs/design/algorithms.md#api-comparators): request bodies, headers, and the answers in a response. The client
+that sends them is :mod:`pbrl.generation.api_transport`.
+
+Formats (``comparator_api_format``):
+
+=================== ==================================================================== ============ ===========
+format              request body                                                         per request  answers at
+=================== ==================================================================== ============ ===========
+``generic``         ``{prompt, agent_index, task_item, num_candidates, max_new_tokens,   all          list at the
+                    temperature, top_p, top_k, model?}``                                              dotted path
+``openai``          Chat Completions ``{model, messages, n, max_completion_tokens,       n            ``choices[].
+                    temperature, top_p}``                                                             message.content``
+``anthropic``       Messages ``{model, max_tokens, messages, temperature}`` (never       1            text blocks,
+                    ``top_p``); headers ``x-api-key``, ``anthropic-version``                          joined
+``openai_responses`` Responses ``{model, input, max_output_tokens}`` (no ``n``)           1            ``output_text``
+                                                                                                      blocks of
+                                                                                                      ``message`` items
+=================== ==================================================================== ============ ===========
+
+``comparator_api_extra_body`` is merged last into every body; None values are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pbrl.generation.sampling import SamplingSettings
+
+FORMATS = ("generic", "openai", "anthropic", "openai_responses")
+ANTHROPIC_VERSION = "2023-06-01"
+RETRY_AFTER_MAX = 60.0  # seconds: the longest server Retry-After waited for; beyond it the request gives up
+MAX_RESPONSE_BYTES = 8 * 2**20  # bytes of one answer read at most (after content decoding)
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """The API comparator's plain settings (from the ``comparator_api_*`` fields).
+
+    Attributes:
+        api_format: one of :data:`FORMATS`.
+        url: endpoint URL (no credentials: refused before sending).
+        model: model name sent in the body (None: not sent).
+        key_env: NAME of the environment variable holding the key (None: no key header).
+        key_header / key_prefix: header carrying the key and the text before it ("" = the bare key).
+        headers: extra headers of every request.
+        extra_body: JSON fields merged last into every body.
+        max_n_per_request: openai: most answers asked per request (None = all still missing).
+        response_field: generic: dotted path of the answer list in the response JSON.
+        timeout: seconds, the total deadline of one request (connect, send and every read).
+        max_concurrency: most requests in flight.
+        max_attempts: ≥ 1, times one request (or one top-up) is sent at most: the whole retry budget, the stage
+            never retries it (transient failures only are retried).
+        backoff_base / backoff_max: seconds; attempt a waits uniform(0, min(max, base·2^a)), at least Retry-After.
+        retry_after_max: seconds; a longer server Retry-After gives the request up instead of waiting.
+        max_response_bytes: bytes of one response read at most (after content decoding); more is an error.
+    """
+
+    api_format: str
+    url: str
+    model: str | None = None
+    key_env: str | None = None
+    key_header: str = "Authorization"
+    key_prefix: str = "Bearer"
+    headers: Mapping[str, str] = field(default_factory=dict)
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    max_n_per_request: int | None = None
+    response_field: str = "completions"
+    timeout: float = 120.0
+    max_concurrency: int = 4
+    max_attempts: int = 5
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    retry_after_max: float = RETRY_AFTER_MAX
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.api_format not in FORMATS:
+            raise ValueError(f"comparator_api_format: got {self.api_format!r}; allowed: {', '.join(FORMATS)}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts: got {self.max_attempts}; must be >= 1")
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """One ask: ``num_candidates`` answers to ``prompt`` for agent ``agent_index`` on ``task_item``."""
+
+    name: str  # names the request in errors, e.g. "agent 0, item 'q1'"
+    prompt: str
+    agent_index: int
+    task_item: Mapping[str, Any]
+    num_candidates: int
+
+
+@dataclass(frozen=True)
+class ApiAnswer:
+    """One answer: its text and why it ended (``"api"``: the server finished it; ``"length"``: cut at the
+    token limit, as the format reports it)."""
+
+    text: str
+    finish_reason: str
+
+
+def build_body(settings: ApiSettings, sampling: SamplingSettings, request: ApiRequest, n: int) -> dict[str, Any]:
+    """The JSON body of one request asking ``n`` answers (docs/design/algorithms.md#api-comparators); None values
+    dropped, extra_body last."""
+    messages = [{"role": "user", "content": request.prompt}]
+    if settings.api_format == "generic":
+        body: dict[str, Any] = {
+            "prompt": request.prompt,
+            "agent_index": request.agent_index,
+            "task_item": json.loads(json.dumps(dict(request.task_item), default=str)),
+            "num_candidates": n,
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "model": settings.model,
+        }
+    elif settings.api_format == "openai":
+        body = {
+            "model": settings.model,
+            "messages": messages,
+            "n": n,
+            "max_completion_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
+    elif settings.api_format == "anthropic":
+        body = {
+            "model": settings.model,
+            "max_tokens": sampling.max_new_tokens,
+            "messages": messages,
+            "temperature": sampling.temperature,
+        }
+    else:  # openai_responses
+        body = {"model": settings.model, "input": request.prompt, "max_output_tokens": sampling.max_new_tokens}
+    body = {k: v for k, v in body.items() if v is not None}
+    body.update(settings.extra_body)
+    return body
+
+
+def build_headers(settings: ApiSettings, key: str | None) -> dict[str, str]:
+    """Request headers: JSON content type, the extra headers, the key header (anthropic: ``x-api-key`` with the
+    bare key, plus ``anthropic-version``)."""
+    headers = {"Content-Type": "application/json", **settings.headers}
+    header, prefix = settings.key_header, settings.key_prefix
+    if settings.api_format == "anthropic":
+        headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        if header.lower() == "authorization":
+            header, prefix = "x-api-key", ""
+    if key is not None:
+        headers[header] = f"{prefix} {key}" if prefix else key
+    return headers
+
+
+def answers_per_request(settings: ApiSettings, missing: int) -> int:
+    """How many answers the next request asks for when ``missing`` are still needed."""
+    if settings.api_format in ("anthropic", "openai_responses"):
+        return 1
+    if settings.api_format == "openai" and settings.max_n_per_request is not None:
+        return min(missing, settings.max_n_per_request)
+    return missing
+
+
+def _dotted(data: Any, path: str) -> Any:
+    for part in path.split("."):
+        if isinstance(data, Mapping) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            raise ValueError(f"no field {path!r} in the response")
+    return data
+
+
+def parse_answers(settings: ApiSettings, data: Any) -> list[ApiAnswer]:
+    """The answers in one response JSON.
+
+    Raises:
+        ValueError: the response does not have the format's shape (what is missing is named).
+    """
+    fmt = settings.api_format
+    if fmt == "generic":
+        found = _dotted(data, settings.response_field)
+        if not isinstance(found, list):
+            raise ValueError(f"{settings.response_field!r} is not a list")
+        out = []
+        for entry in found:
+            text = entry.get("text") if isinstance(entry, Mapping) else entry
+            if not isinstance(text, str):
+                raise ValueError(f"an entry of {settings.response_field!r} is neither a string nor {{'text': str}}")
+            out.append(ApiAnswer(text, "api"))
+        return out
+    if fmt == "openai":
+        out = []
+        for choice in _dotted(data, "choices"):
+            text = _dotted(choice, "message.content")
+            if not isinstance(text, str):
+                raise ValueError("choices[].message.content is not a string")
+            out.append(ApiAnswer(text, "length" if choice.get("finish_reason") == "length" else "api"))
+        return out
+    if fmt == "anthropic":
+        blocks = _dotted(data, "content")
+        text = "".join(b["text"] for b in blocks if isinstance(b, Mapping) and b.get("type") == "text")
+        return [ApiAnswer(text, "length" if data.get("stop_reason") == "max_tokens" else "api")]
+    messages = [item for item in _dotted(data, "output") if isinstance(item, Mapping) and item.get("type") == "message"]
+    parts = [
+        c["text"]
+        for item in messages
+        for c in item.get("content", [])
+        if isinstance(c, Mapping) and c.get("type") == "output_text"
+    ]
+    if not parts:
+        raise ValueError("no output[] message with output_text content")
+    incomplete = data.get("status") == "incomplete"
+    return [ApiAnswer("".join(parts), "length" if incomplete else "api")]

@@ -1,0 +1,163 @@
+"""Fitting the joint reward model of MARLHF (docs/design/algorithms.md#joint-reward-model) and measuring it on pairs
+(winner, loser) of joint rows.
+
+**Fitting.** Bradley–Terry (Bradley and Terry 1952; Christiano et al. 2017; Ouyang et al. 2022 eq. 1):
+L = −log σ(R(w) − R(l)), mean over a batch, AdamW. With a frozen backbone the features of every row are
+computed once and only the head is stepped (the same losses, without a backbone forward per step).
+
+**Measuring.** Loss, accuracy and margin of pairs (:func:`pair_metrics`, :func:`pair_correct`), each distinct row
+scored once; the held-out pairs are whole items (:func:`heldout_split`). The model itself:
+:mod:`pbrl.learning.reward_model`.
+
+Shape legend: b batch (pairs), f features.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pbrl.learning.joint_template import JointInput
+from pbrl.learning.losses import bradley_terry_loss
+from pbrl.learning.reward_model import JointRewardModel, JointRow, row_features, score_joint
+
+
+@dataclass(frozen=True)
+class PairMetrics:
+    loss: float  # mean Bradley–Terry loss, nats
+    accuracy: float  # share of pairs with R(w) > R(l)
+    margin_mean: float  # mean R(w) − R(l)
+
+
+Pair = tuple[JointRow, JointRow]  # (winner, loser)
+
+
+@torch.no_grad()
+def pair_metrics(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int) -> PairMetrics:
+    """Loss, accuracy and mean margin of ``pairs`` (winner, loser); NaN for no pairs."""
+    if not pairs:
+        return PairMetrics(math.nan, math.nan, math.nan)
+    w, lo = (torch.tensor(x, dtype=torch.float64) for x in _pair_scores(model, pairs, batch_size))  # (b,) each
+    margins = w - lo
+    return PairMetrics(
+        float(bradley_terry_loss(w, lo).mean()), float((margins > 0).double().mean()), float(margins.mean())
+    )
+
+
+@torch.no_grad()
+def pair_correct(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int) -> list[bool]:
+    """Per pair (winner, loser): whether the model scores the winner strictly higher."""
+    if not pairs:
+        return []
+    w, lo = _pair_scores(model, pairs, batch_size)
+    return [a > b for a, b in zip(w, lo, strict=True)]
+
+
+def _pair_scores(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int) -> tuple[list[float], list[float]]:
+    """The winners' and the losers' scores, each distinct row scored once: a joint response is in many pairs
+    (every pair of an item's responses shares them), so scoring per pair would repeat most forwards."""
+    rows, index = _distinct_rows(pairs)
+    scores = score_joint(model, rows, batch_size)
+    return [scores[w] for w, _ in index], [scores[lo] for _, lo in index]
+
+
+def _distinct_rows(pairs: Sequence[Pair]) -> tuple[list[JointRow], list[tuple[int, int]]]:
+    """The distinct rows of the pairs (by ids, first-seen order) and each pair as (winner, loser) row indexes."""
+    index: dict[tuple[int, ...], int] = {}
+    rows: list[JointRow] = []
+    for pair in pairs:
+        for row in pair:
+            key = tuple(row.ids if isinstance(row, JointInput) else row)
+            if key not in index:
+                index[key] = len(rows)
+                rows.append(row)
+    keys = [tuple(tuple(r.ids if isinstance(r, JointInput) else r) for r in pair) for pair in pairs]
+    return rows, [(index[w], index[lo]) for w, lo in keys]
+
+
+# Over 60 lines: one fitting loop reads top to bottom (standardize, then per step: scores, loss, checks, step);
+# the frozen and trained paths differ in one line (cached features or a forward).
+def fit_bradley_terry(
+    model: JointRewardModel,
+    pairs: Sequence[Pair],
+    *,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    max_grad_norm: float | None,
+    on_step: Callable[[float], None] | None = None,
+) -> dict[str, int]:
+    """Fit ``model`` in place: ``epochs`` passes over ``pairs`` (winner, loser) in a seeded order,
+    ``batch_size`` pairs per AdamW step (torch defaults besides ``lr``), winner and loser rows scored together,
+    gradient norm clipped to ``max_grad_norm`` (None: not clipped). A step whose loss or gradient norm is not
+    finite is skipped (parameters and optimizer state untouched) and counted. ``on_step(loss)`` is called after
+    every step (the stage's progress).
+
+    First the standardization of ``segments`` features is set from the distinct training rows
+    (:meth:`JointRewardModel.standardize_on`). With a frozen backbone those rows' features are computed once
+    (no gradients, eval mode, as every forward) and each step runs the head alone on them.
+
+    Returns:
+        ``{"steps": n, "skipped_steps": n}``.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=learning_rate)
+    rng = np.random.default_rng(seed)
+    rows, index = _distinct_rows(pairs)
+    joint = isinstance(model, JointRewardModel)  # any other module: a plain scorer of rows (tests' hand models)
+    frozen = joint and model.backbone_frozen
+    cached = row_features(model, rows) if rows and joint and (frozen or model.pooling == "segments") else None
+    if cached is not None:
+        model.standardize_on(cached)
+    if not frozen:
+        cached = None  # the backbone moves: features are recomputed at every step
+    steps = skipped = 0
+    for _ in range(epochs):
+        order = rng.permutation(len(pairs))
+        for begin in range(0, len(pairs), batch_size):
+            chunk = [index[j] for j in order[begin : begin + batch_size]]
+            both = [w for w, _ in chunk] + [lo for _, lo in chunk]  # winners then losers: (2b,)
+            scores = model.head_scores(cached[both]) if cached is not None else model([rows[j] for j in both])
+            loss = bradley_terry_loss(scores[: len(chunk)], scores[len(chunk) :]).mean()
+            steps += 1
+            if on_step is not None:
+                on_step(float(loss.detach()))
+            optimizer.zero_grad(set_to_none=True)
+            if not torch.isfinite(loss):
+                skipped += 1
+                continue
+            loss.backward()
+            norm = (
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+                if max_grad_norm is not None
+                else torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+            )
+            if not torch.isfinite(norm):
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return {"steps": steps, "skipped_steps": skipped}
+
+
+def heldout_split(groups: Sequence[str], share: float, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded split of the pairs into (train, held-out) indices by *group* (a pair's item): every pair of a
+    held-out item is held out, so no held-out pair shares an item, hence a prompt or a response, with a training
+    pair (holding out random pairs of the same items measured memory, not generalisation: issue #30).
+
+    Of the G distinct groups (first-seen order), round(share·G) are held out, at least 1 when G ≥ 2, none when
+    G < 2 (one item: every pair trains). With one pair per group this is a plain split of the pairs. Both lists
+    in increasing order."""
+    distinct = list(dict.fromkeys(groups))
+    count = len(distinct)
+    held = 0 if count < 2 else min(count - 1, max(1, round(share * count)))
+    perm = np.random.default_rng(seed).permutation(count)
+    held_groups = {distinct[int(i)] for i in perm[:held]}
+    held_idx = [i for i, g in enumerate(groups) if g in held_groups]
+    return [i for i, g in enumerate(groups) if g not in held_groups], held_idx
