@@ -140,18 +140,19 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         progress.advance()
         record.log(progress.done, {"rm/loss": loss})
 
-    stats = fit_bradley_terry(
-        model,
-        train,
-        epochs=job.reward_num_train_epochs,
-        batch_size=job.reward_train_batch_size,
-        learning_rate=job.reward_learning_rate,
-        seed=seed("order"),
-        max_grad_norm=job.max_grad_norm,
-        on_step=on_step,
-    )
-    fitted, heldout = pair_metrics(model, train, SCORE_BATCH), pair_metrics(model, held, SCORE_BATCH)
-    correct = pair_correct(model, held, SCORE_BATCH)
+    with model.remembered_features():  # a frozen backbone runs once per distinct row: fit, then both metrics
+        stats = fit_bradley_terry(
+            model,
+            train,
+            epochs=job.reward_num_train_epochs,
+            batch_size=job.reward_train_batch_size,
+            learning_rate=job.reward_learning_rate,
+            seed=seed("order"),
+            max_grad_norm=job.max_grad_norm,
+            on_step=on_step,
+        )
+        fitted, heldout = pair_metrics(model, train, SCORE_BATCH), pair_metrics(model, held, SCORE_BATCH)
+        correct = pair_correct(model, held, SCORE_BATCH)
     interval = heldout_interval([kept[i]["item_id"] for i in held_idx], correct, seed("heldout-interval"))
     save_reward_model(model, spec, out, max_length=job.reward_max_length)
     record.metrics = {

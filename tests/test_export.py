@@ -18,6 +18,7 @@ from pbrl.data.storage import RunPaths, StageManifest, write_manifest
 from pbrl.errors import ConfigError
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.models.loading import load_tokenizer
+from pbrl.models.lora import quiet_peft_wrapping
 from pbrl.run.export import EXPORT_FILE, export_agents, load_trained_agents, trained_round
 from pbrl.run.folder import open_job
 from tests.helpers import new_run
@@ -93,7 +94,10 @@ def test_a_round_without_pairs_keeps_the_previous_policy(tiny_model_dir, tmp_pat
     assert trained_round(run_dir) == 1
     agents = load_trained_agents(run_dir, device="cpu")
     assert len(agents) == 2 and isinstance(agents[0].model, PeftModel)
-    initial = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), paths.initial / "agent_0")
+    with quiet_peft_wrapping():  # peft reads a property transformers 5 deprecated
+        initial = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir), paths.initial / "agent_0"
+        )
     assert same_weights(agents[0].model, initial)
     merged = load_trained_agents(run_dir, 1, merge_lora=True, device="cpu")
     assert not isinstance(merged[0].model, PeftModel)

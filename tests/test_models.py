@@ -19,7 +19,7 @@ import transformers.utils.hub
 from pbrl.data.seeds import derive_seed
 from pbrl.errors import ArtifactError, ConfigError
 from pbrl.models import loading as models
-from pbrl.models import packaged
+from pbrl.models import packaged, policies
 from pbrl.models.lora import LoraSettings
 from pbrl.models.tiny import build_tiny_model
 
@@ -336,18 +336,18 @@ def test_optimizer_state_round_trip_with_safe_loader(tmp_path: Path) -> None:
     param.grad = torch.tensor([0.5, 0.25])
     opt.step()
     path = tmp_path / "agent_0" / "optimizer.pt"
-    models.save_optimizer(opt, path)
+    policies.save_optimizer(opt, path)
     assert [p.name for p in path.parent.iterdir()] == ["optimizer.pt"]
     fresh = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-    fresh.load_state_dict(models.load_optimizer_state(path))
+    fresh.load_state_dict(policies.load_optimizer_state(path))
     state = fresh.state_dict()["state"][0]
     assert torch.equal(state["exp_avg"], torch.tensor([0.05, 0.025]))  # (1 - beta1) * grad
     assert float(state["step"]) == 1.0
     torch.save({"not_weights": Path("x")}, tmp_path / "evil.pt")  # an arbitrary pickled object
     with pytest.raises(Exception, match="Weights only load failed"):
-        models.load_optimizer_state(tmp_path / "evil.pt")
+        policies.load_optimizer_state(tmp_path / "evil.pt")
     with pytest.raises(ArtifactError, match="optimizer state missing"):
-        models.load_optimizer_state(tmp_path / "none.pt")
+        policies.load_optimizer_state(tmp_path / "none.pt")
 
 
 # --- converting packaged models once ------------------------------------------------------------------------

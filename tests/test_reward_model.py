@@ -4,6 +4,7 @@ safe save/load, and the fit-reward-model stage on the tiny model."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -382,3 +383,33 @@ def test_pair_scores_run_each_distinct_row_once(tiny_model_dir, template):
     each = [score_joint(model, [r], 1)[0] for r in rows]
     assert correct == [each[i] > each[j] for i in range(6) for j in range(6) if i != j]
     assert metrics.accuracy == 0.5  # every ordered pair and its reverse
+
+
+def test_remembered_features_run_a_frozen_backbone_once_per_row_across_fit_and_metrics(tiny_model_dir, template):
+    """Measured on the MARLHF docs config: after the fit's one pass, the training pairs' metrics ran the backbone
+    over the same rows again (about 40 % of fit-reward-model) and the held-out pairs twice (loss/accuracy, then
+    the per-pair verdicts). Inside ``remembered_features`` each distinct row runs once, with identical scores;
+    a backbone that trains is never remembered, and nothing is kept after the block."""
+    from pbrl.learning.reward_fit import pair_correct
+
+    pairs = _length_pairs(template, 20, seed=6)
+    train, held = pairs[:16], pairs[16:]  # 32 + 8 distinct rows
+    results = []
+    for remember in (False, True):
+        spec = RewardModelSpec(str(tiny_model_dir), freeze_backbone=True, pooling="segments", num_agents=2)
+        model = new_reward_model(spec, seed=0)
+        calls = []
+        model.backbone.register_forward_hook(lambda *_, calls=calls: calls.append(1))
+        with model.remembered_features() if remember else contextlib.nullcontext():
+            fit_bradley_terry(model, train, epochs=3, batch_size=4, learning_rate=1e-2, seed=0, max_grad_norm=1.0)
+            metrics = pair_metrics(model, train, 16), pair_metrics(model, held, 16), pair_correct(model, held, 16)
+        results.append((len(calls), metrics))
+        assert model._memo is None
+    (calls_plain, plain), (calls_remembered, remembered) = results
+    assert calls_plain == 2 + 2 + 1 + 1 and calls_remembered == 2 + 1  # 32 rows: 2 forwards of 16; 8 rows: 1
+    assert remembered == plain  # the same scores, bit for bit
+
+    spec = RewardModelSpec(str(tiny_model_dir), freeze_backbone=False, pooling="segments", num_agents=2)
+    trained = new_reward_model(spec, seed=0)
+    with trained.remembered_features():
+        assert trained._memo is None  # its features change with every step

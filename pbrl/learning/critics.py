@@ -49,8 +49,8 @@ from pbrl.learning.joint_template import JointTemplate, joint_input_ids
 from pbrl.learning.losses import clipped_value_loss
 from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
 from pbrl.models.forward import eval_mode, pad_rows
-from pbrl.models.loading import load_optimizer_state, save_optimizer
 from pbrl.models.lora import LoraSettings
+from pbrl.models.policies import load_optimizer_state, save_optimizer
 from pbrl.models.precision import backward_and_step
 
 _WEIGHTS, _OPTIMIZER, _META = "weights.safetensors", "optimizer.pt", "critic.json"

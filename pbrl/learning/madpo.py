@@ -61,9 +61,10 @@ def identical_sides(winner_ids: Sequence[Sequence[int]], loser_ids: Sequence[Seq
 def _score(model: Any) -> Any:
     """Shared-prompt scoring (each distinct prompt once, its KV cache reused by every completion), unless the
     model recomputes activations (``gradient_checkpointing``), where transformers turns the KV cache off."""
-    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x name
-    if checkpointing is None:
-        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through a peft wrapper
+    checkpointing = getattr(base, "is_activation_checkpointing", None)  # transformers >= 5.x name
+    if checkpointing is None:  # transformers 4 (the 5.x name warns that it is deprecated)
+        checkpointing = getattr(base, "is_gradient_checkpointing", False)
     return sequence_logprobs if checkpointing else shared_prompt_logprobs
 
 

@@ -25,7 +25,8 @@ Shape legend: b batch (rows), t tokens, h hidden size, a agents, f features.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,11 @@ def _split_rows(rows: Sequence[JointRow]) -> tuple[list[list[int]], list[tuple[t
     return ids, spans
 
 
+def _row_key(row: JointRow) -> tuple:
+    """A row's identity for remembered features: its ids, and its response spans when it has them."""
+    return (tuple(row.ids), row.response_spans) if isinstance(row, JointInput) else (tuple(row), None)
+
+
 class JointRewardModel(nn.Module):
     """Backbone (a causal LM's base model, or a peft model around it) + a scalar head (f → 1) on pooled features.
 
@@ -94,14 +100,43 @@ class JointRewardModel(nn.Module):
         self.backbone, self.head, self.pad_token_id, self.pooling = backbone, head, int(pad_token_id), pooling
         self.register_buffer("feature_shift", torch.zeros(head.in_features))
         self.register_buffer("feature_scale", torch.ones(head.in_features))
+        self._memo: dict[tuple, torch.Tensor] | None = None  # see remembered_features
 
     def features(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
         """Pooled, unstandardized features of b rows, (b, f) float32 on the head's device; gradients flow when
-        enabled. Every submodule runs in eval mode (dropout off) and gets its mode back afterwards.
+        enabled. Every submodule runs in eval mode (dropout off) and gets its mode back afterwards. Inside
+        :meth:`remembered_features` a row seen before is not run through the backbone again.
 
         Raises:
             ValueError: ``segments`` pooling with rows that are ids alone (no response spans).
         """
+        if self._memo is None:
+            return self._compute_features(rows, padding_side)
+        keys = [_row_key(r) for r in rows]
+        new = list({k: r for k, r in zip(keys, rows, strict=True) if k not in self._memo}.items())
+        if new:
+            computed = self._compute_features([r for _, r in new], padding_side)
+            self._memo.update({k: row for (k, _), row in zip(new, computed.detach(), strict=True)})
+        return torch.stack([self._memo[k] for k in keys])
+
+    @contextmanager
+    def remembered_features(self) -> Iterator[None]:
+        """Within this block, with a frozen backbone, each distinct row (by its ids and response spans) is run
+        through the backbone once and its pooled features are reused: a fit, then its metrics on the training
+        and the held-out pairs, would otherwise repeat the same forwards (docs/results/marlhf.md). A backbone
+        that trains is not remembered (its features change every step). The memory is dropped on exit.
+        """
+        if not self.backbone_frozen:
+            yield
+            return
+        self._memo = {}
+        try:
+            yield
+        finally:
+            self._memo = None
+
+    def _compute_features(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
+        """:meth:`features` through the backbone, always."""
         ids, spans = _split_rows(rows)
         if self.pooling == "segments" and spans is None:
             raise ValueError("reward_pooling 'segments' needs each row's response spans (JointInput rows)")

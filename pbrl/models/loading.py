@@ -28,8 +28,9 @@ from huggingface_hub import constants, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from pbrl.data.storage import atomic_dir, atomic_path
+from pbrl.data.storage import atomic_dir
 from pbrl.errors import ArtifactError, ConfigError, Problem
+from pbrl.models.cast_load import load_cast
 from pbrl.models.lora import LoraSettings, lora_module_names, with_lora
 from pbrl.models.packaged import PACKAGED_MODELS, prepare_packaged_model
 from pbrl.models.placement import AUTO, auto_device_map
@@ -169,9 +170,11 @@ def load_model(
             placement["offload_folder"] = tempfile.mkdtemp(prefix="pbrl-offload-")
 
     def from_pretrained() -> Any:
-        model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=weights_dtype, local_files_only=True, use_safetensors=True, **placement
-        )
+        model = None if placement else load_cast(src, weights_dtype)  # bfloat16 from float32 files, streamed
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(
+                src, dtype=weights_dtype, local_files_only=True, use_safetensors=True, **placement
+            )
         if "offload_folder" in placement:
             weakref.finalize(model, shutil.rmtree, placement["offload_folder"], True)
         if device == AUTO and getattr(model, "hf_device_map", None) is None:
@@ -378,23 +381,3 @@ def resolve_devices(spec: str | list[str] | None, n: int, *, field: str = "agent
         except (RuntimeError, TypeError) as exc:
             raise ValueError(f"{field}[{i}]: got {device!r}; not a torch device ('cpu', 'cuda:0', ...)") from exc
     return devices
-
-
-def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
-    """Write ``optimizer.state_dict()`` with ``torch.save`` atomically (temporary file, then rename)."""
-    with atomic_path(Path(path)) as tmp:  # a full disk is named (pbrl.data.storage)
-        torch.save(optimizer.state_dict(), tmp)
-
-
-def load_optimizer_state(path: Path) -> dict[str, Any]:
-    """Read an optimizer state dict with the safe loader (``weights_only=True``) onto the CPU.
-
-    ``optimizer.load_state_dict`` then moves the state to each parameter's device.
-
-    Raises:
-        ArtifactError: the file is missing.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ArtifactError(f"{path}: optimizer state missing")
-    return torch.load(path, map_location="cpu", weights_only=True)

@@ -9,29 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from pbrl.data.seeds import derive_seed
-from pbrl.data.storage import RunPaths, hash_path, read_json, read_manifest, write_json
+from pbrl.data.storage import RunPaths, atomic_path, hash_path, read_json, read_manifest, write_json
 from pbrl.errors import ArtifactError
 from pbrl.models.loading import (
     init_lora_adapter,
-    load_optimizer_state,
     load_policy,
     load_tokenizer,
     resolve_devices,
     resolve_model_source,
     save_agent,
-    save_optimizer,
 )
 from pbrl.models.lora import LoraSettings
 from pbrl.models.placement import AUTO, main_device
 from pbrl.models.precision import Precision, load_precision_state, make_precision, save_precision_state
-
-if TYPE_CHECKING:
-    pass
 
 TRAINER_STATE = "trainer_state.json"  # written last in checkpoints/round_<r>/: its presence marks completeness
 UPDATE_STAGE = "update-policies"  # the stage whose manifest names the policy after its round
@@ -244,3 +239,23 @@ def write_agent(policy: TrainablePolicy, agent_dir: Path) -> None:
     """A checkpoint's ``agent_<i>/``: the weights (or adapter), ``optimizer.pt`` (+ ``grad_scaler.pt`` with fp16)."""
     save_agent(policy.model, agent_dir)
     save_training_state(policy, agent_dir)
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Write ``optimizer.state_dict()`` with ``torch.save`` atomically (temporary file, then rename)."""
+    with atomic_path(Path(path)) as tmp:  # a full disk is named (pbrl.data.storage)
+        torch.save(optimizer.state_dict(), tmp)
+
+
+def load_optimizer_state(path: Path) -> dict[str, Any]:
+    """Read an optimizer state dict with the safe loader (``weights_only=True``) onto the CPU.
+
+    ``optimizer.load_state_dict`` then moves the state to each parameter's device.
+
+    Raises:
+        ArtifactError: the file is missing.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: optimizer state missing")
+    return torch.load(path, map_location="cpu", weights_only=True)
