@@ -157,7 +157,7 @@ def _prepare_logging() -> None:
 def _configure_logging() -> None:
     """Prefect's logging, set up once with pbrl's console filters; the temporary server is not started yet."""
     # Set before Prefect is first imported (it reads settings at import). Stage code logs with the stdlib
-    # under "pbrl"; Prefect forwards it to the run's logs (notes/prefect.md §7).
+    # under "pbrl"; Prefect forwards it to the run's logs (docs/guides/prefect-ui.md#what-a-run-shows).
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "pbrl")
     # The ephemeral server's default 20 s start-up limit is too short on a busy 2-core machine (13.5 s
     # measured cold, more under load).

@@ -1,10 +1,11 @@
 """The env-step axis of the training metrics and the ``logging_steps`` gate (the reference's wandb x-axis).
 
-The reference (CoMLRL ``MADPOTrainer.train`` / ``MAGRPOTrainer._should_log_train``, notes/reference-library.md
-§2.0, §2.11) advances a counter ``env_step`` by ``environment_steps_per_pair × len(batch)`` after every update
-step when ``use_environment_step`` is on, and logs an update step's train metrics only when the axis moved at
-least ``logging_steps`` since the last logged step (the first step is always logged; ``logging_steps <= 1``
-logs every step). The unit is a made-up count ("a pair = two joint samples"), not generated samples.
+The reference (CoMLRL ``MADPOTrainer.train`` / ``MAGRPOTrainer._should_log_train``;
+docs/design/stages.md#update-policies) advances a counter ``env_step`` by ``environment_steps_per_pair ×
+len(batch)`` after every update step when ``use_environment_step`` is on, and logs an update step's train
+metrics only when the axis moved at least ``logging_steps`` since the last logged step (the first step is always
+logged; ``logging_steps <= 1`` logs every step). The unit is a made-up count ("a pair = two joint samples"), not
+generated samples.
 
 Pure functions of plain values: the update stage passes its batch sizes and the counters it carried over from
 the previous round (``env_step`` and the last logged step, kept with the checkpoint), and stores what these return.

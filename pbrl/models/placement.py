@@ -1,6 +1,6 @@
 """Where the agents run: ``agent_devices`` read with ``parallel_training``, as the reference reads them.
 
-The reference (CoMLRL ``MAGRPOTrainer`` device set-up, notes/reference-library.md §2.13): with
+The reference (CoMLRL ``MAGRPOTrainer`` device set-up; docs/reference/options.md#parallel_training): with
 ``parallel_training='none'`` every agent sits on **one** device, the first of ``agent_devices``; with ``'mp'``
 agent i sits on device i of ``agent_devices`` (which ``'mp'`` requires; a one-device list is broadcast).
 This module turns the two options into the device spec that the loaders resolve per agent.

@@ -18,7 +18,7 @@ scores; only their order matters. Two scores within ``tie_tolerance`` (absolute)
 Pairs come in candidate order (by winner index, then loser index; for index-matched pairs, by candidate index);
 which of them are kept, and in what order, is :mod:`pbrl.preference.selection`.
 Source: CoMLRL ``MADPOTrainer._select_preference_pair_indices`` and
-``MADPOIterTrainer._select_policy_comparison_pairs`` (notes/reference-library.md §2.3), with a tie tolerance
+``MADPOIterTrainer._select_policy_comparison_pairs`` (docs/design/algorithms.md#pair-construction), with a tie tolerance
 added.
 """
 

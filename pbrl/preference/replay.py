@@ -14,7 +14,7 @@ Weights are per dataset, not per pair, so a small dataset's pairs are drawn more
 Sampling: each draw is assigned to a dataset by weight; within a dataset, pairs are drawn without
 replacement while the assigned count fits, larger counts cycle through fresh random permutations; the
 combined draws are shuffled. Source: CoMLRL ``_sample_replay_preferences`` and ``_lambda_decay_weights``
-(notes/reference-library.md §2.6), with a passed-in generator instead of the global ``random`` module.
+(docs/design/algorithms.md#replay-buffer), with a passed-in generator instead of the global ``random`` module.
 """
 
 from __future__ import annotations

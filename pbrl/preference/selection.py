@@ -6,7 +6,7 @@ candidate first (:func:`order_counterfactual`). Orderings are stable sorts of th
 winner index, then loser index; for index-matched pairs, by candidate index), so pairs with equal sort keys keep
 that order, exactly as the reference's stable ``list.sort`` of its index-ordered candidate list does.
 Source: CoMLRL ``MADPOTrainer._select_preference_pair_indices`` and
-``MADPOIterTrainer._select_policy_comparison_pairs`` (notes/reference-library.md §2.3), with the global
+``MADPOIterTrainer._select_policy_comparison_pairs`` (docs/design/algorithms.md#pair-construction), with the global
 ``random`` module replaced by a passed-in generator.
 """
 

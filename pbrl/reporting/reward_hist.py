@@ -1,6 +1,6 @@
 """Reward histograms of a round, for ``log_reward_distribution`` (iterative trainers).
 
-As in the reference (CoMLRL ``MADPOIterTrainer`` reward-distribution logging, notes/reference-library.md §2.11):
+As in the reference (CoMLRL ``MADPOIterTrainer`` reward-distribution logging; docs/design/stages.md#replay-select):
 16 equal bins over the task's **declared** reward range (``reward_range`` of the task or reward function; it is
 required, never guessed from the data), of the **raw** rewards (before ``reward_processor``) of every target
 and comparator candidate of the round, and of the target and comparator sides of the pairs selected for

@@ -11,8 +11,8 @@ eval reward. ``<out>/pbrl-export.json`` records what was exported. The policy of
 manifests name (:func:`pbrl.models.policies.policy_checkpoint`): a round without pairs writes no checkpoint and keeps
 the previous policy.
 
-**The reference's layout.** The reference (CoMLRL ``MADPOIterTrainer._save_policy_checkpoint``,
-notes/reference-library.md §2.11) writes ``<policy_checkpoint_dir>/initial/agent_<i>/`` at the start and
+**The reference's layout.** The reference (CoMLRL ``MADPOIterTrainer._save_policy_checkpoint``;
+docs/design/file-formats.md#checkpoints) writes ``<policy_checkpoint_dir>/initial/agent_<i>/`` at the start and
 ``iteration_<idx:04d>/agent_<i>/`` after each iteration, with a **0-based** index (``iteration_0000`` = after the
 first iteration). pbrl keeps its own checkpoints in the run folder (``checkpoints/initial``,
 ``checkpoints/round_<rrrr>``, 1-based); with ``policy_checkpoint_dir`` set, each one is also copied there under the
