@@ -84,7 +84,10 @@ class Scale:
     pairs_per_item: int
     max_new_tokens: int
 
-    def overrides(self, task: str) -> list[str]:
+    def overrides(self, task: str, *, cap_pairs: bool = True) -> list[str]:
+        """The scale's options; ``cap_pairs=False`` leaves ``preference_pairs_per_sample`` to the config (one
+        with ``pair_selection: all`` keeps every pair and refuses a cap)."""
+        cap = [f"preference_pairs_per_sample={self.pairs_per_item}"] if cap_pairs else []
         return [
             f"task={task}",
             f"task_options={{num_train_items: {self.train_items}, num_eval_items: {self.eval_items}}}",
@@ -92,7 +95,7 @@ class Scale:
             f"eval_num_samples={self.eval_items}",
             f"eval_samples_per_item={self.eval_samples_per_item}",
             f"preference_num_candidates={self.candidates}",
-            f"preference_pairs_per_sample={self.pairs_per_item}",
+            *cap,
             f"max_new_tokens={self.max_new_tokens}",
             # Evaluation rows per generate call: batched like the candidates (the tokens do not depend on it);
             # one row per call made the round-0 evaluation alone take over 10 minutes on the shared 2 cores.
@@ -580,6 +583,13 @@ def compare_joint_modes(args: argparse.Namespace, seeds: tuple[int, ...], overri
     return 0
 
 
+def trainer_scale(trainer: str, scale: Scale, task: str) -> list[str]:
+    """The scale's options for ``trainer``'s config: a config that keeps every pair of an item
+    (``pair_selection: all``, as marlhf-docs.yaml does for its reward model) keeps it, with no per-item cap."""
+    keeps_all = load_job(CONFIGS[trainer]).pair_selection == "all"
+    return scale.overrides(task, cap_pairs=not keeps_all)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=SCALES, default="standard")
@@ -621,7 +631,7 @@ def main() -> int:
     if args.compare_joint_modes:
         return compare_joint_modes(args, seeds, [f"agent_model={args.model}", *scale.overrides(args.task)])
     mode = joint_mode_overrides(args.joint_mode)
-    overrides = [f"agent_model={args.model}", *scale.overrides(args.task), *mode, *args.set]
+    overrides = [f"agent_model={args.model}", *trainer_scale(args.trainer, scale, args.task), *mode, *args.set]
     out = Path(tempfile.mkdtemp(prefix="pbrl-learning-"))
     results = []
     started = time.perf_counter()

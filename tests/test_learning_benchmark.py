@@ -41,6 +41,23 @@ def learning():
         sys.path.remove(str(BENCHMARKS))
 
 
+@pytest.mark.parametrize("trainer", ["madpo_iter", "marlhf_iter"])
+@pytest.mark.parametrize("scale", ["standard", "full", "quick"])
+def test_every_trainer_and_scale_makes_a_valid_job(learning, trainer, scale):
+    """Found starting ``make learn LEARN_ARGS="--trainer marlhf_iter"``: the scale capped the pairs per item,
+    which marlhf-docs.yaml's ``pair_selection: all`` refuses, so the benchmark stopped before its first run."""
+    overrides = [
+        "agent_model=smollm2-135m-instruct",
+        *learning.trainer_scale(trainer, learning.SCALES[scale], "humaneval_docs"),
+    ]
+    job = learning.load_job(learning.CONFIGS[trainer], overrides)
+    assert job.trainer == trainer and job.num_iterations == learning.SCALES[scale].rounds
+    if trainer == "marlhf_iter":
+        assert job.pair_selection == "all" and job.preference_pairs_per_sample is None
+    else:
+        assert job.preference_pairs_per_sample == learning.SCALES[scale].pairs_per_item
+
+
 def _row(item: str, reward: float, failure: str | None = None) -> dict:
     return {"item_id": item, "reward": reward, "failure": failure}
 
