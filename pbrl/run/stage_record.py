@@ -6,6 +6,9 @@ The code version and cache key of the run are added to the manifest by whoever r
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 import math
 import resource
@@ -34,10 +37,33 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
+@functools.cache
+def _malloc_trim() -> Any:
+    libc = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    return trim if sys.platform.startswith("linux") else None
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the operating system (glibc ``malloc_trim(0)``; nothing elsewhere).
+
+    The stages of a round run one after another in one process, and torch's CPU tensors come from the C heap:
+    what a stage freed (a training step's activations, a model copy) stays resident, fragmented between live
+    blocks, and the next stage's allocations do not always fit in it. Measured on the demo round
+    (docs/results/benchmarks.md#precision-the-sampling-path-and-threads), the round-1 evaluation peaked ~800 MiB
+    above the update before it. No library wraps ``malloc_trim``; it is one call through ctypes.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 class StageRecord:
-    """Collects a stage's counts, metrics and messages, then writes its manifest (always last)."""
+    """Collects a stage's counts, metrics and messages, then writes its manifest (always last). Creating one
+    first releases the free memory the previous stage of this process left (:func:`release_free_memory`)."""
 
     def __init__(self, stage: str, run_dir: str | Path, round_index: int, job: JobConfig):
+        release_free_memory()
         self.stage, self.round_index, self.job = stage, round_index, job
         self.paths = RunPaths(run_dir)
         self.started = time.perf_counter()
