@@ -19,20 +19,12 @@ from pbrl.cli_display import _fail, console
 models_app = typer.Typer(help="Packaged models (converted once under storage/models/).", no_args_is_help=True)
 
 
-def serve(
-    nightly_run: Annotated[str | None, typer.Option(help="Run name that the nightly deployment extends.")] = None,
-    output_dir: Annotated[str, typer.Option(help="Where the nightly run lives.")] = "storage/runs",
-    cron: Annotated[str, typer.Option(help="Nightly schedule, cron in UTC.")] = "0 2 * * *",
-) -> None:
-    """Register and serve the deployments on the Prefect server at PREFECT_API_URL: a run form per trainer
-    (pbrl-train/madpo, madpo-iter, marlhf, marlhf-iter), pbrl-train/config-file (a YAML path + overrides),
-    pbrl-train/train (the job as JSON) and, with --nightly-run, pbrl-add-iteration/nightly.
-
-    Example: prefect server start & PREFECT_API_URL=http://127.0.0.1:4200/api pbrl serve --nightly-run docs-1
-    """
+def _check_schedule_and_server(cron: str) -> None:
+    """Before any server is contacted: ``cron`` parses as the server would parse it (Prefect's vendored croniter),
+    and ``PREFECT_API_URL`` is set. Exits with one error line otherwise."""
     from prefect.client.schemas.schedules import CronSchedule  # deferred: Prefect (seconds)
 
-    try:  # before any server is contacted; the same check as the server's (Prefect's vendored croniter)
+    try:
         CronSchedule(cron=cron, timezone="UTC")
     except ValueError:  # pydantic's ValidationError
         raise _fail(
@@ -48,6 +40,20 @@ def serve(
                 "PREFECT_API_URL=http://127.0.0.1:4200/api"
             )
         )
+
+
+def serve(
+    nightly_run: Annotated[str | None, typer.Option(help="Run name that the nightly deployment extends.")] = None,
+    output_dir: Annotated[str, typer.Option(help="Where the nightly run lives.")] = "storage/runs",
+    cron: Annotated[str, typer.Option(help="Nightly schedule, cron in UTC.")] = "0 2 * * *",
+) -> None:
+    """Register and serve the deployments on the Prefect server at PREFECT_API_URL: a run form per trainer
+    (pbrl-train/madpo, madpo-iter, marlhf, marlhf-iter), pbrl-train/config-file (a YAML path + overrides),
+    pbrl-train/train (the job as JSON) and, with --nightly-run, pbrl-add-iteration/nightly.
+
+    Example: prefect server start & PREFECT_API_URL=http://127.0.0.1:4200/api pbrl serve --nightly-run docs-1
+    """
+    _check_schedule_and_server(cron)
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
     orchestration.serve(nightly_run=nightly_run, output_dir=output_dir, cron=cron)
@@ -67,24 +73,7 @@ def deploy(
 
     Example: PREFECT_API_URL=http://head:4200/api pbrl deploy --pool gpu-pool --nightly-run docs-1
     """
-    from prefect.client.schemas.schedules import CronSchedule  # deferred: Prefect (seconds)
-
-    try:  # before any server is contacted (as in `pbrl serve`)
-        CronSchedule(cron=cron, timezone="UTC")
-    except ValueError:
-        raise _fail(
-            ValueError(
-                f"--cron: got {cron!r}; expected a 5-field cron expression in UTC "
-                "(minute hour day-of-month month day-of-week), e.g. '0 2 * * *'"
-            )
-        ) from None
-    if not os.environ.get("PREFECT_API_URL"):
-        raise _fail(
-            ValueError(
-                "PREFECT_API_URL is not set: start `prefect server start` and export "
-                "PREFECT_API_URL=http://127.0.0.1:4200/api"
-            )
-        )
+    _check_schedule_and_server(cron)
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
     ids = orchestration.deploy(pool, nightly_run=nightly_run, output_dir=output_dir, cron=cron)

@@ -32,12 +32,12 @@ from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import read_rows, write_table
 from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.generation.collaboration import actor_prompts, score_joint, write_eval_roles
-from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.generation.sampling import encode_prompt, generate
 from pbrl.models.policies import load_agent, policy_checkpoint
 from pbrl.preference.oracle import score_batch
 from pbrl.reporting.stats import SampleKey, mean_interval, paired_difference
 from pbrl.run.progress import Progress
-from pbrl.run.settings import centralized_adapter, policy_source
+from pbrl.run.settings import centralized_adapter, policy_source, sampling_settings
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task
 
@@ -105,13 +105,7 @@ def collect(
     job = actor_job(job)
     draws = [(item, s) for item in items for s in range(job.eval_samples_per_item)]  # item-major rows
     checkpoint = policy_checkpoint(paths, round_index)
-    settings = SamplingSettings(
-        max_new_tokens=job.max_new_tokens,
-        temperature=job.temperature,
-        top_p=job.top_p,
-        top_k=job.top_k,
-        batch_size=job.eval_batch_size,
-    )  # rows per generate call
+    settings = sampling_settings(job, job.eval_batch_size)  # eval_batch_size rows per generate call
     prompts, completions = [], []
     progress = Progress(str(paths.root), round_index, NAME, job.num_agents * len(draws), "rows")
     for agent, agent_prompts in enumerate(actor_prompts(task, [item for item, _ in draws], adapter)):

@@ -36,10 +36,10 @@ from pbrl.generation.comparators import (
     SamplingSide,
     target_side,
 )
-from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.generation.sampling import encode_prompt, generate
 from pbrl.models.policies import load_agent
 from pbrl.run.progress import Progress
-from pbrl.run.settings import centralized_adapter, policy_source
+from pbrl.run.settings import centralized_adapter, policy_source, sampling_settings
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task
 
@@ -87,17 +87,6 @@ def comparator_settings(job: JobConfig, paths: RunPaths | None = None, round_ind
         centralized_adapter=load_adapter(getattr(job, ADAPTER_FIELD, None)) if centralized else None,
         centralized_index=job.comparator_centralized_agent_index,
         store_dir=paths.round_dir(round_index) / API_STORE if paths is not None else None,
-    )
-
-
-def sampling_settings(job: JobConfig) -> SamplingSettings:
-    """The job's sampling fields as plain values."""
-    return SamplingSettings(
-        max_new_tokens=job.max_new_tokens,
-        temperature=job.temperature,
-        top_p=job.top_p,
-        top_k=job.top_k,
-        batch_size=job.generation_batch_size,
     )
 
 

@@ -22,7 +22,7 @@ from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.distributed.ray_rollouts import RolloutGenerator, ray_rollouts
 from pbrl.errors import ArtifactError
-from pbrl.generation.sampling import SamplingSettings, generate
+from pbrl.generation.sampling import generate
 from pbrl.learning.critic_set import CriticSet
 from pbrl.learning.critics import CriticSpec, new_critic, restore_critic
 from pbrl.learning.joint_template import joint_template_for
@@ -30,7 +30,7 @@ from pbrl.learning.reward_model import RewardScorer, reward_device, reward_model
 from pbrl.learning.rl import ReferencePolicy, RLSettings
 from pbrl.models.loading import resolve_devices
 from pbrl.models.policies import TrainablePolicy, load_agent
-from pbrl.run.settings import policy_source, ray_settings
+from pbrl.run.settings import policy_source, ray_settings, sampling_settings
 
 FIT_STAGE = "fit-reward-model"
 
@@ -65,13 +65,7 @@ def rollout_generator(
     seeds, row names)`` generates in process, or with ``runner: ray`` in shards on Ray workers
     (:func:`pbrl.distributed.ray_rollouts.ray_rollouts`, docs/guides/ray.md#marlhf-rollouts-on-ray-workers): the same
     tokens, every row having its own seed. ``details`` (where rollouts ran) goes into the manifest."""
-    settings = SamplingSettings(
-        max_new_tokens=job.max_new_tokens,
-        temperature=job.temperature,
-        top_p=job.top_p,
-        top_k=job.top_k,
-        batch_size=job.generation_batch_size,
-    )
+    settings = sampling_settings(job)
 
     def generate_here(agent: int, rows: list[list[int]], seeds: list[int], names: list[str]) -> list:
         return generate(policies[agent].model, tokenizers[agent], rows, seeds, settings, row_names=names)

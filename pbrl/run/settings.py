@@ -15,6 +15,7 @@ import torch
 from pbrl.config import JobConfig, is_centralized, num_actors
 from pbrl.distributed.shards import RaySettings
 from pbrl.generation.centralized import ADAPTER_FIELD, CentralizedAdapter, load_adapter
+from pbrl.generation.sampling import SamplingSettings
 from pbrl.models.loading import resolve_devices
 from pbrl.models.lora import LoraSettings
 from pbrl.models.placement import normalize_max_memory, placement_spec
@@ -45,6 +46,18 @@ def policy_source(job: JobConfig) -> PolicySource:
         devices=devices,
         mixed_precision=job.mixed_precision,
         max_memory=normalize_max_memory(job.max_memory),
+    )
+
+
+def sampling_settings(job: JobConfig, batch_size: int | None = None) -> SamplingSettings:
+    """The job's sampling fields as plain values, ``batch_size`` rows per generate call (default
+    ``generation_batch_size``; evaluation passes ``eval_batch_size``)."""
+    return SamplingSettings(
+        max_new_tokens=job.max_new_tokens,
+        temperature=job.temperature,
+        top_p=job.top_p,
+        top_k=job.top_k,
+        batch_size=job.generation_batch_size if batch_size is None else batch_size,
     )
 
 
