@@ -30,7 +30,7 @@ test: install
 	$(VENV)/bin/ruff check pbrl stages flows tests benchmarks mutate
 	$(VENV)/bin/ruff format --check pbrl stages flows tests benchmarks mutate
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -m "flow or slow or not (flow or slow)" -q
+	$(VENV)/bin/pytest -m "flow or slow or not (flow or slow)" -q --durations=15
 
 bench: install
 	$(PY) benchmarks/run_all.py --model $(MODEL)
