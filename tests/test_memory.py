@@ -176,6 +176,7 @@ def test_a_stage_starts_by_handing_back_the_heap_the_previous_one_freed(tiny_mod
     def rss() -> int:  # bytes resident now (/proc/self/statm's second field, in pages)
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
+    stage_record.release_free_memory()  # free pages left by earlier tests of this process would be reused unseen
     start = rss()
     blocks = [bytearray(64 * 1024) for _ in range(3200)]  # below glibc's mmap threshold: from the heap
     kept = blocks[::8]
