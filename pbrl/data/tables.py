@@ -29,6 +29,18 @@ from pbrl.data.storage import atomic_path, sha256_file
 from pbrl.errors import ArtifactError
 
 
+def _schema_metadata(path: Path) -> dict[bytes, bytes]:
+    """The key-value metadata of a Parquet file's schema (empty when it has none).
+
+    Raises:
+        ArtifactError: the file is missing or unreadable (named).
+    """
+    try:
+        return pq.read_schema(path).metadata or {}
+    except Exception as exc:  # pyarrow raises several types for missing and corrupt files
+        raise ArtifactError(f"{path}: not a readable Parquet file ({exc})") from exc
+
+
 def read_items_sources(path: Path) -> dict[str, Any]:
     """Where the items of an items.parquet came from: ``{split: {"source", "fingerprint", "num_items"}}``.
 
@@ -37,10 +49,7 @@ def read_items_sources(path: Path) -> dict[str, Any]:
             pbrl that did not record them); the file is named.
     """
     path = Path(path)
-    try:
-        metadata = pq.read_schema(path).metadata or {}
-    except Exception as exc:  # pyarrow raises several types for missing and corrupt files
-        raise ArtifactError(f"{path}: not a readable Parquet file ({exc})") from exc
+    metadata = _schema_metadata(path)
     if ITEMS_SOURCES_KEY not in metadata:
         raise ArtifactError(
             f"{path}: no {ITEMS_SOURCES_KEY.decode()} metadata (items stored before their sources were recorded)"
@@ -148,10 +157,7 @@ def read_pairs(path: Path) -> list[PairRow]:
             the pairs were built (its hash differs); or a named candidate row is missing (file and key named).
     """
     path = Path(path)
-    try:
-        metadata = pq.read_schema(path).metadata or {}
-    except Exception as exc:  # pyarrow raises several types for missing and corrupt files
-        raise ArtifactError(f"{path}: not a readable Parquet file ({exc})") from exc
+    metadata = _schema_metadata(path)
     if CROSS_CANDIDATES_KEY not in metadata:
         return read_rows(path, PAIRS)  # type: ignore[return-value]
     ref = json.loads(metadata[CROSS_CANDIDATES_KEY])

@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.initialization import no_init_weights
 
 GROUP_BYTES = 64 * 2**20  # stored bytes read per opening of a file: the most of the stored copy resident at once
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # safetensors' dtype names
 
 
 def _stored_tensors(src: Path) -> dict[str, tuple[Path, torch.dtype]] | None:
@@ -37,9 +38,6 @@ def _stored_tensors(src: Path) -> dict[str, tuple[Path, torch.dtype]] | None:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 found[name] = (path, _DTYPES.get(f.get_slice(name).get_dtype()))
     return found
-
-
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 def load_cast(src: Path, dtype: torch.dtype) -> Any | None:

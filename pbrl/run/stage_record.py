@@ -39,9 +39,9 @@ def peak_rss_mb() -> float:
 
 @functools.cache
 def _malloc_trim() -> Any:
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
-    return trim if sys.platform.startswith("linux") else None
+    """glibc's ``malloc_trim``, or None (not Linux, or a C library without it)."""
+    libc = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
 
 
 def release_free_memory() -> None:
