@@ -173,21 +173,26 @@ BAD_STATES: dict[str, Callable[[Path, Path], None] | None] = {
 }
 
 
+def _spoil(bad_state: str, run_dir: Path, keys: list[str]) -> None:
+    """Puts the Prefect record and lock of each cache key in `bad_state`."""
+    locks = run_dir / ".prefect" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    spoil = BAD_STATES[bad_state]
+    if spoil is None:
+        _dead_locks([locks / f"{key}.lock" for key in keys])
+        return
+    for key in keys:
+        spoil(run_dir / ".prefect" / "results" / key, locks / f"{key}.lock")
+
+
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_api")
 @pytest.mark.parametrize("bad_state", list(BAD_STATES))
 def test_bad_prefect_files_never_block_an_intact_resume(run_copy, bad_state):
     run_dir, job = run_copy
     before = manifests(run_dir)
-    locks = run_dir / ".prefect" / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
     keys = [before[stage]["cache_key"] for stage in ROUND_STAGES]
-    spoil = BAD_STATES[bad_state]
-    if spoil is None:
-        _dead_locks([locks / f"{key}.lock" for key in keys])
-    else:
-        for key in keys:
-            spoil(run_dir / ".prefect" / "results" / key, locks / f"{key}.lock")
+    _spoil(bad_state, run_dir, keys)
     with within(120):
         out = round_flow(str(run_dir), "run", 1, job)
     assert executed(out) == set()
@@ -227,8 +232,7 @@ def test_bad_lock_of_a_stage_that_must_run_neither_hangs_nor_fails(run_copy, bad
     key = read_manifest(paths, 1, "build-pairs").cache_key
     pairs_before = paths.pairs(1).read_bytes()
     paths.pairs(1).unlink()  # the stage must run again
-    (run_dir / ".prefect" / "locks").mkdir(parents=True, exist_ok=True)
-    BAD_STATES[bad_state](run_dir / ".prefect" / "results" / key, run_dir / ".prefect" / "locks" / f"{key}.lock")
+    _spoil(bad_state, run_dir, [key])
     with within(120):
         out = round_flow(str(run_dir), "run", 1, job)
     assert executed(out) == {"build-pairs"}
