@@ -110,8 +110,6 @@ def train(
     Example: pbrl train flows/configs/tiny-madpo-iter.yaml --set num_iterations=3 --run-name try-1
     """
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
-    from pbrl.run.folder import open_run, run_dir_for, start_problems  # deferred: imports torch (seconds)
-    from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
 
     if run is not None and not resume:
         raise _fail(ValueError("--run continues an existing run: add --resume"))
@@ -124,10 +122,15 @@ def train(
     folder: Path | None = run
     try:
         with _expected_errors(2):
+            if run is None:
+                job = _load(config, [*(set_ or []), *_runner_set(runner)], run_name, quiet=quiet)
+            # The temporary server starts while torch and transformers are imported (seconds each).
+            orchestration.prepare_prefect()
+            from pbrl.run.folder import open_run, run_dir_for, start_problems  # deferred: imports torch (seconds)
+            from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
+
             if run is not None:  # the stored job; --set and --runner may change what a resume may change
                 job = open_run(run, [*(set_ or []), *_runner_set(runner)])
-            else:
-                job = _load(config, [*(set_ or []), *_runner_set(runner)], run_name, quiet=quiet)
             folder = run if run is not None else run_dir_for(job)
             problems = start_problems(job, folder, resume=resume)  # before Prefect starts: one clear message
             if problems:
@@ -170,10 +173,12 @@ def stage(
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
     orchestration.quiet_libraries()  # before the stages import transformers
-    from pbrl.run.folder import open_run, run_holder, start_problems  # deferred: imports torch (seconds)
-
     if name not in STAGES:
         raise _fail(ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}"))
+    if not no_prefect:
+        orchestration.prepare_prefect()  # the temporary server starts while torch and the flows are imported
+    from pbrl.run.folder import open_run, run_holder, start_problems  # deferred: imports torch (seconds)
+
     with _expected_errors(2):
         job = open_run(run)
         if name not in trainer_stages(job.trainer):

@@ -4,7 +4,9 @@ so that ``import pbrl`` never imports Prefect."""
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -149,9 +151,11 @@ def interrupted(exc: BaseException | None) -> bool:
     return _SIGINT_SEEN.is_set() or in_chain(exc, KeyboardInterrupt) is not None
 
 
-def _prepare_logging() -> None:
+def prepare_prefect() -> None:
+    """Prefect's logging set up, and its ephemeral server launched (not awaited: the caller imports the flows
+    meanwhile, then calls :func:`_start_ephemeral_api`)."""
     _configure_logging()
-    _start_ephemeral_api()
+    _launch_ephemeral_api()
 
 
 def _configure_logging() -> None:
@@ -169,7 +173,7 @@ def _configure_logging() -> None:
     logging.getLogger("pbrl").setLevel(logging.INFO)
     quiet_libraries()
     from prefect.logging.configuration import (
-        ensure_logging_setup,  # deferred: Prefect reads its settings at first import, after _prepare_logging sets them
+        ensure_logging_setup,  # deferred: Prefect reads its settings at first import, after prepare_prefect sets them
     )
 
     ensure_logging_setup()  # Prefect's console handler is on the root logger; its API handler on the run loggers
@@ -221,7 +225,7 @@ def console_logging(console: Console, verbosity: Verbosity = "normal") -> Iterat
         logger.addHandler(lines)
         swapped.append((logger, handler, lines))
     try:
-        _start_ephemeral_api()
+        _launch_ephemeral_api()  # the run's first use of the API waits for it, inside this block
         yield
     finally:
         for logger, handler, lines in swapped:
@@ -229,30 +233,72 @@ def console_logging(console: Console, verbosity: Verbosity = "normal") -> Iterat
             logger.addHandler(handler)
 
 
+def _launch_ephemeral_api() -> None:
+    """Start the process of Prefect's ephemeral API server (when no PREFECT_API_URL is set) without waiting for it
+    to answer: the caller's imports (torch, transformers, the flows: ~15 s on 2 cores) overlap the server's own
+    start (~12 s, more on a fresh ``PREFECT_HOME``). :func:`_start_ephemeral_api` — or Prefect's client, whichever
+    needs the API first — then waits for it, with Prefect's own loop (a port taken meanwhile gets a new one).
+    Idempotent; a no-op once the server runs."""
+    server = _ephemeral_server()
+    if server is not None:
+        server.launch()
+
+
 def _start_ephemeral_api() -> None:
-    """Start Prefect's ephemeral API server (when no PREFECT_API_URL is set) in a session of its own.
+    """Start Prefect's ephemeral API server (or take the one :func:`_launch_ephemeral_api` began) and wait until it
+    answers; a no-op when PREFECT_API_URL is set or the server already runs."""
+    server = _ephemeral_server()
+    if server is not None:
+        server.start()
+
+
+def _ephemeral_server() -> Any:
+    """Prefect's ephemeral server object (one per process), started in a session of its own; ``None`` when a
+    PREFECT_API_URL is set or the ephemeral server is off.
 
     Prefect starts it lazily in the terminal's foreground process group, so Ctrl-C reached the server as well
     as pbrl: the server died at once and the client, recording the interrupted run, retried a dead server for
     minutes. In its own session the server sees only the SIGTERM of Prefect's exit hook, after pbrl has
     recorded the run as crashed. On Linux it also dies with pbrl (parent-death signal), so a killed pbrl
     leaves no server holding the database. Prefect reuses this instance (one per port; ``None`` = any)."""
-    # deferred: Prefect reads its settings at first import, after _prepare_logging sets them
+    # deferred: Prefect reads its settings at first import, after _configure_logging sets them
     from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_SERVER_EPHEMERAL_ENABLED,
     )
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-        return
-    import prefect  # deferred: Prefect reads its settings at first import, after _prepare_logging sets them
+        return None
+    return _own_session_server_class()()
+
+
+@functools.cache
+def _own_session_server_class() -> type:
+    import prefect  # deferred: Prefect reads its settings at first import, after _configure_logging sets them
     from prefect.server.api.server import SubprocessASGIServer  # deferred, as above
     from prefect.settings import get_current_settings  # deferred, as above
 
-    die_with_parent = _parent_death_signal()
-
     class OwnSessionServer(SubprocessASGIServer):
+        _early: subprocess.Popen[Any] | None = None  # launched, not yet taken by Prefect's start()
+
+        def launch(self) -> None:
+            if self.running or self._early is not None:
+                return
+            if self.port is None:
+                self.port = self.find_available_port()
+            self._early = self._own_session_process()
+            atexit.register(self.stop)  # when start() never comes (an error first): Prefect's stop ends it
+
         def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+            early, self._early = self._early, None
+            return early if early is not None else self._own_session_process()
+
+        def stop(self) -> None:
+            if self._early is not None:
+                self.server_process, self._early = self._early, None
+            super().stop()
+
+        def _own_session_process(self) -> subprocess.Popen[Any]:
             # Prefect 3.9's command and environment (prefect/server/api/server.py), in a new session.
             return subprocess.Popen(
                 args=[
@@ -280,10 +326,10 @@ def _start_ephemeral_api() -> None:
                     **get_current_settings().to_environment_variables(exclude_unset=True),
                 },
                 start_new_session=True,
-                preexec_fn=die_with_parent,
+                preexec_fn=_parent_death_signal(),
             )
 
-    OwnSessionServer().start()  # no-op when this process already runs one
+    return OwnSessionServer
 
 
 def _parent_death_signal() -> Any:
@@ -299,9 +345,10 @@ def _parent_death_signal() -> Any:
 def train(job: JobConfig, *, resume: bool = False, run_dir: Path | None = None) -> dict[str, Any]:
     """Run the training flow (ephemeral API unless PREFECT_API_URL points at a server) in ``run_dir``
     (default ``<output_dir>/<run_name>``)."""
-    _prepare_logging()
+    prepare_prefect()
     from flows.training import train_flow  # deferred: flows import Prefect, which reads its settings at first import
 
+    _start_ephemeral_api()  # launched before the import: both went on at once
     with warnings.catch_warnings():
         # The job's notices were said once, when it was built (pbrl.config); Prefect validates the flow parameter
         # again for the run and for every round, which would say them once more each time.
@@ -311,9 +358,10 @@ def train(job: JobConfig, *, resume: bool = False, run_dir: Path | None = None) 
 
 def rerun_stage(stage: str, run_dir: Path, round_index: int, *, force: bool = False) -> dict[str, Any]:
     """Run one stage as a one-task flow on an existing run folder."""
-    _prepare_logging()
+    prepare_prefect()
     from flows.stage import stage_flow  # deferred: flows import Prefect, which reads its settings at first import
 
+    _start_ephemeral_api()  # launched before the import: both went on at once
     return stage_flow(stage, str(run_dir), round_index, force=force)
 
 
@@ -340,17 +388,19 @@ def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, An
 
 def serve(**kwargs: Any) -> None:
     """Register the deployments against the running Prefect server and serve them."""
-    _prepare_logging()
+    prepare_prefect()
     from flows.serve import (
         serve_deployments,  # deferred: flows import Prefect, which reads its settings at first import
     )
 
+    _start_ephemeral_api()  # launched before the import: both went on at once
     serve_deployments(**kwargs)
 
 
 def deploy(pool: str, **kwargs: Any) -> dict[str, Any]:
     """Register the deployments against the work pool ``pool`` on the running Prefect server (no serving)."""
-    _prepare_logging()
+    prepare_prefect()
     from flows.serve import deploy_to_pool  # deferred: flows import Prefect, which reads its settings at first import
 
+    _start_ephemeral_api()  # launched before the import: both went on at once
     return deploy_to_pool(pool, **kwargs)

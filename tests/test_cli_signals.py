@@ -3,6 +3,7 @@ it), a clean stop within seconds, no Prefect server left behind, and a resume th
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -80,3 +81,40 @@ def test_ctrl_c_stops_within_seconds_and_resume_completes(tmp_path):
     assert read_manifest(paths, 3, "evaluate") is not None
     for noise in NOISE:  # full-weight agents: checkpoints are written and loaded again, all without bars
         assert noise not in out.stderr, (noise, out.stderr)
+
+
+_LAUNCH = """
+import json, sys
+from pbrl import orchestration
+orchestration.prepare_prefect()
+from prefect.server.api.server import SubprocessASGIServer
+server = SubprocessASGIServer()
+early = server._early
+print(json.dumps({"pid": early.pid, "port": server.port, "waited": server.running}), flush=True)
+if sys.argv[1] == "use":
+    from prefect.client.orchestration import get_client
+    with get_client(sync_client=True) as client:  # Prefect's own first use of the API waits for the server
+        client.hello()
+    print(json.dumps({"process_kept": server.server_process is early}), flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+@pytest.mark.parametrize("then", ["use", "exit at once"])
+def test_the_temporary_server_is_launched_without_waiting_and_never_outlives_pbrl(tmp_path, then):
+    """``prepare_prefect`` only starts the server's process (the imports that follow overlap its start); the first
+    use of the API waits for that same process; a pbrl that ends before any use (a config error) leaves none."""
+    env = pbrl_env() | {"PREFECT_HOME": str(tmp_path / "prefect-home")}
+    env.pop("PREFECT_API_URL", None)
+    out = subprocess.run(
+        [sys.executable, "-c", _LAUNCH, then], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert lines[0]["waited"] is False  # launched, not awaited
+    if then == "use":
+        assert lines[1] == {"process_kept": True}  # the launched process answered; no second server
+    deadline = time.monotonic() + 15
+    while _servers_on(str(lines[0]["port"])) and time.monotonic() < deadline:  # Prefect's exit hook stops it
+        time.sleep(0.2)
+    assert _servers_on(str(lines[0]["port"])) == []

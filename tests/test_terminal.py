@@ -272,7 +272,7 @@ def test_log_lines_print_through_the_progress_console_and_prefects_handlers_come
     from prefect.logging.handlers import PrefectConsoleHandler
 
     monkeypatch.setattr(orchestration, "_configure_logging", lambda: None)
-    monkeypatch.setattr(orchestration, "_start_ephemeral_api", lambda: None)
+    monkeypatch.setattr(orchestration, "_launch_ephemeral_api", lambda: None)
     logger = logging.getLogger("pbrl-test-console")
     logger.propagate = False
     behind_the_bar = io.StringIO()
