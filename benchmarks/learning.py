@@ -39,7 +39,8 @@ Writes ``benchmarks/results/learning-joint-modes-<task>-<model>[-<scale>].json``
 ``--trainer marlhf_iter`` measures MARLHF-iterative (``flows/configs/marlhf-docs.yaml``, its reward-model and RL
 settings) at the same sizes; each round then also records the reward model's accuracy on pairs of items it never
 saw (with its interval and pair count), the RL reward and KL, and every round records each stage's seconds.
-Writes ``benchmarks/results/learning-<task>-<model>[-<scale>]-marlhf.json``.
+Writes ``benchmarks/results/learning-<task>-<model>[-<scale>]-marlhf.json``. ``--tag NAME`` adds ``-NAME`` to a
+result's name, so that an experiment (``--set ...``) keeps the plain result.
 
 Run: ``make learn`` (the ``standard`` scale: the demo's sizes, 3 seeds, 2 rounds), ``--quick`` (one of those
 seeds) or ``--scale full`` (the issue's larger sizes, 3 rounds; hours on 2 CPU cores); add
@@ -600,6 +601,9 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides")
     parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
     parser.add_argument(
+        "--tag", default="", help="a suffix of the result files' names, for an experiment's --set (e.g. all-history)"
+    )
+    parser.add_argument(
         "--trainer",
         choices=CONFIGS,
         default="madpo_iter",
@@ -651,6 +655,7 @@ def main() -> int:
     model_tag = Path(args.model).name + ("" if args.scale == "standard" else f"-{args.scale}")
     model_tag += "-cross" if args.joint_mode == "cross" else ""
     model_tag += "-marlhf" if args.trainer == "marlhf_iter" else ""
+    model_tag += f"-{args.tag}" if args.tag else ""
     seconds = time.perf_counter() - started
     finish(results, args.task, model_tag, overrides, args.scale, list(seeds), seconds, CONFIGS[args.trainer])
     return 0

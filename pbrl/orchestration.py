@@ -152,8 +152,7 @@ def interrupted(exc: BaseException | None) -> bool:
 
 
 def prepare_prefect() -> None:
-    """Prefect's logging set up, and its ephemeral server launched (not awaited: the caller imports the flows
-    meanwhile, then calls :func:`_start_ephemeral_api`)."""
+    """Prefect's logging set up and its ephemeral server launched, not awaited (:func:`_launch_ephemeral_api`)."""
     _configure_logging()
     _launch_ephemeral_api()
 
@@ -234,19 +233,16 @@ def console_logging(console: Console, verbosity: Verbosity = "normal") -> Iterat
 
 
 def _launch_ephemeral_api() -> None:
-    """Start the process of Prefect's ephemeral API server (when no PREFECT_API_URL is set) without waiting for it
-    to answer: the caller's imports (torch, transformers, the flows: ~15 s on 2 cores) overlap the server's own
-    start (~12 s, more on a fresh ``PREFECT_HOME``). :func:`_start_ephemeral_api` — or Prefect's client, whichever
-    needs the API first — then waits for it, with Prefect's own loop (a port taken meanwhile gets a new one).
-    Idempotent; a no-op once the server runs."""
+    """Start Prefect's ephemeral API server process (no PREFECT_API_URL set) without waiting: the caller's imports
+    (torch, the flows: ~15 s on 2 cores) overlap the server's start (~12 s). The first use of the API
+    (:func:`_start_ephemeral_api` or Prefect's client) waits with Prefect's own loop. Idempotent."""
     server = _ephemeral_server()
     if server is not None:
         server.launch()
 
 
 def _start_ephemeral_api() -> None:
-    """Start Prefect's ephemeral API server (or take the one :func:`_launch_ephemeral_api` began) and wait until it
-    answers; a no-op when PREFECT_API_URL is set or the server already runs."""
+    """Start (or take the launched) ephemeral API server and wait until it answers; no-op with PREFECT_API_URL."""
     server = _ephemeral_server()
     if server is not None:
         server.start()
@@ -262,10 +258,7 @@ def _ephemeral_server() -> Any:
     recorded the run as crashed. On Linux it also dies with pbrl (parent-death signal), so a killed pbrl
     leaves no server holding the database. Prefect reuses this instance (one per port; ``None`` = any)."""
     # deferred: Prefect reads its settings at first import, after _configure_logging sets them
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_SERVER_EPHEMERAL_ENABLED,
-    )
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return None

@@ -89,14 +89,29 @@ def test_python_api_block_runs_as_written(tmp_path):
         "max_new_tokens=48", "max_new_tokens=6"
     )
     assert small != code and "tiny-random" in small
+    # A user's environment: no quieting variables, Prefect at its default level, every warning shown.
+    env = {
+        k: v
+        for k, v in _env(tmp_path).items()
+        if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "PYTHONWARNINGS", "TQDM_DISABLE")
+    }
+    env |= {"PREFECT_LOGGING_LEVEL": "INFO"}
     out = subprocess.run(
-        [sys.executable, "-c", small], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=600
+        [sys.executable, "-W", "default", "-c", small],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = tmp_path / "storage" / "runs" / "my-task"
     assert (run_dir / "rounds" / "0002" / "update-policies.manifest.json").is_file()
     # result.rounds printed one row per round (0 = baseline, 1, 2)
     assert re.search(r"^\s*2\s", out.stdout, flags=re.M), out.stdout
+    # It printed 15 ConfigNotices about defaults the user never set (5 per round) and transformers' FutureWarning.
+    assert "warning" not in out.stderr.lower(), out.stderr
+    assert "dedicated Prefect server" not in out.stderr
 
 
 def test_yaml_block_validates(tmp_path):

@@ -341,26 +341,6 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.flow
-def test_the_readme_python_example_prints_no_warning(tmp_path):
-    """It printed 15 ConfigNotices about defaults the user never set (5 per round) and transformers' FutureWarning."""
-    from tests.test_readme import blocks
-
-    code = blocks("python")[0].replace('agent_model="smollm2-135m-instruct"', 'agent_model="tiny-random"')
-    code = code.replace("max_new_tokens=48", "max_new_tokens=6")
-    done = subprocess.run(
-        [sys.executable, "-W", "default", "-c", code],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Warning" not in done.stderr and "warning" not in done.stderr.lower(), done.stderr
-    assert "dedicated Prefect server" not in done.stderr
-
-
-@pytest.mark.flow
 def test_a_redirected_train_has_a_start_and_an_end_line_for_every_stage(tmp_path):
     log = tmp_path / "train.log"
     with log.open("w") as out:
