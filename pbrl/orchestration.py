@@ -157,6 +157,14 @@ def prepare_prefect() -> None:
     _launch_ephemeral_api()
 
 
+@contextmanager
+def _api_after_imports() -> Iterator[None]:
+    """Around the flows' imports: the server is launched before them and awaited after (both go on at once)."""
+    prepare_prefect()
+    yield
+    _start_ephemeral_api()
+
+
 def _configure_logging() -> None:
     """Prefect's logging, set up once with pbrl's console filters; the temporary server is not started yet."""
     # Set before Prefect is first imported (it reads settings at import). Stage code logs with the stdlib
@@ -237,14 +245,14 @@ def _launch_ephemeral_api() -> None:
     (torch, the flows: ~15 s on 2 cores) overlap the server's start (~12 s). The first use of the API
     (:func:`_start_ephemeral_api` or Prefect's client) waits with Prefect's own loop. Idempotent."""
     server = _ephemeral_server()
-    if server is not None:
+    # A plain server object Prefect's client made first (Python that used the API before pbrl) is only started.
+    if hasattr(server, "launch"):
         server.launch()
 
 
 def _start_ephemeral_api() -> None:
     """Start (or take the launched) ephemeral API server and wait until it answers; no-op with PREFECT_API_URL."""
-    server = _ephemeral_server()
-    if server is not None:
+    if (server := _ephemeral_server()) is not None:
         server.start()
 
 
@@ -338,10 +346,8 @@ def _parent_death_signal() -> Any:
 def train(job: JobConfig, *, resume: bool = False, run_dir: Path | None = None) -> dict[str, Any]:
     """Run the training flow (ephemeral API unless PREFECT_API_URL points at a server) in ``run_dir``
     (default ``<output_dir>/<run_name>``)."""
-    prepare_prefect()
-    from flows.training import train_flow  # deferred: flows import Prefect, which reads its settings at first import
-
-    _start_ephemeral_api()  # launched before the import: both went on at once
+    with _api_after_imports():
+        from flows.training import train_flow  # deferred: flows import Prefect, which reads settings at first import
     with warnings.catch_warnings():
         # The job's notices were said once, when it was built (pbrl.config); Prefect validates the flow parameter
         # again for the run and for every round, which would say them once more each time.
@@ -351,10 +357,8 @@ def train(job: JobConfig, *, resume: bool = False, run_dir: Path | None = None) 
 
 def rerun_stage(stage: str, run_dir: Path, round_index: int, *, force: bool = False) -> dict[str, Any]:
     """Run one stage as a one-task flow on an existing run folder."""
-    prepare_prefect()
-    from flows.stage import stage_flow  # deferred: flows import Prefect, which reads its settings at first import
-
-    _start_ephemeral_api()  # launched before the import: both went on at once
+    with _api_after_imports():
+        from flows.stage import stage_flow  # deferred: flows import Prefect, which reads its settings at first import
     return stage_flow(stage, str(run_dir), round_index, force=force)
 
 
@@ -381,19 +385,13 @@ def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, An
 
 def serve(**kwargs: Any) -> None:
     """Register the deployments against the running Prefect server and serve them."""
-    prepare_prefect()
-    from flows.serve import (
-        serve_deployments,  # deferred: flows import Prefect, which reads its settings at first import
-    )
-
-    _start_ephemeral_api()  # launched before the import: both went on at once
+    with _api_after_imports():
+        from flows.serve import serve_deployments  # deferred: flows import Prefect (reads settings at first import)
     serve_deployments(**kwargs)
 
 
 def deploy(pool: str, **kwargs: Any) -> dict[str, Any]:
     """Register the deployments against the work pool ``pool`` on the running Prefect server (no serving)."""
-    prepare_prefect()
-    from flows.serve import deploy_to_pool  # deferred: flows import Prefect, which reads its settings at first import
-
-    _start_ephemeral_api()  # launched before the import: both went on at once
+    with _api_after_imports():
+        from flows.serve import deploy_to_pool  # deferred: flows import Prefect, which reads settings at first import
     return deploy_to_pool(pool, **kwargs)

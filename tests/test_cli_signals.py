@@ -118,3 +118,24 @@ def test_the_temporary_server_is_launched_without_waiting_and_never_outlives_pbr
     while _servers_on(str(lines[0]["port"])) and time.monotonic() < deadline:  # Prefect's exit hook stops it
         time.sleep(0.2)
     assert _servers_on(str(lines[0]["port"])) == []
+
+
+def test_a_server_object_prefect_made_first_is_left_to_prefects_start():
+    """Prefect's client makes a plain ``SubprocessASGIServer`` on its first use of the API (Python code that used
+    Prefect before pbrl): launching must leave it alone (it has no ``launch``), and start it only when awaited."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from pbrl import orchestration
+
+    before = SubprocessASGIServer._instances.pop(None, None)
+    try:
+        with temporary_settings(restore_defaults={PREFECT_API_URL}):
+            plain = SubprocessASGIServer()
+            assert orchestration._ephemeral_server() is plain  # the path below is the one under test
+            orchestration._launch_ephemeral_api()
+        assert plain.server_process is None and not plain.running
+    finally:
+        SubprocessASGIServer._instances.pop(None, None)
+        if before is not None:
+            SubprocessASGIServer._instances[None] = before
