@@ -26,7 +26,6 @@ from typing import Any
 
 from prefect import flow, task, unmapped
 from prefect.cache_policies import NO_CACHE
-from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
 from flows.retry import RETRYING_STAGES, TRANSIENT_RETRIES
@@ -171,6 +170,9 @@ def prefect_api_url() -> str:
     url = get_current_settings().api.url
     if url:
         return url
+
+    # deferred: Prefect's server package takes ~3.6 s to import, and a configured API never needs it
+    from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()
     server.start()

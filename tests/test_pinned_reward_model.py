@@ -36,7 +36,13 @@ from torch import nn
 
 from pbrl.data.storage import RunPaths, StageManifest, write_manifest
 from pbrl.errors import ConfigError
-from pbrl.learning.joint_template import DROP_TOO_LONG, JointTemplate, joint_template_for, pair_joint_rows
+from pbrl.learning.joint_template import (
+    DROP_TOO_LONG,
+    JointTemplate,
+    joint_input_ids,
+    joint_template_for,
+    pair_joint_rows,
+)
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_metrics
 from pbrl.learning.reward_model import (
     RewardModelSpec,
@@ -338,8 +344,9 @@ def test_reward_scorer_scores_in_order_and_leaves_out_what_does_not_fit(tiny_mod
     last = h + p1 + [60] + r1 + [90] + sep + p2 + [61] + r2 + [91]  # one token shorter: padded in a batch
     assert [ids for _, ids in got] == [first, None, last]
     assert got[1][0] is None
+    joints = [joint_input_ids(scorer.template, prompts[i], completions[i], fixed + 5) for i in (0, 2)]
     with torch.no_grad():
-        alone = [float(model([first])[0]), float(model([last])[0])]
+        alone = [float(model([joint])[0]) for joint in joints]
     assert [got[0][0], got[2][0]] == alone and alone[0] != alone[1]  # batch_size=1: each row alone, bitwise
     # (the default batch of 16 would score both in one right-padded forward: equal only to float32 rounding)
     with pytest.raises(ValueError):  # one completion list per prompt list
@@ -430,8 +437,6 @@ def test_pad_hand_values_both_sides_and_errors():
 
 
 def test_joint_input_needs_one_completion_per_agent_too():
-    from pbrl.learning.joint_template import joint_input_ids
-
     with pytest.raises(ValueError, match="got 2 prompts and 1 completions"):
         joint_input_ids(T, PROMPTS, [[30]], None)
 

@@ -15,7 +15,9 @@ linear head on a pooled feature vector of the last layer's hidden states (``pool
 
 Masks and position ids come from the row lengths, never from comparing ids with the pad id, so left and right
 padding give the same score as the row alone and pad == EOS is safe. Forwards run in eval mode (dropout
-off): fitting and scoring are deterministic.
+off): fitting and scoring are deterministic. Rows with response spans run through the backbone cut at each
+response's start (:func:`pbrl.models.forward.shared_prefix_hidden`): the joint responses of one item share the
+header and agent 1's prompt, and cross joint responses share more, so each shared prefix runs once.
 
 **Fitting** (Bradley–Terry) and the pair metrics: :mod:`pbrl.learning.reward_fit`. Saved with safetensors
 (:func:`save_reward_model`), loaded with safe loaders only (:func:`load_reward_model`).
@@ -39,7 +41,7 @@ from transformers import AutoModel
 
 from pbrl.data.storage import RunPaths, atomic_dir, read_json, read_manifest, write_json
 from pbrl.learning.joint_template import TEMPLATE_VERSION, JointInput, JointTemplate, joint_input_ids
-from pbrl.models.forward import eval_mode, pad_rows
+from pbrl.models.forward import eval_mode, pad_rows, shared_prefix_hidden
 from pbrl.models.loading import load_tokenizer, resolve_devices, resolve_model_source, shared_backbone
 from pbrl.models.lora import LoraSettings, quiet_peft_wrapping
 
@@ -143,12 +145,16 @@ class JointRewardModel(nn.Module):
         input_ids, mask, positions, last = pad_rows(ids, self.pad_token_id, padding_side)
         device = self.head.weight.device
         with eval_mode(self):
-            hidden = self.backbone(
-                input_ids=input_ids.to(device),
-                attention_mask=mask.to(device),
-                position_ids=positions.to(device),
-                use_cache=False,
-            ).last_hidden_state  # (b, t, h)
+            if spans is not None and padding_side == "right":  # cut at each response: shared prefixes run once
+                cuts = [[start for start, _ in row] for row in spans]
+                hidden = shared_prefix_hidden(self.backbone, ids, cuts, self.pad_token_id)  # (b, t, h)
+            else:
+                hidden = self.backbone(
+                    input_ids=input_ids.to(device),
+                    attention_mask=mask.to(device),
+                    position_ids=positions.to(device),
+                    use_cache=False,
+                ).last_hidden_state  # (b, t, h)
             if self.pooling == "last_token":
                 pooled = hidden[torch.arange(len(ids), device=device), last.to(device)]  # (b, h)
             else:
@@ -180,18 +186,30 @@ class JointRewardModel(nn.Module):
         return not any(p.requires_grad for p in self.backbone.parameters())
 
 
+def _prefix_batches(rows: Sequence[JointRow], batch_size: int) -> list[list[int]]:
+    """Row indexes in batches of ``batch_size``, the rows sorted by their ids first, so rows that share a prefix
+    (one item's joint responses, the same agent-1 candidate) land in one forward and share its computation."""
+    order = sorted(range(len(rows)), key=lambda i: tuple(rows[i].ids if isinstance(rows[i], JointInput) else rows[i]))
+    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
+
 @torch.no_grad()
 def row_features(model: JointRewardModel, rows: Sequence[JointRow], batch_size: int = 16) -> torch.Tensor:
-    """:meth:`JointRewardModel.features` of many rows without gradients, ``batch_size`` rows per forward, (n, f)."""
-    return torch.cat([model.features(rows[s : s + batch_size]) for s in range(0, len(rows), batch_size)])
+    """:meth:`JointRewardModel.features` of many rows without gradients, ``batch_size`` rows per forward, (n, f)
+    in the order of ``rows`` (batched by shared prefix: :func:`_prefix_batches`)."""
+    batches = _prefix_batches(rows, batch_size)
+    out = torch.cat([model.features([rows[i] for i in batch]) for batch in batches])  # (n, f), batch order
+    return out[torch.tensor([i for batch in batches for i in batch]).argsort()]
 
 
 @torch.no_grad()
 def score_joint(model: JointRewardModel, rows: Sequence[JointRow], batch_size: int = 16) -> list[float]:
-    """Scores of many joint inputs without gradients, ``batch_size`` rows per forward (right padding)."""
-    out: list[float] = []
-    for start in range(0, len(rows), batch_size):
-        out += [float(x) for x in model(rows[start : start + batch_size]).double().cpu()]
+    """Scores of many joint inputs without gradients, ``batch_size`` rows per forward (right padding, batched by
+    shared prefix: :func:`_prefix_batches`), in the order of ``rows``."""
+    out: list[float] = [0.0] * len(rows)
+    for batch in _prefix_batches(rows, batch_size):
+        for i, score in zip(batch, model([rows[i] for i in batch]).double().cpu(), strict=True):
+            out[i] = float(score)
     return out
 
 

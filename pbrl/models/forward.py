@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from pbrl.models.precision import Precision, autocast
 
@@ -112,3 +113,83 @@ def pad_rows(
         mask[r, start : start + len(row)] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, t)
     return input_ids, mask, positions, offsets + lengths - 1
+
+
+# Over 60 lines: one loop over the chunk levels (distinct prefixes, cache gathered to them, chunk forward, hidden
+# states placed back row by row) reads best whole.
+def shared_prefix_hidden(
+    backbone: nn.Module, rows: Sequence[Sequence[int]], cuts: Sequence[Sequence[int]], pad_token_id: int
+) -> torch.Tensor:
+    """Last-layer hidden states of b token rows, each prefix that rows share run once.
+
+    Each row is cut into L + 1 chunks at ``cuts[r]`` (the same L for every row). Chunk l of the rows runs once
+    per distinct *prefix through chunk l*, attending to the cached keys and values of its prefix (gathered to
+    it with ``DynamicCache.batch_select_indices``). The joint inputs of one item share the header and agent 1's
+    prompt; cross joint responses with the same agent-1 candidate also share everything up to agent 2's
+    response (:mod:`pbrl.learning.joint_template`): cutting at each response's start, a chunk is computed once
+    per distinct candidate prefix instead of once per row (the shared-prompt idea of
+    :func:`pbrl.learning.logprobs.shared_prompt_logprobs`, one level deeper). Positions count the real tokens
+    before each one and masks come from the lengths, so the values agree with one plain forward per row to
+    float32 rounding (tests/test_reward_model.py).
+
+    Args:
+        backbone: a transformer body (``AutoModel``, possibly peft-wrapped) taking ``cache``, ``use_cache``,
+            ``position_ids`` and ``attention_mask``, returning ``last_hidden_state``.
+        rows: b token-id lists.
+        cuts: per row, L non-decreasing cut positions in [1, len(row)]; a chunk may be empty, but not the first.
+        pad_token_id: the id written into padding positions (never used to infer masks).
+
+    Returns:
+        (b, t, h) hidden states laid out as :func:`pad_rows` with right padding lays the rows out (t = the
+        longest row); padding positions hold zeros.
+
+    Raises:
+        ValueError: rows with different numbers of cuts, a cut outside [1, len(row)] or a decreasing one.
+    """
+    if not rows:
+        raise ValueError("shared_prefix_hidden: no rows")
+    levels = {len(c) for c in cuts}
+    bounds = [[0, *(int(x) for x in c), len(r)] for r, c in zip(rows, cuts, strict=True)]
+    bad = [r for r, bd in enumerate(bounds) if bd[1] < 1 or any(a > b for a, b in zip(bd, bd[1:], strict=False))]
+    if len(levels) != 1 or bad:
+        raise ValueError(
+            f"shared_prefix_hidden: cuts must be as many per row, within [1, len], non-decreasing; rows {bad}"
+        )
+    device = next(backbone.parameters()).device
+    out: torch.Tensor | None = None
+    cache = DynamicCache(config=backbone.config)
+    mask: torch.Tensor | None = None  # (d, tokens so far): the mask of the previous level's distinct prefixes
+    parent_of_row: list[int] = []
+    for level in range(levels.pop() + 1):
+        keys = [tuple(int(i) for i in r[: bd[level + 1]]) for r, bd in zip(rows, bounds, strict=True)]
+        distinct, of_row = distinct_prompts(keys)
+        first_row = {d: of_row.index(d) for d in range(len(distinct))}
+        chunks = [distinct[d][bounds[first_row[d]][level] :] for d in range(len(distinct))]
+        if level:
+            parents = torch.tensor([parent_of_row[first_row[d]] for d in range(len(distinct))], dtype=torch.long)
+            cache.batch_select_indices(parents)
+            mask = mask[parents] if mask is not None else None
+        width = max(len(c) for c in chunks)
+        if width:
+            ids = torch.full((len(chunks), width), pad_token_id, dtype=torch.long)  # (d, w)
+            chunk_mask = torch.zeros((len(chunks), width), dtype=torch.long)  # (d, w)
+            for d, chunk in enumerate(chunks):
+                ids[d, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
+                chunk_mask[d, : len(chunk)] = 1
+            starts = torch.tensor([bounds[first_row[d]][level] for d in range(len(chunks))], dtype=torch.long)
+            mask = chunk_mask if mask is None else torch.cat([mask, chunk_mask], dim=1)
+            hidden = backbone(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=(starts[:, None] + torch.arange(width)[None, :]).to(device),
+                cache=cache,
+                use_cache=True,
+            ).last_hidden_state  # (d, w, h)
+            if out is None:
+                out = hidden.new_zeros((len(rows), max(len(r) for r in rows), hidden.shape[-1]))  # (b, t, h)
+            for r, bd in enumerate(bounds):
+                out[r, bd[level] : bd[level + 1]] = hidden[of_row[r], : bd[level + 1] - bd[level]]
+        parent_of_row = of_row
+    del cache
+    assert out is not None  # the first chunk of every row is non-empty (checked above)
+    return out
