@@ -25,7 +25,8 @@ Writes ``benchmarks/results/learning-<task>-<model>[-<scale>].json`` and a ``.pn
 
 ``--joint-mode cross`` runs the same job with cross joint responses and counterfactual pairs first
 (``joint_mode: cross``, ``pair_selection: counterfactual``;
-docs/design/algorithms.md#cross-joint-responses-and-counterfactual-pairs).
+docs/design/algorithms.md#cross-joint-responses-and-counterfactual-pairs), ``--joint-mode aligned`` with aligned
+ones (``pair_selection: comparator_reward``); without it, the config's own mode (the demo's: cross).
 ``--compare-joint-modes`` measures aligned against cross (issue #34): per seed, one run of
 each at the same K (the same candidates: same seeds, same sampling options, so the same sampled tokens in round
 1), and the same number of optimizer steps (each round trains on exactly ``train items x pairs per item`` draws
@@ -450,9 +451,16 @@ def finish(
 JOINT_MODES = ("aligned", "cross")
 
 
-def joint_mode_overrides(mode: str) -> list[str]:
-    """The config overrides of one joint mode: cross joint responses with counterfactual pairs first, or nothing."""
-    return ["joint_mode=cross", "pair_selection=counterfactual"] if mode == "cross" else []
+MODE_OVERRIDES = {
+    "aligned": ["joint_mode=aligned", "pair_selection=comparator_reward"],  # the reference's iterative pairs
+    "cross": ["joint_mode=cross", "pair_selection=counterfactual"],
+}
+
+
+def joint_mode_overrides(mode: str | None) -> list[str]:
+    """The config overrides of one joint mode: aligned joint responses with the iterative trainers' comparator-reward
+    pairs, cross joint responses with counterfactual pairs first, or (None) nothing: the config's own mode."""
+    return [] if mode is None else list(MODE_OVERRIDES[mode])
 
 
 def equal_steps_overrides(job: JobConfig) -> list[str]:
@@ -562,6 +570,7 @@ def compare_joint_modes(args: argparse.Namespace, seeds: tuple[int, ...], overri
     last = summary[-1]["cross_over_aligned_gain_per_cpu_minute"] if summary else None
     round_2 = next((row for row in summary if row["round"] == 2), None)
     model_tag = Path(args.model).name + ("" if args.scale == "standard" else f"-{args.scale}")
+    model_tag += f"-{args.tag}" if args.tag else ""
     path = write_result(
         "learning",
         f"joint-modes-{args.task}-{model_tag}",
@@ -612,8 +621,8 @@ def main() -> int:
     parser.add_argument(
         "--joint-mode",
         choices=JOINT_MODES,
-        default="aligned",
-        help="cross: joint_mode cross, counterfactual pairs first",
+        default=None,
+        help="the config's own mode unless given; cross: joint_mode cross, counterfactual pairs first",
     )
     parser.add_argument(
         "--compare-joint-modes",
@@ -653,7 +662,7 @@ def main() -> int:
         else:
             shutil.rmtree(out, ignore_errors=True)
     model_tag = Path(args.model).name + ("" if args.scale == "standard" else f"-{args.scale}")
-    model_tag += "-cross" if args.joint_mode == "cross" else ""
+    model_tag += f"-{args.joint_mode}" if args.joint_mode else ""
     model_tag += "-marlhf" if args.trainer == "marlhf_iter" else ""
     model_tag += f"-{args.tag}" if args.tag else ""
     seconds = time.perf_counter() - started

@@ -535,6 +535,10 @@ def test_the_learning_benchmark_compares_the_modes_at_equal_steps():
     assert equal == ["preference_replay_mode=nearest_k", "preference_replay_k=1", "preference_replay_sample_size=8"]
     job = load_job(learning.CONFIG, [*sizes, *equal, *learning.joint_mode_overrides("cross")])
     assert (job.joint_mode, job.pair_selection, job.preference_replay_sample_size) == ("cross", "counterfactual", 8)
+    # Aligned is spelled out whatever the config's own mode (the demo's is cross); no mode keeps the config's.
+    job = load_job(learning.CONFIG, [*sizes, *equal, *learning.joint_mode_overrides("aligned")])
+    assert (job.joint_mode, job.pair_selection) == ("aligned", "comparator_reward")
+    assert learning.joint_mode_overrides(None) == []
 
     def seed(gains: list[float], cpu: list[float]) -> dict:
         return {"rounds": [{"round": 0}] + [
