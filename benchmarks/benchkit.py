@@ -130,10 +130,23 @@ def summary(samples: Sequence[float]) -> dict[str, Any]:
     }
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name from ``/proc/cpuinfo`` (None where that file is not there): machines of the same name
+    differ from one session to the next (with and without AVX-512 or AMX), and their timings with them."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.partition(":")[2].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
+
+
 def machine_facts() -> dict[str, Any]:
-    """CPU count (logical and usable), torch threads and versions, Python, platform, UTC date."""
+    """CPU model and its bfloat16 flags (what ``auto`` precision decides on), CPU count (logical and usable), torch
+    threads and versions, Python, platform, UTC date."""
     import torch
     import transformers
+
+    from pbrl.models.precision import BF16_CPU_FLAGS, cpu_flags
 
     facts: dict[str, Any] = {
         "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -146,6 +159,8 @@ def machine_facts() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_bf16_flags": sorted(cpu_flags().intersection(BF16_CPU_FLAGS)),
     }
     if "prefect" in sys.modules:
         facts["prefect_version"] = sys.modules["prefect"].__version__

@@ -166,3 +166,20 @@ def test_a_run_of_the_script_on_the_tiny_model_reports_its_runs_numbers(learning
     clear = [(m > 0, s > 0) for m, s in zip(margins, scripted, strict=True) if abs(m) > 1e-3]
     assert clear and all(a == b for a, b in clear)  # where the sign is not a rounding matter, both agree
     assert "seed 0: round | eval reward" in out and "excludes 0 by round 2" in out
+
+
+def test_every_result_names_the_cpu_and_its_bfloat16_flags(learning, tmp_path, monkeypatch):
+    """The machine facts that decide ``auto`` precision travel with every benchmark result: machines of one name
+    differ between sessions (with and without AVX-512), and a timing means nothing without them."""
+    import benchkit
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda f, *a, **k: real_open(cpuinfo if f == "/proc/cpuinfo" else f, *a, **k))
+    facts = benchkit.machine_facts()
+    assert facts["cpu_model"] == "AMD EPYC 9R14"
+    assert facts["cpu_bf16_flags"] == ["avx512_bf16"]
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2\n")  # no model name, no bfloat16 arithmetic
+    facts = benchkit.machine_facts()
+    assert facts["cpu_model"] is None and facts["cpu_bf16_flags"] == []
