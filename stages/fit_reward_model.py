@@ -58,7 +58,7 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
 
 def spec_of(job: JobConfig) -> RewardModelSpec:
     """``reward_model_name`` (default: the first agent's model), the run's LoRA settings, the freeze flag, the
-    pooling and the number of agents (policies) in a joint response."""
+    pooling, the number of agents (policies) in a joint response and the backbone layers that run."""
     source = policy_source(job)
     return RewardModelSpec(
         source=job.reward_model_name or source.models[0],
@@ -66,6 +66,7 @@ def spec_of(job: JobConfig) -> RewardModelSpec:
         freeze_backbone=job.reward_freeze_backbone,
         pooling=job.reward_pooling,
         num_agents=len(source.models),
+        backbone_layers=job.reward_backbone_layers,
     )
 
 

@@ -125,6 +125,7 @@ MARLHF_DEFAULTS = {
     "reward_max_length": None,
     "reward_freeze_backbone": False,
     "reward_pooling": "segments",
+    "reward_backbone_layers": None,
     "rl_algorithm": "magrpo",
     "num_generations": 4,
     "critic_model_name": None,
@@ -1289,6 +1290,8 @@ SPEC_MARLHF |= {
 }
 # pbrl's own option (issue #30): what the reward model's head reads (the reference's is the last token).
 SPEC_MARLHF |= {"reward_pooling"}
+# pbrl's own option (issue #30): the reward model reads an intermediate layer at a fraction of the cost.
+SPEC_MARLHF |= {"reward_backbone_layers"}
 SPEC_OPTIONS = {
     "madpo": SPEC_COMMON,
     "marlhf": SPEC_COMMON | SPEC_MARLHF,

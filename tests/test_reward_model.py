@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -149,7 +150,16 @@ def test_freeze_backbone_trains_the_head_only(tiny_model_dir, template):
 
 
 @pytest.mark.parametrize(
-    "spec_kw", [{}, {"freeze_backbone": True}, {"lora": LoraSettings(r=2)}], ids=["full", "head", "lora"]
+    "spec_kw",
+    [
+        {},
+        {"freeze_backbone": True},
+        {"lora": LoraSettings(r=2)},
+        {"backbone_layers": 1},
+        {"freeze_backbone": True, "backbone_layers": 1},
+        {"lora": LoraSettings(r=2), "backbone_layers": 1},
+    ],
+    ids=["full", "head", "lora", "full-cut", "head-cut", "lora-cut"],
 )
 def test_saved_model_loads_safely_and_scores_the_same(tiny_model_dir, template, tmp_path, spec_kw):
     spec = RewardModelSpec(str(tiny_model_dir), **spec_kw)
@@ -165,6 +175,40 @@ def test_saved_model_loads_safely_and_scores_the_same(tiny_model_dir, template, 
         assert torch.allclose(loaded(rows), model(rows), atol=1e-6, rtol=0)
     assert meta["trained"] == spec.trained and meta["max_length"] == 64
     assert not any(p.requires_grad for p in loaded.parameters())
+    layers = spec.backbone_layers or 2  # the tiny model has 2
+    assert meta["backbone_layers"] == spec.backbone_layers
+    assert loaded.backbone.config.num_hidden_layers == layers
+    assert sum(1 for n, _ in loaded.backbone.named_modules() if n.endswith("self_attn")) == layers
+
+
+def test_a_cut_backbone_reads_the_normed_hidden_state_of_its_last_kept_layer(tiny_model_dir, template):
+    """``reward_backbone_layers: 1`` on the 2-layer tiny model: the features are the segments of
+    norm(hidden_states[1]) of the whole body's own forward (issue #30: layer 10 of SmolLM2's 30 held-out as well
+    as layer 30 at a third of the cost), and the policies' shared weights keep both layers."""
+    from transformers import AutoModel
+
+    from pbrl.models.loading import shared_backbone
+
+    spec = RewardModelSpec(str(tiny_model_dir), freeze_backbone=True, pooling="segments", num_agents=2)
+    cut = new_reward_model(replace(spec, backbone_layers=1), seed=0)
+    whole = AutoModel.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    rows = [_joint_input(template, np.random.default_rng(s)) for s in range(3)]
+    for row in rows:
+        with torch.no_grad():
+            hidden = whole(input_ids=torch.tensor([row.ids]), output_hidden_states=True).hidden_states
+            want = segment_features(whole.norm(hidden[1]), [row.response_spans])
+            assert torch.allclose(cut.features([row]), want, atol=1e-5, rtol=0)
+            assert not torch.allclose(want, segment_features(hidden[2], [row.response_spans]), atol=1e-3)
+    again = shared_backbone(tiny_model_dir)  # another tree over the same shared weights: uncut
+    assert again.config.num_hidden_layers == 2 and len(again.layers) == 2
+    assert cut.backbone.layers[0].mlp.up_proj.weight is again.layers[0].mlp.up_proj.weight  # one copy in memory
+
+
+@pytest.mark.parametrize("layers", [0, 3, True])
+def test_a_layer_count_outside_the_backbone_names_the_field(tiny_model_dir, layers):
+    spec = RewardModelSpec(str(tiny_model_dir), freeze_backbone=True, backbone_layers=layers)
+    with pytest.raises(ValueError, match=r"reward_backbone_layers: got .*; the backbone has 2 layers"):
+        new_reward_model(spec, seed=0)
 
 
 # ---------------------------------------------------------------------------------------------- segments pooling

@@ -263,6 +263,14 @@ def test_a_run_without_a_name_gets_a_generated_one(tiny_model_dir, tmp_path):
     assert with_run_name(named) is named
 
 
+def test_reward_backbone_layers_beyond_the_backbone_are_refused_before_anything_is_written(tiny_model_dir, tmp_path):
+    job = tiny_job(tiny_model_dir, tmp_path, trainer="marlhf_iter", reward_backbone_layers=3)
+    with pytest.raises(ConfigError, match=r"reward_backbone_layers: got 3; the reward model backbone .* has 2 layers"):
+        prepare_run(job, resume=False)
+    assert list(tmp_path.iterdir()) == []
+    prepare_run(tiny_job(tiny_model_dir, tmp_path, trainer="marlhf_iter", reward_backbone_layers=2), resume=False)
+
+
 @pytest.mark.parametrize("targets", [["q_projx"], ["q_proj", "q_projx"]])
 def test_unknown_lora_target_modules_are_refused_before_anything_is_written(tiny_model_dir, tmp_path, targets):
     """Issue #16.6: [q_projx] crashed in peft after run.json was written; [q_proj, q_projx] silently adapted

@@ -226,6 +226,12 @@ class _RewardModelFields(_Fields):
         "response and log(1 + its length), standardized) or 'last_token' (the hidden state at the joint text's "
         "last token, the reference's).",
     )
+    reward_backbone_layers: StrictInt | None = Field(
+        None,
+        ge=1,
+        description="Run only the reward model backbone's first N decoder layers (its final norm then reads layer "
+        "N); None = all (the reference's). Fitting and scoring cost about N / num_hidden_layers.",
+    )
     rl_algorithm: Literal["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"] = Field(
         "magrpo",
         description="RL backend against the learned reward: 'magrpo' (group-mean baseline), "

@@ -41,7 +41,7 @@ from transformers import AutoModel
 
 from pbrl.data.storage import RunPaths, atomic_dir, read_json, read_manifest, write_json
 from pbrl.learning.joint_template import TEMPLATE_VERSION, JointInput, JointTemplate, joint_input_ids
-from pbrl.models.forward import eval_mode, pad_rows, shared_prefix_hidden
+from pbrl.models.forward import eval_mode, keep_first_layers, pad_rows, shared_prefix_hidden
 from pbrl.models.loading import load_tokenizer, resolve_devices, resolve_model_source, shared_backbone
 from pbrl.models.lora import LoraSettings, quiet_peft_wrapping
 
@@ -225,6 +225,7 @@ class RewardModelSpec:
         freeze_backbone: train the head only (``reward_freeze_backbone``; LoRA is then not applied).
         pooling: what the head reads (``reward_pooling``, :data:`POOLINGS`).
         num_agents: agents per joint response (the ``segments`` head has a·(h+1) inputs).
+        backbone_layers: the backbone's first decoder layers that run (``reward_backbone_layers``); None = all.
     """
 
     source: str
@@ -232,6 +233,7 @@ class RewardModelSpec:
     freeze_backbone: bool = False
     pooling: str = "last_token"
     num_agents: int = 1
+    backbone_layers: int | None = None
 
     def head_inputs(self, hidden_size: int) -> int:
         """f: h for ``last_token``, a·(h+1) for ``segments``."""
@@ -263,7 +265,7 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
     src = resolve_model_source(spec.source, field="reward_model_name")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        backbone = _load_backbone(src, trained=spec.trained, device=device)
+        backbone = keep_first_layers(_load_backbone(src, trained=spec.trained, device=device), spec.backbone_layers)
         head = nn.Linear(spec.head_inputs(backbone.config.hidden_size), 1)
         if spec.trained == "head":
             backbone.requires_grad_(False)
@@ -299,6 +301,7 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
                 "lora": asdict(spec.lora) if spec.lora is not None else None,
                 "pooling": spec.pooling,
                 "num_agents": spec.num_agents,
+                "backbone_layers": spec.backbone_layers,
                 "max_length": max_length,
             },
         )
@@ -322,6 +325,8 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     backbone = _load_backbone(
         folder / "backbone" if meta["trained"] == "full" else src, trained=meta["trained"], device=device
     )
+    if meta["trained"] != "full":  # a saved full backbone is stored cut; older records: every layer
+        backbone = keep_first_layers(backbone, meta.get("backbone_layers"))
     if meta["trained"] == "lora":
         with quiet_peft_wrapping():
             backbone = PeftModel.from_pretrained(backbone, str(folder / "adapter"), is_trainable=False)

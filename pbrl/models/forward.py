@@ -193,3 +193,38 @@ def shared_prefix_hidden(
     del cache
     assert out is not None  # the first chunk of every row is non-empty (checked above)
     return out
+
+
+def keep_first_layers(body: nn.Module, count: int | None, *, field: str = "reward_backbone_layers") -> nn.Module:
+    """Cut a transformer body (``AutoModel``: embeddings, a stack of decoder layers, a final norm) to its first
+    ``count`` decoder layers, in place; None keeps them all. The final norm then applies to layer ``count``'s
+    output, so the last hidden state is ``norm(hidden_states[count])`` of the whole body (a probe of an
+    intermediate layer, as in Tenney et al. 2019, "BERT rediscovers the classical NLP pipeline", read off at
+    ``count / num_hidden_layers`` of the cost). The body's config says ``count`` layers afterwards, so a saved
+    copy reloads cut. Only for a module tree of the caller's own (e.g. :func:`pbrl.models.loading.shared_backbone`'s):
+    the layers kept are the same modules, the others are dropped from this tree only.
+
+    Raises:
+        ValueError: ``count`` is not in [1, the body's layers] or the body has no stack of
+            ``num_hidden_layers`` layers named ``layers`` or ``h`` (names ``field``).
+    """
+    if count is None:
+        return body
+    total = body.config.num_hidden_layers
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= total:
+        raise ValueError(f"{field}: got {count!r}; the backbone has {total} layers (1 to {total}, or null for all)")
+    name = next(
+        (
+            n
+            for n in ("layers", "h")
+            if isinstance(getattr(body, n, None), nn.ModuleList) and len(getattr(body, n)) == total
+        ),
+        None,
+    )
+    if name is None:
+        raise ValueError(f"{field}: {type(body).__name__} has no stack of {total} layers named 'layers' or 'h'")
+    setattr(body, name, nn.ModuleList(list(getattr(body, name))[:count]))
+    body.config.num_hidden_layers = count
+    if isinstance(getattr(body.config, "layer_types", None), list):
+        body.config.layer_types = body.config.layer_types[:count]
+    return body

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
 from pbrl.config import JobConfig, is_iterative
 from pbrl.data.items import load_run_items
@@ -96,6 +97,7 @@ def preflight(
             problems += exc.problems
         except ArtifactError as exc:
             problems.append(Problem(field, source, str(exc)))
+    problems += _reward_layers_problems(job, prepare_models)
     problems += _precision_and_placement_problems(job)
     problems += tracker_problems(getattr(job, "report_to", None))
     if problems:
@@ -158,6 +160,24 @@ def _actor_critic_problems(job: JobConfig) -> list[Problem]:
         except ArtifactError as exc:
             problems.append(Problem("critic_model_name", job.critic_model_name, str(exc)))
     return problems
+
+
+def _reward_layers_problems(job: JobConfig, prepare_models: bool) -> list[Problem]:
+    """``reward_backbone_layers`` beyond the reward model backbone's layers (read from its config; a packaged
+    model not converted yet is checked when the reward model is built)."""
+    layers = getattr(job, "reward_backbone_layers", None)
+    if layers is None:
+        return []
+    source = job.reward_model_name or policy_source(job).models[0]
+    if not prepare_models and source in PACKAGED_MODELS:
+        return []
+    try:
+        total = AutoConfig.from_pretrained(resolve_model_source(source, field="reward_model_name")).num_hidden_layers
+    except (ConfigError, ArtifactError, OSError, ValueError):
+        return []  # an unusable source is reported by the model checks
+    if layers <= total:
+        return []
+    return [Problem("reward_backbone_layers", layers, f"the reward model backbone {source} has {total} layers")]
 
 
 def _lora_target_problems(job: JobConfig, resolved: Any) -> list[Problem]:
