@@ -406,7 +406,7 @@ def report(run_dirs: list[Path], args: argparse.Namespace) -> int:
     finish(
         results,
         job.task or "task",
-        f"{Path(args.model).name}-{args.scale}-report",
+        f"{Path(args.model).name}-{args.scale}-report" + (f"-{args.tag}" if args.tag else ""),
         [str(d) for d in run_dirs],
         args.scale,
         [r["seed"] for r in results],

@@ -167,6 +167,14 @@ def test_a_run_of_the_script_on_the_tiny_model_reports_its_runs_numbers(learning
     assert clear and all(a == b for a, b in clear)  # where the sign is not a rounding matter, both agree
     assert "seed 0: round | eval reward" in out and "excludes 0 by round 2" in out
 
+    # --report summarises kept folders again, under --tag's name (it was ignored): the same numbers.
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--report", str(run_dir), "--tag", "again"])
+    assert learning.main() == 0
+    again = json.loads(
+        (tmp_path / "results" / "learning-humaneval_docs-smollm2-135m-instruct-standard-report-again.json").read_text()
+    )
+    assert again["results"][0]["rounds"] == seed["rounds"]
+
 
 def test_every_result_names_the_cpu_and_its_bfloat16_flags(learning, tmp_path, monkeypatch):
     """The machine facts that decide ``auto`` precision travel with every benchmark result: machines of one name

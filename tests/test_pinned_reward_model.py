@@ -397,6 +397,7 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
         "lora": {"r": 2, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj"]},
         "pooling": "last_token",
         "num_agents": 1,
+        "backbone_layers": None,
         "max_length": 64,
     }
     old = tmp_path / "old"
