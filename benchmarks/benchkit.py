@@ -130,23 +130,13 @@ def summary(samples: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def cpu_model() -> str | None:
-    """The CPU's model name from ``/proc/cpuinfo`` (None where that file is not there): machines of the same name
-    differ from one session to the next (with and without AVX-512 or AMX), and their timings with them."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.partition(":")[2].strip() for line in f if line.startswith("model name")), None)
-    except OSError:
-        return None
-
-
 def machine_facts() -> dict[str, Any]:
     """CPU model and its bfloat16 flags (what ``auto`` precision decides on), CPU count (logical and usable), torch
     threads and versions, Python, platform, UTC date."""
     import torch
     import transformers
 
-    from pbrl.models.precision import BF16_CPU_FLAGS, cpu_flags
+    from pbrl.models.precision import BF16_CPU_FLAGS, cpu_flags, cpu_model
 
     facts: dict[str, Any] = {
         "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),

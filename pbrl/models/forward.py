@@ -213,17 +213,10 @@ def keep_first_layers(body: nn.Module, count: int | None, *, field: str = "rewar
     total = body.config.num_hidden_layers
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= total:
         raise ValueError(f"{field}: got {count!r}; the backbone has {total} layers (1 to {total}, or null for all)")
-    name = next(
-        (
-            n
-            for n in ("layers", "h")
-            if isinstance(getattr(body, n, None), nn.ModuleList) and len(getattr(body, n)) == total
-        ),
-        None,
-    )
-    if name is None:
+    stacks = [n for n in ("layers", "h") if isinstance(getattr(body, n, None), nn.ModuleList)]  # Llama / GPT-2
+    if not stacks or len(getattr(body, stacks[0])) != total:
         raise ValueError(f"{field}: {type(body).__name__} has no stack of {total} layers named 'layers' or 'h'")
-    setattr(body, name, nn.ModuleList(list(getattr(body, name))[:count]))
+    setattr(body, stacks[0], nn.ModuleList(list(getattr(body, stacks[0]))[:count]))
     body.config.num_hidden_layers = count
     if isinstance(getattr(body.config, "layer_types", None), list):
         body.config.layer_types = body.config.layer_types[:count]

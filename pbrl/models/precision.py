@@ -180,16 +180,25 @@ class PrecisionChoice:
     reason: str
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (``/proc/cpuinfo``); empty where that file is not there (not Linux)."""
+def _cpuinfo_value(key: str) -> str | None:
+    """The value of the first ``key : value`` line of ``/proc/cpuinfo``; None where the line or the file (not
+    Linux) is not there."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
+            return next((line.partition(":")[2].strip() for line in f if line.startswith(key)), None)
     except OSError:
-        pass
-    return set()
+        return None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``); empty where that file is not there (not Linux)."""
+    return set((_cpuinfo_value("flags") or "").split())
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``), None where it is not given: what benchmark results record, since
+    machines of one name differ between sessions (with and without AVX-512 or AMX)."""
+    return _cpuinfo_value("model name")
 
 
 def native_bf16(device: str | torch.device) -> tuple[bool, str]:
