@@ -11,6 +11,10 @@ both after fitting, with a 95 % interval of the held-out accuracy over items; a 
 does not exclude chance (0.5). The model is written to
 ``rounds/<r>/reward_model/`` (safetensors). Head init, LoRA init, the held-out split and the batch order
 each come from their own seed ``(seed, round, "fit-reward-model", side)``, so a rerun is bitwise identical.
+
+With a frozen backbone the features of the round's own joint responses are written to
+``rounds/<r>/reward_features.safetensors``, and those stored by earlier source rounds are read instead of running
+the backbone on their responses again (:mod:`pbrl.learning.feature_store`).
 """
 
 from __future__ import annotations
@@ -24,16 +28,16 @@ from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import read_rows, read_selected_pairs
 from pbrl.errors import ArtifactError
+from pbrl.learning.feature_store import backbone_fingerprint, features_path, load_features, save_features
 from pbrl.learning.joint_template import JointInput, joint_input_ids, joint_template_for
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_correct, pair_metrics
 from pbrl.learning.reward_model import (
     RewardModelSpec,
     new_reward_model,
-    pair_joint_ids_path,
-    reward_device,
-    reward_model_dir,
+    row_digest,
     save_reward_model,
 )
+from pbrl.learning.reward_scoring import pair_joint_ids_path, reward_device, reward_model_dir
 from pbrl.reporting.stats import Interval, bootstrap_mean
 from pbrl.run.settings import policy_source
 from pbrl.run.stage_record import StageRecord
@@ -53,7 +57,14 @@ def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]
         paths.selected_pairs(round_index),
         *(paths.pairs(r) for r in rounds),
         *(pair_joint_ids_path(paths.round_dir(r)) for r in rounds),
+        *_stored_features(paths, round_index, rounds),
     ]
+
+
+def _stored_features(paths: RunPaths, round_index: int, rounds: list[int]) -> list[Path]:
+    """The feature files of earlier source rounds that exist (:mod:`pbrl.learning.feature_store`)."""
+    files = [features_path(paths.round_dir(r)) for r in rounds if r < round_index]
+    return [f for f in files if f.is_file()]
 
 
 def spec_of(job: JobConfig) -> RewardModelSpec:
@@ -67,6 +78,7 @@ def spec_of(job: JobConfig) -> RewardModelSpec:
         pooling=job.reward_pooling,
         num_agents=len(source.models),
         backbone_layers=job.reward_backbone_layers,
+        head_components=job.reward_head_components,
     )
 
 
@@ -141,7 +153,22 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         progress.advance()
         record.log(progress.done, {"rm/loss": loss})
 
-    with model.remembered_features():  # a frozen backbone runs once per distinct row: fit, then both metrics
+    fingerprint = (
+        backbone_fingerprint(
+            model.backbone,
+            source=spec.source,
+            pooling=spec.pooling,
+            backbone_layers=spec.backbone_layers,
+            num_agents=spec.num_agents,
+        )
+        if model.backbone_frozen
+        else ""
+    )
+    known: dict = {}  # a frozen backbone's features of earlier rounds' responses, as those rounds stored them
+    for path in _stored_features(paths, round_index, _source_rounds(paths, round_index)) if fingerprint else []:
+        known |= load_features(path, fingerprint, device=model.head.weight.device)
+    # A frozen backbone runs once per distinct row (fit, then both metrics) and never on a stored one.
+    with model.remembered_features(known) as memory:
         stats = fit_bradley_terry(
             model,
             train,
@@ -154,6 +181,15 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         )
         fitted, heldout = pair_metrics(model, train, SCORE_BATCH), pair_metrics(model, held, SCORE_BATCH)
         correct = pair_correct(model, held, SCORE_BATCH)
+        own = {
+            row_digest(row)
+            for p, pair in zip(kept, usable, strict=True)
+            if p["round_index"] == round_index
+            for row in pair
+        }
+        save_features(
+            features_path(paths.round_dir(round_index)), {d: memory[d] for d in own if d in memory}, fingerprint
+        )
     interval = heldout_interval([kept[i]["item_id"] for i in held_idx], correct, seed("heldout-interval"))
     save_reward_model(model, spec, out, max_length=job.reward_max_length)
     record.metrics = {
@@ -182,7 +218,8 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     if stats["skipped_steps"]:
         record.say(f"{stats['skipped_steps']} reward-model step(s) skipped: non-finite loss or gradient")
     record.details = {"fitted": True, "reward_model": paths.rel(out), "trained": spec.trained, "source": spec.source}
-    return record.finish(input_files(paths, round_index, job), [out])
+    stored = features_path(paths.round_dir(round_index))
+    return record.finish(input_files(paths, round_index, job), [out, *([stored] if stored.is_file() else [])])
 
 
 def heldout_interval(items: list[str], correct: list[bool], seed: int) -> Interval | None:

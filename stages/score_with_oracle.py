@@ -34,7 +34,7 @@ from pbrl.generation.collaboration import (
     write_candidate_roles,
 )
 from pbrl.learning.joint_template import DROP_TOO_LONG
-from pbrl.learning.reward_model import RewardScorer, newest_reward_model, reward_device
+from pbrl.learning.reward_scoring import RewardScorer, newest_reward_model, reward_device
 from pbrl.preference.oracle import OracleScore, score_batch
 from pbrl.preference.pairs import CandidateRef, CrossGrid, cross_joint_responses
 from pbrl.run.progress import Progress

@@ -41,7 +41,7 @@ from pbrl.data.tables import read_joint_responses, read_rows, read_selected_pair
 from pbrl.distributed.ray_agents import gather, remote_agents, write_agents
 from pbrl.learning.advantages import ACTOR_CRITIC
 from pbrl.learning.madpo import LocalAgent, PairBatch, StepAgent, madpo_agents_step
-from pbrl.learning.reward_model import reward_model_dir
+from pbrl.learning.reward_scoring import reward_model_dir
 from pbrl.learning.rl import rl_metrics, rollouts_path, run_rl
 from pbrl.models.policies import TrainablePolicy, policy_checkpoint, trainable_agent
 from pbrl.run.marlhf_setup import (

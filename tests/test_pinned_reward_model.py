@@ -44,15 +44,8 @@ from pbrl.learning.joint_template import (
     pair_joint_rows,
 )
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_metrics
-from pbrl.learning.reward_model import (
-    RewardModelSpec,
-    RewardScorer,
-    new_reward_model,
-    newest_reward_model,
-    reward_device,
-    save_reward_model,
-    score_joint,
-)
+from pbrl.learning.reward_model import RewardModelSpec, new_reward_model, save_reward_model, score_joint
+from pbrl.learning.reward_scoring import RewardScorer, newest_reward_model, reward_device
 from pbrl.models.loading import load_tokenizer
 
 # One-token template pieces: 6 fixed tokens for two agents (header, 2 prompt markers, 2 response markers, 1 sep).
@@ -164,7 +157,7 @@ def test_template_markers_carry_no_special_tokens():
 
 
 def test_run_folder_paths():
-    from pbrl.learning.reward_model import pair_joint_ids_path, reward_model_dir
+    from pbrl.learning.reward_scoring import pair_joint_ids_path, reward_model_dir
     from pbrl.learning.rl import rollouts_path
 
     assert reward_model_dir(tmp := Path("runs/x/rounds/0002")) == Path("runs/x/rounds/0002/reward_model")
@@ -398,6 +391,7 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
         "pooling": "last_token",
         "num_agents": 1,
         "backbone_layers": None,
+        "head_components": None,
         "max_length": 64,
     }
     old = tmp_path / "old"

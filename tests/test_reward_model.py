@@ -20,14 +20,13 @@ from pbrl.learning.losses import bradley_terry_loss
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_metrics
 from pbrl.learning.reward_model import (
     RewardModelSpec,
-    RewardScorer,
     load_reward_model,
     new_reward_model,
-    pair_joint_ids_path,
     row_features,
     save_reward_model,
     segment_features,
 )
+from pbrl.learning.reward_scoring import RewardScorer, pair_joint_ids_path
 from pbrl.models.loading import load_tokenizer
 from pbrl.models.lora import LoraSettings
 from stages import STAGE_MODULES

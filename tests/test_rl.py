@@ -12,7 +12,14 @@ from pbrl.generation.sampling import Generation
 from pbrl.learning.advantages import ADVANTAGE_BACKENDS, advantage_backend, normalize_group
 from pbrl.learning.logprobs import sequence_logprobs
 from pbrl.learning.losses import k3_kl
-from pbrl.learning.rl import ReferencePolicy, RLSettings, completion_token_logprobs, rl_agent_step, run_rl
+from pbrl.learning.rl import (
+    ReferencePolicy,
+    RLSettings,
+    completion_token_logprobs,
+    rl_agent_step,
+    run_rl,
+    training_token_logprobs,
+)
 from pbrl.models.loading import load_model
 from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
@@ -124,6 +131,35 @@ def test_lora_reference_is_the_base_with_the_adapter_disabled(tiny_model_dir):
     assert torch.allclose(ref.token_logprobs(PROMPTS, COMPLETIONS)[0], base, atol=1e-7, rtol=0)
     adapted = completion_token_logprobs(lora, PROMPTS, COMPLETIONS, pad_token_id=0)[0]
     assert not torch.allclose(adapted, base, atol=1e-4)
+
+
+def test_an_items_generations_share_one_prompt_forward_with_the_padded_gradient(tiny_model_dir):
+    """The training forward of a step runs each item's prompt once for its g rows (the KV cache is expanded to
+    the rows, the gradient of every row flows back into it) and gives the log-probs and gradient of g padded
+    rows; the reference and the KL's policy pass share the prompt the same way."""
+    policy = _trainable(tiny_model_dir)
+    prompts = [PROMPTS[0]] * 3 + [PROMPTS[1]] * 3  # 2 items x g = 3
+    completions = [[70, 71, 3], [80, 3], [90, 91, 92, 3], [70, 3], [81, 82, 3], [3]]
+    seen: list[tuple[int, ...]] = []
+    hook = policy.model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    try:
+        shared, mask = training_token_logprobs(policy, prompts, completions, seed=None)
+        ref = ReferencePolicy(policy.model, pad_token_id=0).token_logprobs(prompts, completions)[0]
+    finally:
+        hook.remove()
+    width = max(len(p) for p in PROMPTS)
+    assert seen == [(2, width), (6, 3)] * 2  # prefill of the 2 prompts, then the 6 rows' completions
+    padded, padded_mask = completion_token_logprobs(policy.model, prompts, completions, pad_token_id=0)
+    assert torch.equal(mask, padded_mask)
+    assert torch.allclose(shared.detach().double(), padded, atol=1e-5, rtol=0)
+    assert torch.allclose(ref, padded, atol=1e-5, rtol=0)
+    params = trainable_parameters(policy.model)
+    weights = torch.linspace(0.5, 1.5, 6)[:, None]
+    got = torch.autograd.grad((shared * weights).sum(), params)
+    alone = sequence_logprobs(policy.model, prompts, completions, pad_token_id=0)  # whole padded rows
+    expected = torch.autograd.grad((alone * weights[:, 0].double()).sum(), params)
+    for g, e in zip(got, expected, strict=True):
+        assert float((g - e).norm()) <= 1e-4 * float(e.norm()) + 1e-12
 
 
 def _trainable(model_dir, lr=1e-2):

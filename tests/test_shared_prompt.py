@@ -16,7 +16,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from pbrl.generation.sampling import SamplingSettings, generate, prompt_grouped_order
-from pbrl.learning.logprobs import sequence_logprobs, shared_prompt_logprobs
+from pbrl.learning.logprobs import (
+    completion_token_logprobs,
+    sequence_logprobs,
+    shared_prompt_logprobs,
+    shared_prompt_token_logprobs,
+    token_logprobs,
+)
 from pbrl.learning.losses import madpo_agent_loss
 from pbrl.learning.madpo import PairBatch
 from pbrl.models.forward import distinct_prompts
@@ -73,6 +79,39 @@ def test_shared_prompt_logprobs_equal_each_row_scored_alone(model: LlamaForCausa
     assert got.dtype == torch.float64 and got.shape == (9,)
     assert float(got[prompts.index(prompts[1])]) == 0.0  # the empty completion: exactly 0
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_shared_prompt_token_logprobs_equal_the_padded_rows_token_by_token(model: LlamaForCausalLM) -> None:
+    prompts, completions = _rows(3)
+    with torch.no_grad():
+        got, got_mask = shared_prompt_token_logprobs(model, prompts, completions, pad_token_id=PAD)
+        expected, mask = completion_token_logprobs(model, prompts, completions, pad_token_id=PAD)
+    assert got.dtype == torch.float32 and got.shape == expected.shape == (9, max(len(c) for c in completions))
+    assert torch.equal(got_mask, mask)
+    assert got_mask.sum(-1).tolist() == [len(c) for c in completions]
+    assert float(got[~got_mask].abs().sum()) == 0.0  # padding holds 0
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_token_logprobs_score_whole_padded_rows_under_activation_checkpointing(tiny_model_dir: Path) -> None:
+    """transformers turns the KV cache off while activations are recomputed, so the shared prefill cannot run:
+    each row is then one padded forward of prompt and completion."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    prompts, completions = _rows(4)
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        seen: list[tuple[int, ...]] = []
+        hook = model.model.embed_tokens.register_forward_hook(lambda m, i, o, seen=seen: seen.append(tuple(i[0].shape)))
+        try:
+            with torch.no_grad():
+                got, _ = token_logprobs(model, prompts, completions, pad_token_id=PAD)
+        finally:
+            hook.remove()
+        width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+        assert (seen == [(9, width)]) is checkpointing
+        expected, _ = completion_token_logprobs(model, prompts, completions, pad_token_id=PAD)
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
 
 
 def test_only_single_token_completions_skip_the_second_forward(model: LlamaForCausalLM) -> None:

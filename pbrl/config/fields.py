@@ -232,6 +232,13 @@ class _RewardModelFields(_Fields):
         description="Run only the reward model backbone's first N decoder layers (its final norm then reads layer "
         "N); None = all (the reference's). Fitting and scoring cost about N / num_hidden_layers.",
     )
+    reward_head_components: StrictInt | None = Field(
+        None,
+        ge=1,
+        description="With reward_pooling='segments': the head reads each agent's pooled response features projected "
+        "on their first k principal components over the fit's training rows (and its length); None = every feature "
+        "(as before). A small k generalizes to unseen items where a head on every feature learns its pairs.",
+    )
     rl_algorithm: Literal["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"] = Field(
         "magrpo",
         description="RL backend against the learned reward: 'magrpo' (group-mean baseline), "

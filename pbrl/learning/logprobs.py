@@ -154,8 +154,6 @@ def completion_token_logprobs(
     return token_logprobs, valid
 
 
-# Over 60 lines: the docstring states the method and its equivalence to padded scoring; the code is one
-# batched pass (prefill each distinct prompt, expand its KV cache, score the completions) that shares its tensors.
 def shared_prompt_logprobs(
     model: nn.Module,
     prompt_ids: Sequence[Sequence[int]],
@@ -164,7 +162,66 @@ def shared_prompt_logprobs(
     pad_token_id: int,
     dropout: bool = False,
 ) -> torch.Tensor:
-    """:func:`sequence_logprobs` computing each distinct prompt once: the same values, less compute.
+    """:func:`sequence_logprobs` computing each distinct prompt once: the same values, less compute
+    (the sum of :func:`shared_prompt_token_logprobs`).
+
+    Returns:
+        (b,) float64 tensor on the model's device, in nats (≤ 0); an empty completion scores exactly 0.0.
+
+    Raises:
+        ValueError: as :func:`sequence_logprobs` (rows named).
+    """
+    token_logprobs, _ = shared_prompt_token_logprobs(
+        model, prompt_ids, completion_ids, pad_token_id=pad_token_id, dropout=dropout
+    )
+    if token_logprobs.shape[1] == 0:
+        return torch.zeros(len(prompt_ids), dtype=torch.float64, device=token_logprobs.device)
+    return token_logprobs.double().sum(-1)  # (b,)
+
+
+def uses_activation_checkpointing(model: nn.Module) -> bool:
+    """Whether ``model`` (possibly peft-wrapped) recomputes activations in backward (``gradient_checkpointing``),
+    where transformers turns the KV cache off, so :func:`shared_prompt_token_logprobs` cannot run."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through a peft wrapper
+    checkpointing = getattr(base, "is_activation_checkpointing", None)  # transformers >= 5.x name
+    if checkpointing is None:  # transformers 4 (the 5.x name warns that it is deprecated)
+        checkpointing = getattr(base, "is_gradient_checkpointing", False)
+    return bool(checkpointing)
+
+
+def token_logprobs(
+    model: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    dropout: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of the completions, each distinct prompt computed once
+    (:func:`shared_prompt_token_logprobs`), or padded whole rows (:func:`completion_token_logprobs`) when the model
+    recomputes activations (:func:`uses_activation_checkpointing`). The two agree to float32 rounding.
+
+    Returns:
+        (b, c) float32 log-probs (0 at padding) and the (b, c) bool mask of real completion tokens.
+
+    Raises:
+        ValueError: as :func:`sequence_logprobs` (rows named).
+    """
+    score = completion_token_logprobs if uses_activation_checkpointing(model) else shared_prompt_token_logprobs
+    return score(model, prompt_ids, completion_ids, pad_token_id=pad_token_id, dropout=dropout)
+
+
+# Over 60 lines: the docstring states the method and its equivalence to padded scoring; the code is one
+# batched pass (prefill each distinct prompt, expand its KV cache, score the completions) that shares its tensors.
+def shared_prompt_token_logprobs(
+    model: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    dropout: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`completion_token_logprobs` computing each distinct prompt once: the same values, less compute.
 
     Two forward passes. (1) *Prefill*: the d distinct prompts, left-padded, with a KV cache
     (``transformers`` ``DynamicCache``); the logits of each prompt's last position predict its completions'
@@ -192,7 +249,8 @@ def shared_prompt_logprobs(
             With dropout on, a shared prompt gets one dropout mask for all its rows.
 
     Returns:
-        (b,) float64 tensor on the model's device, in nats (≤ 0); an empty completion scores exactly 0.0.
+        (b, c) float32 log-probs of every completion token (0 at padding) and the (b, c) bool mask of real
+        completion tokens, on the model's device; c is the longest completion (0 when all are empty).
 
     Raises:
         ValueError: as :func:`sequence_logprobs` (rows named).
@@ -205,7 +263,7 @@ def shared_prompt_logprobs(
     completion_lens = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)  # (b,)
     max_completion = int(completion_lens.max()) if batch else 0
     if max_completion == 0:
-        return torch.zeros(batch, dtype=torch.float64, device=device)
+        return (torch.zeros((batch, 0), device=device), torch.zeros((batch, 0), dtype=torch.bool, device=device))
 
     distinct, prompt_of_row = distinct_prompts(prompt_ids)
     width = max(len(p) for p in distinct)
@@ -258,5 +316,4 @@ def shared_prompt_logprobs(
     logits = logits.float()
     targets, valid = targets.to(device), valid.to(device)
     token_logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (b, c)
-    token_logprobs = torch.where(valid, token_logprobs, torch.zeros_like(token_logprobs))
-    return token_logprobs.double().sum(-1)  # (b,)
+    return torch.where(valid, token_logprobs, torch.zeros_like(token_logprobs)), valid

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pbrl.learning.logprobs import sequence_logprobs, shared_prompt_logprobs
+from pbrl.learning.logprobs import sequence_logprobs, shared_prompt_logprobs, uses_activation_checkpointing
 from pbrl.learning.losses import madpo_agent_loss, madpo_loss, preference_accuracy
 from pbrl.models.forward import has_dropout, training_forward
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
@@ -61,11 +61,7 @@ def identical_sides(winner_ids: Sequence[Sequence[int]], loser_ids: Sequence[Seq
 def _score(model: Any) -> Any:
     """Shared-prompt scoring (each distinct prompt once, its KV cache reused by every completion), unless the
     model recomputes activations (``gradient_checkpointing``), where transformers turns the KV cache off."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through a peft wrapper
-    checkpointing = getattr(base, "is_activation_checkpointing", None)  # transformers >= 5.x name
-    if checkpointing is None:  # transformers 4 (the 5.x name warns that it is deprecated)
-        checkpointing = getattr(base, "is_gradient_checkpointing", False)
-    return sequence_logprobs if checkpointing else shared_prompt_logprobs
+    return sequence_logprobs if uses_activation_checkpointing(model) else shared_prompt_logprobs
 
 
 def agent_margins(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, seed: int | None = None) -> torch.Tensor:

@@ -27,6 +27,7 @@ Shape legend: b batch (rows), t tokens, h hidden size, a agents, f features.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -39,14 +40,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel
 
-from pbrl.data.storage import RunPaths, atomic_dir, read_json, read_manifest, write_json
-from pbrl.learning.joint_template import TEMPLATE_VERSION, JointInput, JointTemplate, joint_input_ids
+from pbrl.data.storage import atomic_dir, read_json, write_json
+from pbrl.learning.joint_template import TEMPLATE_VERSION, JointInput
+from pbrl.learning.segment_pca import segment_projection
 from pbrl.models.forward import eval_mode, keep_first_layers, pad_rows, shared_prefix_hidden
-from pbrl.models.loading import load_tokenizer, resolve_devices, resolve_model_source, shared_backbone
+from pbrl.models.loading import load_tokenizer, resolve_model_source, shared_backbone
 from pbrl.models.lora import LoraSettings, quiet_peft_wrapping
 
-PAIR_JOINT_IDS_FILE = "pair_joint_ids.parquet"  # rounds/<r>/: the pairs' joint input ids (build-pairs)
-REWARD_MODEL_DIR = "reward_model"  # rounds/<r>/reward_model/: the fitted model (fit-reward-model)
 _META = "reward_model.json"
 _HEAD = "head.safetensors"
 
@@ -83,9 +83,10 @@ def _split_rows(rows: Sequence[JointRow]) -> tuple[list[list[int]], list[tuple[t
     return ids, spans
 
 
-def _row_key(row: JointRow) -> tuple:
-    """A row's identity for remembered features: its ids, and its response spans when it has them."""
-    return (tuple(row.ids), row.response_spans) if isinstance(row, JointInput) else (tuple(row), None)
+def row_digest(row: JointRow) -> str:
+    """A row's identity for remembered (and stored) features: sha256 of its ids and response spans (if any)."""
+    key = (list(row.ids), row.response_spans) if isinstance(row, JointInput) else (list(row), None)
+    return hashlib.sha256(repr(key).encode()).hexdigest()
 
 
 class JointRewardModel(nn.Module):
@@ -93,15 +94,26 @@ class JointRewardModel(nn.Module):
 
     ``feature_shift`` and ``feature_scale`` (buffers, (f,)) standardize the features before the head: 0 and 1
     until :meth:`standardize_on` sets them (``segments``; ``last_token`` keeps the reference's raw hidden state).
+    A head narrower than the ``num_features`` f reads them through ``feature_projection`` (buffer, (f, m)): each
+    agent's principal components (``reward_head_components``, :func:`pbrl.learning.segment_pca.segment_projection`).
     """
 
-    def __init__(self, backbone: nn.Module, head: nn.Linear, pad_token_id: int, pooling: str = "last_token"):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        head: nn.Linear,
+        pad_token_id: int,
+        pooling: str = "last_token",
+        num_features: int | None = None,
+    ):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"reward_pooling: got {pooling!r}; allowed: {', '.join(POOLINGS)}")
         self.backbone, self.head, self.pad_token_id, self.pooling = backbone, head, int(pad_token_id), pooling
-        self.register_buffer("feature_shift", torch.zeros(head.in_features))
-        self.register_buffer("feature_scale", torch.ones(head.in_features))
+        f = num_features or head.in_features
+        self.register_buffer("feature_shift", torch.zeros(f))
+        self.register_buffer("feature_scale", torch.ones(f))
+        self.register_buffer("feature_projection", torch.zeros(f, head.in_features) if f != head.in_features else None)
         self._memo: dict[tuple, torch.Tensor] | None = None  # see remembered_features
 
     def features(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
@@ -114,7 +126,7 @@ class JointRewardModel(nn.Module):
         """
         if self._memo is None:
             return self._compute_features(rows, padding_side)
-        keys = [_row_key(r) for r in rows]
+        keys = [row_digest(r) for r in rows]
         new = list({k: r for k, r in zip(keys, rows, strict=True) if k not in self._memo}.items())
         if new:
             computed = self._compute_features([r for _, r in new], padding_side)
@@ -122,18 +134,18 @@ class JointRewardModel(nn.Module):
         return torch.stack([self._memo[k] for k in keys])
 
     @contextmanager
-    def remembered_features(self) -> Iterator[None]:
-        """Within this block, with a frozen backbone, each distinct row (by its ids and response spans) is run
-        through the backbone once and its pooled features are reused: a fit, then its metrics on the training
-        and the held-out pairs, would otherwise repeat the same forwards (docs/results/marlhf.md). A backbone
-        that trains is not remembered (its features change every step). The memory is dropped on exit.
-        """
+    def remembered_features(self, known: dict[str, torch.Tensor] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """Within this block, with a frozen backbone, each distinct row (by :func:`row_digest`) is run through the
+        backbone once and its pooled features are reused: a fit, then its metrics on the training and the held-out
+        pairs, would otherwise repeat the same forwards (docs/results/marlhf.md). ``known`` (digest → (f,)
+        features, e.g. stored by an earlier round: :mod:`pbrl.learning.feature_store`) are used as if computed.
+        Yields the memory (digest → features), dropped on exit; empty and unused when the backbone trains."""
         if not self.backbone_frozen:
-            yield
+            yield {}
             return
-        self._memo = {}
+        self._memo = dict(known or {})
         try:
-            yield
+            yield self._memo
         finally:
             self._memo = None
 
@@ -166,8 +178,9 @@ class JointRewardModel(nn.Module):
         return pooled.to(self.head.weight.dtype)
 
     def head_scores(self, features: torch.Tensor) -> torch.Tensor:
-        """Scores (b,) of pooled features (b, f): the head on the standardized features."""
-        return self.head((features - self.feature_shift) / self.feature_scale).squeeze(-1)
+        """Scores (b,) of pooled features (b, f): the head on the standardized (and projected) features."""
+        z = (features - self.feature_shift) / self.feature_scale  # (b, f)
+        return self.head(z if self.feature_projection is None else z @ self.feature_projection).squeeze(-1)
 
     def forward(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
         """Scores R of b joint inputs, shape (b,), float32, on the head's device; gradients flow when enabled."""
@@ -176,10 +189,15 @@ class JointRewardModel(nn.Module):
     @torch.no_grad()
     def standardize_on(self, features: torch.Tensor) -> None:
         """``segments``: set the standardization to the mean and population spread (clamped at
-        :data:`STANDARDIZE_EPS`) of ``features`` (n, f), the training rows'; ``last_token``: nothing changes."""
+        :data:`STANDARDIZE_EPS`) of ``features`` (n, f), the training rows', and the projection to their principal
+        components when the head reads them; ``last_token``: nothing changes."""
         if self.pooling == "segments" and len(features):
             self.feature_shift.copy_(features.mean(0))
             self.feature_scale.copy_(features.std(0, unbiased=False).clamp(min=STANDARDIZE_EPS))
+            if self.feature_projection is not None:
+                agents = len(features[0]) // (self.backbone.config.hidden_size + 1)
+                z = (features - self.feature_shift) / self.feature_scale
+                self.feature_projection.copy_(segment_projection(z, agents, self.head.in_features // agents - 1))
 
     @property
     def backbone_frozen(self) -> bool:
@@ -226,6 +244,7 @@ class RewardModelSpec:
         pooling: what the head reads (``reward_pooling``, :data:`POOLINGS`).
         num_agents: agents per joint response (the ``segments`` head has a·(h+1) inputs).
         backbone_layers: the backbone's first decoder layers that run (``reward_backbone_layers``); None = all.
+        head_components: principal components per agent that the head reads (``reward_head_components``).
     """
 
     source: str
@@ -234,10 +253,16 @@ class RewardModelSpec:
     pooling: str = "last_token"
     num_agents: int = 1
     backbone_layers: int | None = None
+    head_components: int | None = None
 
     def head_inputs(self, hidden_size: int) -> int:
         """f: h for ``last_token``, a·(h+1) for ``segments``."""
         return hidden_size if self.pooling == "last_token" else self.num_agents * (hidden_size + 1)
+
+    def head_width(self, hidden_size: int) -> int:
+        """The head's inputs: f, or a·(k+1) with ``head_components`` k."""
+        k = self.head_components
+        return self.head_inputs(hidden_size) if k is None else self.num_agents * (k + 1)
 
     @property
     def trained(self) -> str:
@@ -266,7 +291,7 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         backbone = keep_first_layers(_load_backbone(src, trained=spec.trained, device=device), spec.backbone_layers)
-        head = nn.Linear(spec.head_inputs(backbone.config.hidden_size), 1)
+        head = nn.Linear(spec.head_width(backbone.config.hidden_size), 1)
         if spec.trained == "head":
             backbone.requires_grad_(False)
         elif spec.trained == "lora":
@@ -278,7 +303,8 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
             )
             with quiet_peft_wrapping():
                 backbone = get_peft_model(backbone, config)
-    return JointRewardModel(backbone, head, _pad_id(src), spec.pooling).to(device)
+    features = spec.head_inputs(backbone.config.hidden_size)
+    return JointRewardModel(backbone, head, _pad_id(src), spec.pooling, features).to(device)
 
 
 def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: Path, *, max_length: int | None) -> None:
@@ -287,6 +313,8 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
 
     with atomic_dir(Path(out_dir)) as tmp:
         head = {**model.head.state_dict(), "feature_shift": model.feature_shift, "feature_scale": model.feature_scale}
+        if model.feature_projection is not None:
+            head["feature_projection"] = model.feature_projection
         save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, tmp / _HEAD)
         if spec.trained == "full":
             model.backbone.save_pretrained(tmp / "backbone", safe_serialization=True)
@@ -302,6 +330,7 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
                 "pooling": spec.pooling,
                 "num_agents": spec.num_agents,
                 "backbone_layers": spec.backbone_layers,
+                "head_components": spec.head_components,
                 "max_length": max_length,
             },
         )
@@ -333,65 +362,14 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     state = load_file(str(folder / _HEAD))
     head = nn.Linear(state["weight"].shape[1], 1)
     head.load_state_dict({k: state[k] for k in ("weight", "bias")})
-    model = JointRewardModel(backbone, head, _pad_id(src), meta.get("pooling", "last_token"))  # older: last_token
-    for name in ("feature_shift", "feature_scale"):
+    features = state["feature_projection"].shape[0] if "feature_projection" in state else None
+    model = JointRewardModel(
+        backbone, head, _pad_id(src), meta.get("pooling", "last_token"), features
+    )  # older: last_token
+    for name in ("feature_shift", "feature_scale", "feature_projection"):
         if name in state:
             getattr(model, name).copy_(state[name])
     model = model.to(device)
     model.requires_grad_(False)
     model.eval()
     return model, meta
-
-
-# ---------------------------------------------------------------------------------------------- in a run
-def reward_model_dir(round_dir: Path) -> Path:
-    """``rounds/<r>/reward_model/``."""
-    return Path(round_dir) / REWARD_MODEL_DIR
-
-
-def pair_joint_ids_path(round_dir: Path) -> Path:
-    """``rounds/<r>/pair_joint_ids.parquet``."""
-    return Path(round_dir) / PAIR_JOINT_IDS_FILE
-
-
-def reward_device(configured: str | None, agent_devices: str | Sequence[str] | None, num_agents: int) -> str:
-    """``reward_model_device``, else the first agent's device."""
-
-    if configured:
-        return configured
-    spec = agent_devices if agent_devices is None or isinstance(agent_devices, str) else list(agent_devices)
-    return resolve_devices(spec, num_agents)[0]
-
-
-class RewardScorer:
-    """A fitted reward model with its template, scoring joint responses from stored ids (no gradients)."""
-
-    def __init__(self, folder: Path, num_agents: int, *, device: str = "cpu", batch_size: int = 16):
-
-        self.model, self.meta = load_reward_model(folder, device=device)
-        tokenizer = load_tokenizer(resolve_model_source(self.meta["source"], field="reward_model_name"))
-        self.template = JointTemplate.build(tokenizer, num_agents)
-        self.max_length, self.batch_size = self.meta["max_length"], batch_size
-
-    def score(
-        self, prompt_ids: Sequence[Sequence[Sequence[int]]], completion_ids: Sequence[Sequence[Sequence[int]]]
-    ) -> list[tuple[float | None, list[int] | None]]:
-        """Per joint response ([joint][agent] prompt and completion ids): (R, joint ids), or (None, None)
-        when its responses do not fit ``reward_max_length``."""
-        joint = [
-            joint_input_ids(self.template, p, c, self.max_length)
-            for p, c in zip(prompt_ids, completion_ids, strict=True)
-        ]
-        kept = [j for j in joint if j.ids is not None]
-        scores = iter(score_joint(self.model, kept, self.batch_size))
-        return [(next(scores), j.ids) if j.ids is not None else (None, None) for j in joint]
-
-
-def newest_reward_model(paths: RunPaths, before_round: int) -> tuple[int, Path] | None:
-    """The newest fitted reward model of a round < ``before_round``: (round, folder), from the
-    fit-reward-model manifests (``details.fitted``); None when none exists yet."""
-    for r in range(before_round - 1, 0, -1):
-        manifest = read_manifest(paths, r, "fit-reward-model")
-        if manifest is not None and manifest.details.get("fitted"):
-            return r, paths.root / manifest.details["reward_model"]
-    return None

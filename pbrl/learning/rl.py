@@ -36,7 +36,7 @@ from pbrl.learning.advantages import (
     normalize_group,
 )
 from pbrl.learning.critic_set import CriticSet
-from pbrl.learning.logprobs import completion_token_logprobs as scoring_token_logprobs
+from pbrl.learning.logprobs import token_logprobs as scoring_token_logprobs
 from pbrl.learning.losses import k3_kl, policy_gradient_loss
 from pbrl.models.forward import has_dropout, training_forward
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
@@ -48,8 +48,8 @@ from pbrl.models.precision import autocast, backward_and_step
 def completion_token_logprobs(
     model: Any, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], *, pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token log-probs of every completion token (EOS included) given the prompt, in eval mode
-    (:func:`pbrl.learning.logprobs.completion_token_logprobs`, left padding).
+    """Token log-probs of every completion token (EOS included) given the prompt, in eval mode, each distinct
+    prompt computed once (:func:`pbrl.learning.logprobs.token_logprobs`).
 
     Returns:
         (n, c) float64 log-probs (0 at padding) and the (n, c) bool mask of real completion tokens, on CPU.
@@ -100,7 +100,8 @@ def training_token_logprobs(
     seed: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The training forward of an RL step: (n, c) float32 token log-probs of every completion token, with
-    gradients, and the (n, c) bool mask of real tokens (:func:`pbrl.learning.logprobs.completion_token_logprobs`).
+    gradients, and the (n, c) bool mask of real tokens (:func:`pbrl.learning.logprobs.token_logprobs`: the g rows
+    of an item share one prompt forward, whose gradient sums theirs).
     Seeded by ``seed`` (dropout masks, :func:`pbrl.models.forward.training_forward`), or without dropout when
     ``seed`` is None; under the policy's autocast.
 

@@ -1,0 +1,72 @@
+"""The joint reward model in a run folder (docs/design/file-formats.md#the-run-folder): where a round's fitted model
+and its pairs' joint ids live, which device it runs on, the newest fitted model of earlier rounds, and
+:class:`RewardScorer`, a fitted model scoring joint responses from stored ids (MARLHF's update-policies, and
+score-with-oracle with ``preference_scoring_reward: reward_model``). The model itself:
+:mod:`pbrl.learning.reward_model`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pbrl.data.storage import RunPaths, read_manifest
+from pbrl.learning.joint_template import JointTemplate, joint_input_ids
+from pbrl.learning.reward_model import load_reward_model, score_joint
+from pbrl.models.loading import load_tokenizer, resolve_devices, resolve_model_source
+
+PAIR_JOINT_IDS_FILE = "pair_joint_ids.parquet"  # rounds/<r>/: the pairs' joint input ids (build-pairs)
+REWARD_MODEL_DIR = "reward_model"  # rounds/<r>/reward_model/: the fitted model (fit-reward-model)
+
+
+def reward_model_dir(round_dir: Path) -> Path:
+    """``rounds/<r>/reward_model/``."""
+    return Path(round_dir) / REWARD_MODEL_DIR
+
+
+def pair_joint_ids_path(round_dir: Path) -> Path:
+    """``rounds/<r>/pair_joint_ids.parquet``."""
+    return Path(round_dir) / PAIR_JOINT_IDS_FILE
+
+
+def reward_device(configured: str | None, agent_devices: str | Sequence[str] | None, num_agents: int) -> str:
+    """``reward_model_device``, else the first agent's device."""
+
+    if configured:
+        return configured
+    spec = agent_devices if agent_devices is None or isinstance(agent_devices, str) else list(agent_devices)
+    return resolve_devices(spec, num_agents)[0]
+
+
+class RewardScorer:
+    """A fitted reward model with its template, scoring joint responses from stored ids (no gradients)."""
+
+    def __init__(self, folder: Path, num_agents: int, *, device: str = "cpu", batch_size: int = 16):
+
+        self.model, self.meta = load_reward_model(folder, device=device)
+        tokenizer = load_tokenizer(resolve_model_source(self.meta["source"], field="reward_model_name"))
+        self.template = JointTemplate.build(tokenizer, num_agents)
+        self.max_length, self.batch_size = self.meta["max_length"], batch_size
+
+    def score(
+        self, prompt_ids: Sequence[Sequence[Sequence[int]]], completion_ids: Sequence[Sequence[Sequence[int]]]
+    ) -> list[tuple[float | None, list[int] | None]]:
+        """Per joint response ([joint][agent] prompt and completion ids): (R, joint ids), or (None, None)
+        when its responses do not fit ``reward_max_length``."""
+        joint = [
+            joint_input_ids(self.template, p, c, self.max_length)
+            for p, c in zip(prompt_ids, completion_ids, strict=True)
+        ]
+        kept = [j for j in joint if j.ids is not None]
+        scores = iter(score_joint(self.model, kept, self.batch_size))
+        return [(next(scores), j.ids) if j.ids is not None else (None, None) for j in joint]
+
+
+def newest_reward_model(paths: RunPaths, before_round: int) -> tuple[int, Path] | None:
+    """The newest fitted reward model of a round < ``before_round``: (round, folder), from the
+    fit-reward-model manifests (``details.fitted``); None when none exists yet."""
+    for r in range(before_round - 1, 0, -1):
+        manifest = read_manifest(paths, r, "fit-reward-model")
+        if manifest is not None and manifest.details.get("fitted"):
+            return r, paths.root / manifest.details["reward_model"]
+    return None

@@ -1,0 +1,56 @@
+"""A low-rank head input for the ``segments`` joint reward model (docs/design/algorithms.md#joint-reward-model):
+each agent's pooled response features projected on their first k principal components.
+
+A linear head on a·(h+1) standardized features (1,154 for two SmolLM2 agents) fitted on a few hundred joint
+responses learns its training pairs (accuracy ~0.98) and much less of the preference on unseen items (0.70–0.83 on
+``humaneval_docs``); weight decay and early stopping did not close that gap. Projecting each agent's h pooled
+dimensions on the k directions along which the training rows vary most (principal component analysis, Pearson 1901;
+Hotelling 1933), scaled to unit variance, and keeping its length feature as it is, leaves the head a·(k+1)
+weights: principal-component regression (Jolliffe 1982), the textbook remedy for a regression on many correlated
+inputs and few examples. Measured on the stored pairs of the cross MARLHF runs: docs/results/marlhf.md.
+
+Shape legend: n rows, a agents, h hidden size, f = a·(h+1) features, k components per agent, m = a·(k+1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# A component along which the training rows do not vary (fewer distinct rows than k) is left at this scale
+# rather than divided by ~0.
+MIN_COMPONENT_STD = 1e-6
+
+
+def segment_projection(standardized: torch.Tensor, num_agents: int, components: int) -> torch.Tensor:
+    """The (f, m) projection of standardized ``segments`` features onto each agent's first ``components`` principal
+    components (from the SVD of the training rows' (n, h) block; the features are standardized, hence centred on
+    those rows), each column scaled so the training rows' projections have unit variance; agent k's length feature
+    is passed through. Signs follow ``torch.linalg.svd`` (deterministic on one machine); the head's weights absorb
+    them.
+
+    Args:
+        standardized: (n, f) standardized features of the distinct training rows, f = a·(h+1) with agent k's block
+            at columns k·(h+1) … k·(h+1)+h (pooled hidden state, then log length).
+        num_agents: a.
+        components: k ≥ 1; more than min(n, h) leaves the extra columns 0.
+
+    Raises:
+        ValueError: ``components`` < 1, or f is not a multiple of ``num_agents``.
+    """
+    n, f = standardized.shape
+    if components < 1:
+        raise ValueError(f"reward_head_components: got {components}; must be >= 1")
+    if f % num_agents:
+        raise ValueError(f"segments features: {f} columns do not split into {num_agents} agents")
+    block = f // num_agents  # h + 1
+    width = components + 1
+    projection = torch.zeros((f, num_agents * width), dtype=standardized.dtype)
+    for k in range(num_agents):
+        pooled = standardized[:, k * block : k * block + block - 1].double()  # (n, h)
+        _, _, vh = torch.linalg.svd(pooled, full_matrices=False)  # vh: (min(n, h), h)
+        basis = vh[:components].T  # (h, ≤k)
+        spread = (pooled @ basis).std(0, unbiased=False).clamp(min=MIN_COMPONENT_STD)  # (≤k,)
+        rows = slice(k * block, k * block + block - 1)
+        projection[rows, k * width : k * width + basis.shape[1]] = (basis / spread).to(standardized.dtype)
+        projection[k * block + block - 1, k * width + components] = 1.0  # the length feature, unchanged
+    return projection
