@@ -136,6 +136,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         record.details = {"fitted": False}
         manifest = record.finish(input_files(paths, round_index, job), [])
         shutil.rmtree(out, ignore_errors=True)  # an earlier attempt's folder: no manifest names it
+        features_path(paths.round_dir(round_index)).unlink(missing_ok=True)  # and its stored features
         return manifest
 
     spec = spec_of(job)

@@ -126,6 +126,7 @@ MARLHF_DEFAULTS = {
     "reward_freeze_backbone": False,
     "reward_pooling": "segments",
     "reward_backbone_layers": None,
+    "reward_head_components": None,
     "rl_algorithm": "magrpo",
     "num_generations": 4,
     "critic_model_name": None,
@@ -1292,6 +1293,8 @@ SPEC_MARLHF |= {
 SPEC_MARLHF |= {"reward_pooling"}
 # pbrl's own option (issue #30): the reward model reads an intermediate layer at a fraction of the cost.
 SPEC_MARLHF |= {"reward_backbone_layers"}
+# pbrl's own option (issue #30): the head reads each agent's principal components, which carry to unseen items.
+SPEC_MARLHF |= {"reward_head_components"}
 SPEC_OPTIONS = {
     "madpo": SPEC_COMMON,
     "marlhf": SPEC_COMMON | SPEC_MARLHF,

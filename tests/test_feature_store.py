@@ -61,7 +61,7 @@ def test_saved_features_load_back_only_under_the_same_fingerprint(tiny_model_dir
     assert loaded.keys() == features.keys()
     assert all(torch.equal(loaded[d], features[d]) for d in features)
     with safe_open(str(path), framework="pt") as handle:  # the digests in the tensor's row order
-        assert json.loads(handle.metadata()["rows"]) == sorted(features)
+        assert json.loads(handle.metadata()["store"])["rows"] == sorted(features)
 
     assert load_features(path, _fingerprint(model, str(tiny_model_dir), layers=1)) == {}  # another depth
     assert load_features(path, _fingerprint(model, "another-source")) == {}
@@ -105,7 +105,7 @@ def test_round_two_reads_round_ones_features_and_runs_the_backbone_on_its_own_ro
     def digests(round_index: int) -> set[str]:
         """The joint responses of the round's own pairs, as fit-reward-model rebuilds them."""
         with safe_open(str(features_path(paths.round_dir(round_index))), framework="pt") as handle:
-            return set(json.loads(handle.metadata()["rows"]))
+            return set(json.loads(handle.metadata()["store"])["rows"])
 
     stored = {r: digests(r) for r in (1, 2)}
     for r in (1, 2):

@@ -35,9 +35,12 @@ def test_projection_by_hand():
     assert [abs(float(x)) for x in p[:2, 0]] == pytest.approx([0.5, 0.5], abs=1e-6)
     assert float(p[3, 2]) == 0.0 and abs(float(p[4, 2])) == pytest.approx(1 / 3, abs=1e-6)
 
-    wide = segment_projection(z, num_agents=2, components=4)  # more components than rows: the rest stay 0
+    wide = segment_projection(z, num_agents=2, components=4)  # 2 centred rows have rank 1: components 2-4 stay 0
     assert wide.shape == (6, 10)
-    assert float(wide[:, 2:4].abs().sum()) == 0.0 and float(wide[2, 4]) == 1.0
+    assert float(wide[:, 1:4].abs().sum()) == 0.0 and float(wide[2, 4]) == 1.0
+    assert float(wide[:, 6:9].abs().sum()) == 0.0 and torch.equal(wide[:, [0, 4, 5, 9]], p)
+    unseen = torch.tensor([[0.0, 0.0, 0.0, 5.0, 0.0, 0.0]])  # off every training direction of agent 1
+    assert float((unseen @ wide).abs().max()) == 0.0  # a direction without variance adds nothing
 
 
 def test_projection_errors_name_the_field():

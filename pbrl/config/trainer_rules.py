@@ -109,13 +109,6 @@ def _reward_paths(v: Values) -> list[Problem]:
     )
 
 
-@rule(COMMON_RULES, "reward_head_components", "reward_pooling")
-def _head_components(v: Values) -> list[Problem]:
-    if v["reward_head_components"] is not None and v["reward_pooling"] != "segments":
-        return [only_with("reward_head_components", v["reward_head_components"], "reward_pooling='segments'")]
-    return []
-
-
 @rule(COMMON_RULES, "reference_devices", "num_agents", "reference_kl_enabled", "collaboration_mode")
 def _reference_devices(v: Values) -> list[Problem]:
     # As in the reference (validate_reference_kl_config): the devices matter only when the KL is on; one per
@@ -374,6 +367,13 @@ def _marlhf_collaboration(v: Values) -> list[Problem]:
             "agent); use trainer 'madpo' or 'madpo_iter', or collaboration_mode 'decentralized'",
         )
     ]
+
+
+@rule(MARLHF_RULES, "reward_head_components", "reward_pooling")
+def _head_components(v: Values) -> list[Problem]:
+    if v["reward_head_components"] is not None and v["reward_pooling"] != "segments":
+        return [only_with("reward_head_components", v["reward_head_components"], "reward_pooling='segments'")]
+    return []
 
 
 @rule(MARLHF_RULES, "reward_model_device")

@@ -114,7 +114,7 @@ class JointRewardModel(nn.Module):
         self.register_buffer("feature_shift", torch.zeros(f))
         self.register_buffer("feature_scale", torch.ones(f))
         self.register_buffer("feature_projection", torch.zeros(f, head.in_features) if f != head.in_features else None)
-        self._memo: dict[tuple, torch.Tensor] | None = None  # see remembered_features
+        self._memo: dict[str, torch.Tensor] | None = None  # see remembered_features
 
     def features(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
         """Pooled, unstandardized features of b rows, (b, f) float32 on the head's device; gradients flow when
@@ -258,6 +258,10 @@ class RewardModelSpec:
     def head_inputs(self, hidden_size: int) -> int:
         """f: h for ``last_token``, a·(h+1) for ``segments``."""
         return hidden_size if self.pooling == "last_token" else self.num_agents * (hidden_size + 1)
+
+    def __post_init__(self) -> None:
+        if self.head_components is not None and self.pooling != "segments":
+            raise ValueError("reward_head_components: allowed only with reward_pooling='segments'")
 
     def head_width(self, hidden_size: int) -> int:
         """The head's inputs: f, or a·(k+1) with ``head_components`` k."""

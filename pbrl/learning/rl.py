@@ -101,7 +101,7 @@ def training_token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The training forward of an RL step: (n, c) float32 token log-probs of every completion token, with
     gradients, and the (n, c) bool mask of real tokens (:func:`pbrl.learning.logprobs.token_logprobs`: the g rows
-    of an item share one prompt forward, whose gradient sums theirs).
+    of an item share one prompt forward, whose gradient sums theirs; with dropout, one mask over the prompt).
     Seeded by ``seed`` (dropout masks, :func:`pbrl.models.forward.training_forward`), or without dropout when
     ``seed`` is None; under the policy's autocast.
 

@@ -16,23 +16,25 @@ from __future__ import annotations
 
 import torch
 
-# A component along which the training rows do not vary (fewer distinct rows than k) is left at this scale
-# rather than divided by ~0.
-MIN_COMPONENT_STD = 1e-6
+# A component whose singular value is below this share of the first one carries no variance of the training rows
+# (centred rows have rank <= n - 1, so k >= n leaves some): its column is left 0 rather than scaled by ~1/0, which
+# would give an unseen row any score.
+MIN_RELATIVE_SINGULAR_VALUE = 1e-6
 
 
 def segment_projection(standardized: torch.Tensor, num_agents: int, components: int) -> torch.Tensor:
     """The (f, m) projection of standardized ``segments`` features onto each agent's first ``components`` principal
     components (from the SVD of the training rows' (n, h) block; the features are standardized, hence centred on
     those rows), each column scaled so the training rows' projections have unit variance; agent k's length feature
-    is passed through. Signs follow ``torch.linalg.svd`` (deterministic on one machine); the head's weights absorb
-    them.
+    is passed through. A component without variance on the training rows (singular value below
+    :data:`MIN_RELATIVE_SINGULAR_VALUE` of the first) gets a zero column. Signs follow ``torch.linalg.svd``
+    (deterministic on one machine); the head's weights absorb them.
 
     Args:
         standardized: (n, f) standardized features of the distinct training rows, f = a·(h+1) with agent k's block
             at columns k·(h+1) … k·(h+1)+h (pooled hidden state, then log length).
         num_agents: a.
-        components: k ≥ 1; more than min(n, h) leaves the extra columns 0.
+        components: k ≥ 1; components beyond the rank of the rows' block leave their columns 0.
 
     Raises:
         ValueError: ``components`` < 1, or f is not a multiple of ``num_agents``.
@@ -47,10 +49,11 @@ def segment_projection(standardized: torch.Tensor, num_agents: int, components: 
     projection = torch.zeros((f, num_agents * width), dtype=standardized.dtype)
     for k in range(num_agents):
         pooled = standardized[:, k * block : k * block + block - 1].double()  # (n, h)
-        _, _, vh = torch.linalg.svd(pooled, full_matrices=False)  # vh: (min(n, h), h)
-        basis = vh[:components].T  # (h, ≤k)
-        spread = (pooled @ basis).std(0, unbiased=False).clamp(min=MIN_COMPONENT_STD)  # (≤k,)
+        _, singular, vh = torch.linalg.svd(pooled, full_matrices=False)  # singular: (min(n, h),), vh: (min(n, h), h)
+        kept = int((singular[:components] > MIN_RELATIVE_SINGULAR_VALUE * singular[:1].clamp(min=1e-300)).sum())
+        basis = vh[:kept].T  # (h, kept)
+        spread = singular[:kept] / n**0.5  # population std of the training rows' projections (they are centred)
         rows = slice(k * block, k * block + block - 1)
-        projection[rows, k * width : k * width + basis.shape[1]] = (basis / spread).to(standardized.dtype)
+        projection[rows, k * width : k * width + kept] = (basis / spread).to(standardized.dtype)
         projection[k * block + block - 1, k * width + components] = 1.0  # the length feature, unchanged
     return projection
