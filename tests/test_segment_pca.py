@@ -3,17 +3,17 @@ features on their principal components, checked against hand-worked values, then
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from pbrl.config import parse_job
 from pbrl.errors import ConfigError
-from pbrl.learning.joint_template import JointTemplate, joint_input_ids
+from pbrl.learning.joint_template import JointTemplate
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_metrics
 from pbrl.learning.reward_model import RewardModelSpec, load_reward_model, new_reward_model, save_reward_model
 from pbrl.learning.segment_pca import segment_projection
 from pbrl.models.loading import load_tokenizer
+from tests.test_reward_model import _length_pairs
 
 
 def test_projection_by_hand():
@@ -57,19 +57,6 @@ def test_components_need_segments_pooling():
     assert parse_job({**base, "reward_head_components": 4}).reward_head_components == 4
 
 
-def _pairs(template, n, seed):
-    """The winner's agent-2 response is 2 tokens shorter than the loser's; tokens are random otherwise."""
-    rng = np.random.default_rng(seed)
-    pairs = []
-    for _ in range(n):
-        prompts = [[int(x) for x in rng.integers(5, 300, 4)] for _ in range(2)]
-        first = [int(x) for x in rng.integers(5, 300, 3)]
-        size = int(rng.integers(2, 6))
-        short, long = ([int(x) for x in rng.integers(5, 300, k)] for k in (size, size + 2))
-        pairs.append(tuple(joint_input_ids(template, prompts, [first, c], None) for c in (short, long)))
-    return pairs
-
-
 def test_a_fitted_projected_head_learns_saves_and_loads(tiny_model_dir, tmp_path):
     template = JointTemplate.build(load_tokenizer(tiny_model_dir), 2)
     spec = RewardModelSpec(
@@ -78,7 +65,7 @@ def test_a_fitted_projected_head_learns_saves_and_loads(tiny_model_dir, tmp_path
     model = new_reward_model(spec, seed=0)
     hidden = model.backbone.config.hidden_size
     assert model.head.in_features == 2 * (3 + 1) and model.feature_projection.shape == (2 * (hidden + 1), 8)
-    pairs = _pairs(template, 24, seed=3)
+    pairs = _length_pairs(template, 24, seed=3)  # the winner's agent-2 response is 2 tokens shorter
     with model.remembered_features():
         fit_bradley_terry(model, pairs, epochs=20, batch_size=4, learning_rate=5e-2, seed=0, max_grad_norm=1.0)
         fitted = pair_metrics(model, pairs, 16)
