@@ -113,7 +113,8 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     paths = record.paths
     pairs = read_selected_pairs(paths.selected_pairs(round_index), paths.pairs)
     joint: dict[str, dict] = {}
-    for r in _source_rounds(paths, round_index):
+    source_rounds = _source_rounds(paths, round_index)
+    for r in source_rounds:
         stored = read_rows(pair_joint_ids_path(paths.round_dir(r)), PAIR_JOINT_IDS)
         joint.update({row["pair_id"]: row for row in stored})
     missing = [p["pair_id"] for p in pairs if p["pair_id"] not in joint]
@@ -166,7 +167,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         else ""
     )
     known: dict = {}  # a frozen backbone's features of earlier rounds' responses, as those rounds stored them
-    for path in _stored_features(paths, round_index, _source_rounds(paths, round_index)) if fingerprint else []:
+    for path in _stored_features(paths, round_index, source_rounds) if fingerprint else []:
         known |= load_features(path, fingerprint, device=model.head.weight.device)
     # A frozen backbone runs once per distinct row (fit, then both metrics) and never on a stored one.
     with model.remembered_features(known) as memory:
