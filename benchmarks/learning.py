@@ -344,6 +344,21 @@ def print_table(res: dict[str, Any], num_agents: int) -> None:
         )
 
 
+def drift_series(results: list[dict[str, Any]]) -> dict[tuple, list[int]]:
+    """Each agent's mean completion length per round, one entry per distinct line: ``(agent, rounds, lengths)`` ->
+    the seeds that drew it."""
+    series: dict[tuple, list[int]] = {}
+    for res in results:
+        if not res["rounds"]:
+            continue
+        xs = tuple(x["round"] for x in res["rounds"])
+        agents = sum(1 for key in res["rounds"][0] if key.startswith("agent_") and key.endswith("/completion_tokens"))
+        for a in range(agents):
+            lengths = tuple(x[f"agent_{a}/completion_tokens"] for x in res["rounds"])
+            series.setdefault((a, xs, lengths), []).append(res["seed"])
+    return series
+
+
 def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -351,6 +366,7 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    colour = {res["seed"]: f"C{i}" for i, res in enumerate(results)}
     for res in results:
         xs = [x["round"] for x in res["rounds"]]
         mean = [x["eval/reward_mean"] for x in res["rounds"]]
@@ -358,7 +374,9 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
             [m - x["eval/reward_ci_low"] for m, x in zip(mean, res["rounds"], strict=True)],
             [x["eval/reward_ci_high"] - m for m, x in zip(mean, res["rounds"], strict=True)],
         ]
-        axes[0].errorbar(xs, mean, yerr=err, marker="o", capsize=3, label=f"seed {res['seed']}")
+        axes[0].errorbar(
+            xs, mean, yerr=err, marker="o", capsize=3, color=colour[res["seed"]], label=f"seed {res['seed']}"
+        )
         later = res["rounds"][1:]
         d = [x["eval/paired_diff_mean"] for x in later]
         axes[1].errorbar(
@@ -366,20 +384,23 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
             d,
             capsize=3,
             marker="s",
+            color=colour[res["seed"]],
             label=f"seed {res['seed']}",
             yerr=[
                 [m - x["eval/paired_diff_ci_low"] for m, x in zip(d, later, strict=True)],
                 [x["eval/paired_diff_ci_high"] - m for m, x in zip(d, later, strict=True)],
             ],
         )
-        for a, style in ((0, "-"), (1, "--")):
-            axes[2].plot(
-                xs,
-                [x[f"agent_{a}/completion_tokens"] for x in res["rounds"]],
-                style,
-                marker=".",
-                label=f"seed {res['seed']} agent {a}",
-            )
+    for (a, xs, lengths), seeds in drift_series(results).items():
+        # Seeds whose lines coincide (an agent held at the token cap in every round) share one labelled line.
+        axes[2].plot(
+            xs,
+            lengths,
+            "-" if a == 0 else "--",
+            marker=".",
+            color=colour[seeds[0]] if len(seeds) == 1 else "black",
+            label=f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} agent {a}",
+        )
     axes[0].set(title="held-out eval reward (95 % CI)", xlabel="round", ylabel="reward")
     axes[1].axhline(0, color="grey", linestyle="--")
     axes[1].set(title="paired gain vs round 0 (95 % CI)", xlabel="round", ylabel="reward difference")

@@ -95,10 +95,10 @@ def test_critic_rows_read_the_history_or_the_joint_action(tiny_model_dir):
         *template.header,
         *template.prompt_markers[0],
         *PROMPTS[0],
-        *template.response_markers[0],
         *template.separator,
         *template.prompt_markers[1],
         *PROMPTS[1],
+        *template.response_markers[0],
         *template.response_markers[1],
     ]
     assert critic_rows("maac", "v", PROMPTS, COMPLETIONS, template=template) == [expected_v]
@@ -106,11 +106,11 @@ def test_critic_rows_read_the_history_or_the_joint_action(tiny_model_dir):
         *template.header,
         *template.prompt_markers[0],
         *PROMPTS[0],
-        *template.response_markers[0],
-        *COMPLETIONS[0],
         *template.separator,
         *template.prompt_markers[1],
         *PROMPTS[1],
+        *template.response_markers[0],
+        *COMPLETIONS[0],
         *template.response_markers[1],
         *COMPLETIONS[1],
     ]

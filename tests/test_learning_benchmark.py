@@ -191,3 +191,26 @@ def test_every_result_names_the_cpu_and_its_bfloat16_flags(learning, tmp_path, m
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2\n")  # no model name, no bfloat16 arithmetic
     facts = benchkit.machine_facts()
     assert facts["cpu_model"] is None and facts["cpu_bf16_flags"] == []
+
+
+def test_drift_panel_draws_coinciding_seeds_as_one_labelled_line(learning):
+    """Found in the MARLHF learning figure: agent 1 sat at the 48-token cap in every seed, so three lines drew
+    on top of each other and the legend named three colours of which one showed."""
+
+    def result(seed, agent_0, agent_1):
+        rounds = [
+            {"round": r, "agent_0/completion_tokens": a, "agent_1/completion_tokens": b}
+            for r, (a, b) in enumerate(zip(agent_0, agent_1, strict=True))
+        ]
+        return {"seed": seed, "rounds": rounds}
+
+    series = learning.drift_series(
+        [result(0, [36, 30], [48, 48]), result(1, [38, 25], [48, 48]), result(2, [42, 31], [47, 48])]
+    )
+    assert series == {
+        (0, (0, 1), (36, 30)): [0],
+        (1, (0, 1), (48, 48)): [0, 1],
+        (0, (0, 1), (38, 25)): [1],
+        (0, (0, 1), (42, 31)): [2],
+        (1, (0, 1), (47, 48)): [2],
+    }

@@ -252,11 +252,11 @@ def test_evaluate_builds_rows_from_the_backend_type_and_max_length(tiny_model_di
         *template.header,
         *template.prompt_markers[0],
         *prompts[0][0],
-        *template.response_markers[0],
-        *completions[0][0],
         *template.separator,
         *template.prompt_markers[1],
         *prompts[1][0],
+        *template.response_markers[0],
+        *completions[0][0],
         *template.response_markers[1],
         *completions[1][0],
     ]

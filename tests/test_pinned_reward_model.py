@@ -80,8 +80,8 @@ def test_pair_joint_rows_cut_both_sides_and_drop_a_pair_when_either_side_does_no
     rows = pair_joint_rows(pairs, T, 12)
     assert rows[0] == {
         "pair_id": "p-both",
-        "winner_joint_ids": [1, 2, 4, 30, 31, 6, 3, 21, 5, 40, 41, 42],
-        "loser_joint_ids": [1, 2, 11, 12, 4, 32, 6, 3, 20, 21, 5, 43],
+        "winner_joint_ids": [1, 2, 6, 3, 21, 4, 30, 31, 5, 40, 41, 42],
+        "loser_joint_ids": [1, 2, 11, 12, 6, 3, 20, 21, 4, 32, 5, 43],
         "prompt_tokens_cut": 4 + 1,
         "dropped": None,
     }
@@ -101,7 +101,7 @@ def test_pair_joint_rows_cut_both_sides_and_drop_a_pair_when_either_side_does_no
         "dropped": DROP_TOO_LONG,
     }
     uncut = pair_joint_rows(pairs[:1], T, None)[0]
-    assert uncut["winner_joint_ids"] == [1, 2, 10, 11, 12, 4, 30, 31, 6, 3, 20, 21, 5, 40, 41, 42]
+    assert uncut["winner_joint_ids"] == [1, 2, 10, 11, 12, 6, 3, 20, 21, 4, 30, 31, 5, 40, 41, 42]  # prompts first
     assert uncut["prompt_tokens_cut"] == 0 and uncut["dropped"] is None
 
 
@@ -233,6 +233,29 @@ def test_score_joint_batches_rows_in_order():
     assert model.calls == [2, 2, 1]
 
 
+def test_one_items_joint_responses_share_a_forward_up_to_four_batches():
+    """An item's joint responses (the same header and prompts before agent 1's response) run in one forward, so
+    their prompts run once: 3 rows of item A at batch_size 2, then item B's 2 rows; a group over 4 batches' rows
+    (9 rows of item C at batch_size 2) is split at 8. Rows come back in their own order."""
+    from pbrl.learning.reward_model import _prefix_batches
+
+    def rows(prompt, n):
+        return [joint_input_ids(T, [prompt, [20]], [[30 + k], [40]], None) for k in range(n)]
+
+    a, b, c = rows([10], 3), rows([11], 2), rows([12], 9)
+    assert _prefix_batches(b + a, batch_size=2) == [[2, 3, 4], [0, 1]]
+    assert [len(x) for x in _prefix_batches(c, batch_size=2)] == [8, 1]
+    assert _prefix_batches(a[:1] + b[:1], batch_size=2) == [[0, 1]]  # small groups share a batch
+
+    class ByResponse(Fixed):  # scores a row by agent 1's response id
+        def forward(self, rows):
+            self.calls.append(len(rows))
+            return torch.tensor([float(r.ids[r.response_spans[0][0]]) for r in rows])
+
+    model = ByResponse()
+    assert score_joint(model, b + a, batch_size=2) == [30.0, 31.0, 30.0, 31.0, 32.0] and model.calls == [3, 2]
+
+
 def test_pair_metrics_hand_values():
     model = Fixed()
     got = pair_metrics(model, [([4], [1]), ([0], [2]), ([5], [5])], batch_size=2)  # margins 3, −2, 0
@@ -333,8 +356,8 @@ def test_reward_scorer_scores_in_order_and_leaves_out_what_does_not_fit(tiny_mod
     prompts = [[[40, 41, 44], [42]], [[50], [51]], [[60], [61]]]
     completions = [[[70], [71, 3]], [[80, 81, 82], [83, 84, 85]], [[90], [91]]]  # the second: 6 response tokens
     got = scorer.score(prompts, completions)
-    first = h + p1 + [44] + r1 + [70] + sep + p2 + [42] + r2 + [71, 3]  # agent 1's first two prompt tokens cut
-    last = h + p1 + [60] + r1 + [90] + sep + p2 + [61] + r2 + [91]  # one token shorter: padded in a batch
+    first = h + p1 + [44] + sep + p2 + [42] + r1 + [70] + r2 + [71, 3]  # agent 1's first two prompt tokens cut
+    last = h + p1 + [60] + sep + p2 + [61] + r1 + [90] + r2 + [91]  # one token shorter: padded in a batch
     assert [ids for _, ids in got] == [first, None, last]
     assert got[1][0] is None
     joints = [joint_input_ids(scorer.template, prompts[i], completions[i], fixed + 5) for i in (0, 2)]
@@ -384,7 +407,7 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
     spec = RewardModelSpec(str(tiny_model_dir), lora=LoraSettings(r=2, target_modules=("q_proj",)))
     save_reward_model(new_reward_model(spec, seed=0), spec, tmp_path / "rm", max_length=64)
     assert json.loads((tmp_path / "rm" / "reward_model.json").read_text()) == {
-        "template": "joint-v1",
+        "template": "joint-v2",
         "source": str(tiny_model_dir),
         "trained": "lora",
         "lora": {"r": 2, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj"]},
@@ -396,14 +419,14 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
     }
     old = tmp_path / "old"
     old.mkdir()
-    (old / "reward_model.json").write_text(json.dumps({"template": "joint-v0", "source": str(tiny_model_dir)}))
+    (old / "reward_model.json").write_text(json.dumps({"template": "joint-v1", "source": str(tiny_model_dir)}))
     with pytest.raises(ValueError) as info:
         load_reward_model(old)
-    assert str(info.value) == f"{old / 'reward_model.json'}: template 'joint-v0', expected 'joint-v1'"
+    assert str(info.value) == f"{old / 'reward_model.json'}: template 'joint-v1', expected 'joint-v2'"
     gone = tmp_path / "gone"
     gone.mkdir()
     (gone / "reward_model.json").write_text(
-        json.dumps({"template": "joint-v1", "source": str(tmp_path / "no"), "trained": "head"})
+        json.dumps({"template": "joint-v2", "source": str(tmp_path / "no"), "trained": "head"})
     )
     with pytest.raises(ConfigError) as info:
         load_reward_model(gone)

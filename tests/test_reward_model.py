@@ -36,10 +36,10 @@ from tests.helpers import new_run
 T = JointTemplate(header=(1,), prompt_markers=((2,), (3,)), response_markers=((4,), (5,)), separator=(6,))
 PROMPTS = [[10, 11, 12], [20, 21]]
 COMPLETIONS = [[30, 31], [40, 41, 42]]
-FULL = [1, 2, 10, 11, 12, 4, 30, 31, 6, 3, 20, 21, 5, 40, 41, 42]  # 16 tokens, 11 of them fixed
+FULL = [1, 2, 10, 11, 12, 6, 3, 20, 21, 4, 30, 31, 5, 40, 41, 42]  # 16 tokens, 11 of them fixed: prompts first
 
 
-def test_joint_template_puts_roles_in_agent_order():
+def test_joint_template_puts_every_prompt_then_every_response_in_agent_order():
     assert joint_input_ids(T, PROMPTS, COMPLETIONS, None).ids == FULL
     assert joint_input_ids(T, PROMPTS, COMPLETIONS, 16).ids == FULL
 
@@ -47,9 +47,9 @@ def test_joint_template_puts_roles_in_agent_order():
 @pytest.mark.parametrize(
     ("max_length", "expected", "cut"),
     [
-        (13, [1, 2, 4, 30, 31, 6, 3, 20, 21, 5, 40, 41, 42], 3),  # agent 1's prompt goes first, from its left
-        (12, [1, 2, 4, 30, 31, 6, 3, 21, 5, 40, 41, 42], 4),  # then agent 2's, from its left
-        (11, [1, 2, 4, 30, 31, 6, 3, 5, 40, 41, 42], 5),  # no prompt token left, every response token kept
+        (13, [1, 2, 6, 3, 20, 21, 4, 30, 31, 5, 40, 41, 42], 3),  # agent 1's prompt goes first, from its left
+        (12, [1, 2, 6, 3, 21, 4, 30, 31, 5, 40, 41, 42], 4),  # then agent 2's, from its left
+        (11, [1, 2, 6, 3, 4, 30, 31, 5, 40, 41, 42], 5),  # no prompt token left, every response token kept
     ],
 )
 def test_over_max_length_cuts_prompts_and_keeps_every_response_token(max_length, expected, cut):
@@ -235,7 +235,7 @@ def _joint_input(template, rng, eos=3):
 def test_joint_input_spans_are_the_completions():
     joint = joint_input_ids(T, PROMPTS, COMPLETIONS, 14)  # 2 prompt tokens cut: spans shift with them
     assert [joint.ids[s:e] for s, e in joint.response_spans] == COMPLETIONS
-    assert joint_input_ids(T, PROMPTS, COMPLETIONS, None).response_spans == ((6, 8), (13, 16))
+    assert joint_input_ids(T, PROMPTS, COMPLETIONS, None).response_spans == ((10, 12), (13, 16))
 
 
 def test_segments_scores_alone_equal_left_and_right_padded(tiny_model_dir, template):
@@ -254,7 +254,7 @@ def test_segments_scores_alone_equal_left_and_right_padded(tiny_model_dir, templ
 
 @pytest.mark.parametrize("agents", [2, 3])
 def test_cross_joint_responses_share_their_prefixes_and_score_as_alone(tiny_model_dir, agents):
-    """Cross joint responses of one item repeat the header and agent 1's prompt, and every combination with the
+    """Cross joint responses of one item repeat the header and every prompt, and every combination with the
     same first candidates repeats everything up to the next response: those prefixes now run once (the fit of
     issue #30 ran each joint response whole). Scores and features equal each row's own plain forward."""
     import itertools
@@ -273,7 +273,7 @@ def test_cross_joint_responses_share_their_prefixes_and_score_as_alone(tiny_mode
         with torch.no_grad():
             alone = torch.cat([model.features([r], "left") for r in rows])  # the plain forward, row by row
             shared = model.features(rows)
-            batched = row_features(model, rows[::-1], batch_size=3)  # sorted into batches, returned in order
+            batched = row_features(model, rows[::-1], batch_size=1)  # an item's rows 4 a forward, back in order
         assert torch.allclose(shared, alone, atol=1e-5, rtol=0)
         assert torch.allclose(batched, alone.flip(0), atol=1e-5, rtol=0)
 
@@ -285,7 +285,7 @@ def test_cross_joint_responses_share_their_prefixes_and_score_as_alone(tiny_mode
     ids = [r.ids for r in rows]
     with torch.no_grad():
         hidden = shared_prefix_hidden(model.backbone, ids, [[s for s, _ in r.response_spans] for r in rows], 0)
-    prefix = rows[0].response_spans[0][0]  # header and agent 1's prompt: the same in every row
+    prefix = rows[0].response_spans[0][0]  # the header and every prompt: the same in every row
     assert len(tokens) == agents + 1 and tokens[0] == prefix  # level 0 once, not 2**agents times
     assert sum(tokens) < sum(len(r) for r in ids) / 2
     _, mask, _, _ = pad_rows(ids, 0, "right")

@@ -2,12 +2,17 @@
 
 Every agent's prompt and response are read as one token sequence, built from the stored
 token ids (never by decoding and re-encoding a completion), in this fixed template (k = 1 … a, agents in
-order; the marker lines are text tokenized once with the reward model's tokenizer)::
+order; the marker lines are text tokenized once with the reward model's tokenizer): every prompt first, then
+every response::
 
     Joint multi-agent response\\n
-    ### Agent k prompt\\n  <prompt ids of agent k>
-    \\n### Agent k response\\n  <completion ids of agent k, EOS included when generated>
-    \\n                                   (between agents)
+    ### Agent k prompt\\n  <prompt ids of agent k>          (k = 1 … a, "\\n" between two prompts)
+    \\n### Agent k response\\n  <completion ids of agent k, EOS included when generated>   (k = 1 … a)
+
+The prompts come first so that the joint responses of one item share everything before agent 1's response: the
+reward model runs that prefix once per item (:func:`pbrl.models.forward.shared_prefix_hidden`), where the first
+template (``joint-v1``: agent 1's prompt and response, then agent 2's …) repeated agent 2's prompt after every
+distinct agent-1 response (docs/results/marlhf.md#the-prompts-first-2026-12-03).
 
 The ids are built once per pair (stage build-pairs, ``pair_joint_ids.parquet``) and once per rollout
 (``rollouts.parquet``) by :func:`joint_input_ids`, so fitting, scoring and replay read the same ids. Longer
@@ -25,7 +30,7 @@ from typing import Any
 from pbrl.data.schema import PairJointIdsRow, PairRow
 from pbrl.models.loading import load_tokenizer, resolve_model_source
 
-TEMPLATE_VERSION = "joint-v1"
+TEMPLATE_VERSION = "joint-v2"
 HEADER = "Joint multi-agent response\n"
 DROP_TOO_LONG = "reward_max_length: the markers and the responses alone do not fit"
 
@@ -45,7 +50,7 @@ class JointTemplate:
     header: tuple[int, ...]
     prompt_markers: tuple[tuple[int, ...], ...]  # one per agent
     response_markers: tuple[tuple[int, ...], ...]  # one per agent
-    separator: tuple[int, ...]  # between one agent's response and the next agent's prompt marker
+    separator: tuple[int, ...]  # between one agent's prompt and the next agent's prompt marker
 
     @classmethod
     def build(cls, tokenizer: Any, num_agents: int) -> JointTemplate:
@@ -119,11 +124,11 @@ def joint_input_ids(
         prompts[k] = prompts[k][n:]
         remaining -= n
     ids: list[int] = list(template.header)
+    for k in range(a):
+        ids += [*(template.separator if k else ()), *template.prompt_markers[k], *prompts[k]]
     spans = []
     for k in range(a):
-        if k:
-            ids += template.separator
-        ids += [*template.prompt_markers[k], *prompts[k], *template.response_markers[k]]
+        ids += template.response_markers[k]
         spans.append((len(ids), len(ids) + len(completion_ids[k])))
         ids += completion_ids[k]
     return JointInput([int(i) for i in ids], cut, None, tuple(spans))

@@ -17,7 +17,7 @@ Masks and position ids come from the row lengths, never from comparing ids with 
 padding give the same score as the row alone and pad == EOS is safe. Forwards run in eval mode (dropout
 off): fitting and scoring are deterministic. Rows with response spans run through the backbone cut at each
 response's start (:func:`pbrl.models.forward.shared_prefix_hidden`): the joint responses of one item share the
-header and agent 1's prompt, and cross joint responses share more, so each shared prefix runs once.
+header and every prompt, and cross joint responses share more, so each shared prefix runs once.
 
 **Fitting** (Bradley–Terry) and the pair metrics: :mod:`pbrl.learning.reward_fit`. Saved with safetensors
 (:func:`save_reward_model`), loaded with safe loaders only (:func:`load_reward_model`).
@@ -204,16 +204,37 @@ class JointRewardModel(nn.Module):
         return not any(p.requires_grad for p in self.backbone.parameters())
 
 
+GROUP_BATCH_FACTOR = 4  # one item's rows may fill up to 4 batches' rows in one forward
+
+
 def _prefix_batches(rows: Sequence[JointRow], batch_size: int) -> list[list[int]]:
-    """Row indexes in batches of ``batch_size``, the rows sorted by their ids first, so rows that share a prefix
-    (one item's joint responses, the same agent-1 candidate) land in one forward and share its computation."""
-    order = sorted(range(len(rows)), key=lambda i: tuple(rows[i].ids if isinstance(rows[i], JointInput) else rows[i]))
-    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    """Row indexes in forwards of about ``batch_size`` rows, sorted by their ids so that rows sharing a prefix (one
+    item's joint responses, the same agent-1 candidate) land in one forward and share its computation. One item's
+    rows (the same ids before agent 1's response) stay together up to ``GROUP_BATCH_FACTOR * batch_size`` rows: a
+    cross round's 36 joint responses of an item run their prompts once, not once per 16 rows."""
+    ids = [tuple(r.ids if isinstance(r, JointInput) else r) for r in rows]
+    order = sorted(range(len(rows)), key=lambda i: ids[i])
+    spans = all(isinstance(r, JointInput) and r.response_spans for r in rows)
+    groups: list[tuple[tuple[int, ...] | None, list[int]]] = []  # (shared prefix or None, rows)
+    for i in order:
+        prefix = ids[i][: rows[i].response_spans[0][0]] if spans else None  # type: ignore[union-attr]
+        room = bool(groups) and len(groups[-1][1]) < GROUP_BATCH_FACTOR * batch_size
+        if room and prefix is not None and groups[-1][0] == prefix:
+            groups[-1][1].append(i)
+        else:
+            groups.append((prefix, [i]))
+    batches: list[list[int]] = []
+    for _, group in groups:
+        if batches and len(batches[-1]) + len(group) <= batch_size:
+            batches[-1].extend(group)
+        else:
+            batches.append(group)
+    return batches
 
 
 @torch.no_grad()
 def row_features(model: JointRewardModel, rows: Sequence[JointRow], batch_size: int = 16) -> torch.Tensor:
-    """:meth:`JointRewardModel.features` of many rows without gradients, ``batch_size`` rows per forward, (n, f)
+    """:meth:`JointRewardModel.features` of many rows without gradients, about ``batch_size`` rows per forward, (n, f)
     in the order of ``rows`` (batched by shared prefix: :func:`_prefix_batches`)."""
     batches = _prefix_batches(rows, batch_size)
     out = torch.cat([model.features([rows[i] for i in batch]) for batch in batches])  # (n, f), batch order
@@ -222,7 +243,7 @@ def row_features(model: JointRewardModel, rows: Sequence[JointRow], batch_size: 
 
 @torch.no_grad()
 def score_joint(model: JointRewardModel, rows: Sequence[JointRow], batch_size: int = 16) -> list[float]:
-    """Scores of many joint inputs without gradients, ``batch_size`` rows per forward (right padding, batched by
+    """Scores of many joint inputs without gradients, about ``batch_size`` rows per forward (right padding, batched by
     shared prefix: :func:`_prefix_batches`), in the order of ``rows``."""
     out: list[float] = [0.0] * len(rows)
     for batch in _prefix_batches(rows, batch_size):

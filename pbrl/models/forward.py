@@ -124,7 +124,7 @@ def shared_prefix_hidden(
 
     Each row is cut into L + 1 chunks at ``cuts[r]`` (the same L for every row). Chunk l of the rows runs once
     per distinct *prefix through chunk l*, attending to the cached keys and values of its prefix (gathered to
-    it with ``DynamicCache.batch_select_indices``). The joint inputs of one item share the header and agent 1's
+    it with ``DynamicCache.batch_select_indices``). The joint inputs of one item share the header and every
     prompt; cross joint responses with the same agent-1 candidate also share everything up to agent 2's
     response (:mod:`pbrl.learning.joint_template`): cutting at each response's start, a chunk is computed once
     per distinct candidate prefix instead of once per row (the shared-prompt idea of
