@@ -16,7 +16,7 @@ features, fitted to convergence with L-BFGS and an L2 penalty, i.e. a logistic r
 differences of winner and loser):
 - ``last_token``: the last hidden state at the last token of the joint text (the reference's reward model);
 - ``segments``: per agent the mean of the last hidden states over its response tokens and log(1 + its response
-  tokens) (:func:`pbrl.learning.reward_model.segment_features`, the product's ``reward_pooling: segments``);
+  tokens) (:func:`pbrl.learning.segment_head.segment_features`, the product's ``reward_pooling: segments``);
 - ``segment_lengths``: only the log(1 + response tokens) of each agent;
 - ``hand``: a yardstick of what is learnable: words of the summary and of the explanation (log), the explanation /
   summary length ratio (log), the identifier coverage of the explanation, both lengths within bounds.
@@ -121,7 +121,7 @@ def preference_pairs(responses: list[dict[str, Any]], tie_tolerance: float) -> l
 @torch.no_grad()
 def backbone_features(responses: list[dict[str, Any]], job: JobConfig) -> dict[str, np.ndarray]:
     """``last_token`` (n, h), ``segments`` (n, a·(h+1)) and ``segment_lengths`` (n, a) of the frozen backbone."""
-    from pbrl.learning.reward_model import segment_features
+    from pbrl.learning.segment_head import segment_features
     from pbrl.models.forward import pad_rows
 
     spec = RewardModelSpec(source=job.agent_model, freeze_backbone=True)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import torch
+
 from pbrl.config import JobConfig
 from pbrl.data.schema import PAIR_JOINT_IDS, SELECTED_PAIRS, PairRow
 from pbrl.data.seeds import derive_seed
@@ -106,15 +108,18 @@ def joint_inputs(pairs: list[PairRow], stored: dict[str, dict], job: JobConfig) 
     return out
 
 
-# Over 60 lines: the stage reads as one recipe (the pairs' joint ids, the held-out split, the fit, the metrics
-# with their interval over items, the model and manifest) over shared local state.
-def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
-    record = StageRecord(NAME, run_dir, round_index, job)
-    paths = record.paths
+def usable_pairs(
+    paths: RunPaths, round_index: int, job: JobConfig
+) -> tuple[list[PairRow], list[PairRow], list[tuple[JointInput, JointInput]]]:
+    """The round's replay-selected pairs, those whose joint inputs fit ``reward_max_length`` (kept), and the kept
+    pairs' (winner, loser) joint inputs (:func:`joint_inputs`), from each source round's ``pair_joint_ids.parquet``.
+
+    Raises:
+        ArtifactError: a selected pair has no stored joint ids, or they differ from its pair's ids.
+    """
     pairs = read_selected_pairs(paths.selected_pairs(round_index), paths.pairs)
     joint: dict[str, dict] = {}
-    source_rounds = _source_rounds(paths, round_index)
-    for r in source_rounds:
+    for r in _source_rounds(paths, round_index):
         stored = read_rows(pair_joint_ids_path(paths.round_dir(r)), PAIR_JOINT_IDS)
         joint.update({row["pair_id"]: row for row in stored})
     missing = [p["pair_id"] for p in pairs if p["pair_id"] not in joint]
@@ -124,7 +129,24 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
             "rerun build-pairs of their round"
         )
     kept = [p for p in pairs if joint[p["pair_id"]]["dropped"] is None]
-    usable = joint_inputs(kept, joint, job)
+    return pairs, kept, joint_inputs(kept, joint, job)
+
+
+def stored_features(paths: RunPaths, round_index: int, fingerprint: str, device: str | torch.device = "cpu") -> dict:
+    """A frozen backbone's features (row digest → (f,)) stored by the round's earlier source rounds, as those
+    rounds wrote them; {} without a fingerprint (a backbone that trains)."""
+    known: dict = {}
+    for path in _stored_features(paths, round_index, _source_rounds(paths, round_index)) if fingerprint else []:
+        known |= load_features(path, fingerprint, device=device)
+    return known
+
+
+# Over 60 lines: the stage reads as one recipe (the pairs' joint ids, the held-out split, the fit, the metrics
+# with their interval over items, the model and manifest) over shared local state.
+def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
+    record = StageRecord(NAME, run_dir, round_index, job)
+    paths = record.paths
+    pairs, kept, usable = usable_pairs(paths, round_index, job)
     dropped = len(pairs) - len(usable)
     out = reward_model_dir(paths.round_dir(round_index))
     if dropped:
@@ -166,9 +188,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         if model.backbone_frozen
         else ""
     )
-    known: dict = {}  # a frozen backbone's features of earlier rounds' responses, as those rounds stored them
-    for path in _stored_features(paths, round_index, source_rounds) if fingerprint else []:
-        known |= load_features(path, fingerprint, device=model.head.weight.device)
+    known = stored_features(paths, round_index, fingerprint, model.head.weight.device)
     # A frozen backbone runs once per distinct row (fit, then both metrics) and never on a stored one.
     with model.remembered_features(known) as memory:
         stats = fit_bradley_terry(

@@ -17,6 +17,7 @@ import torch
 from pbrl import orchestration
 from pbrl.config import load_job
 from pbrl.data.storage import RunPaths
+from pbrl.learning.joint_template import TEMPLATE_VERSION
 from pbrl.reporting.metrics import metrics_frame
 from tests.helpers import assert_same_artifacts, run_artifacts
 
@@ -72,8 +73,10 @@ def test_two_rounds_complete_with_critics_checkpointed_and_metrics_recorded(fini
             folder = paths.round_checkpoint(r) / f"critic_{k}"
             assert {f.name for f in folder.iterdir()} == {"weights.safetensors", "optimizer.pt", "critic.json"}
         assert not (paths.round_checkpoint(r) / f"critic_{CRITICS[backend]}").exists()
-    kinds = {json.loads((paths.round_checkpoint(2) / "critic_0" / "critic.json").read_text())["kind"]}
-    assert kinds == {"separate" if backend == "maac" else "value_head"}
+    record = json.loads((paths.round_checkpoint(2) / "critic_0" / "critic.json").read_text())
+    assert record["kind"] == ("separate" if backend == "maac" else "value_head")
+    # maac reads the joint template, so its folder names the template's version; iac reads its own ids
+    assert record.get("joint_template") == (TEMPLATE_VERSION if backend == "maac" else None)
     metrics = set(metrics_frame(run_dir)["metric"])
     suffixes = [""] if backend == "maac" else ["", "_agent_0", "_agent_1"]
     for name in ("critic/value_loss", "critic/explained_variance", "critic/value_mean"):

@@ -121,6 +121,24 @@ def test_critic_json_records_the_spec_in_its_documented_keys(tiny_model_dir, tmp
         restore_critic(plain, tmp_path / "critic_0")  # a LoRA critic's folder is not a full-weights critic's
 
 
+def test_a_critic_of_the_joint_template_records_its_version_and_refuses_another(tiny_model_dir, tmp_path):
+    def build(template):
+        spec = CriticSpec("separate", str(tiny_model_dir), None, None, joint_template=template)
+        return new_critic(spec, seed=0, learning_rate=1e-3, pad_token_id=0)
+
+    save_critic(build("joint-v2"), tmp_path / "v2")
+    assert json.loads((tmp_path / "v2" / "critic.json").read_text())["joint_template"] == "joint-v2"
+    restore_critic(build("joint-v2"), tmp_path / "v2")
+    for other in ("joint-v3", None):  # a later template, or a critic that reads no joint template
+        with pytest.raises(ArtifactError, match="critic.json: written for critic"):
+            restore_critic(build(other), tmp_path / "v2")
+    save_critic(build(None), tmp_path / "plain")  # a folder without the key, as saved before it was recorded
+    assert "joint_template" not in json.loads((tmp_path / "plain" / "critic.json").read_text())
+    restore_critic(build(None), tmp_path / "plain")
+    with pytest.raises(ArtifactError, match="critic.json: written for critic"):
+        restore_critic(build("joint-v2"), tmp_path / "plain")
+
+
 def test_a_weights_file_with_other_names_is_refused_naming_three_of_each(tiny_model_dir, tmp_path):
     from safetensors.torch import save_file
 

@@ -415,6 +415,7 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
         "num_agents": 1,
         "backbone_layers": None,
         "head_components": None,
+        "length_squares": False,
         "max_length": 64,
     }
     old = tmp_path / "old"

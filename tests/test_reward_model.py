@@ -24,9 +24,9 @@ from pbrl.learning.reward_model import (
     new_reward_model,
     row_features,
     save_reward_model,
-    segment_features,
 )
 from pbrl.learning.reward_scoring import RewardScorer, pair_joint_ids_path
+from pbrl.learning.segment_head import segment_features
 from pbrl.models.loading import load_tokenizer
 from pbrl.models.lora import LoraSettings
 from stages import STAGE_MODULES
@@ -241,7 +241,7 @@ def test_joint_input_spans_are_the_completions():
 def test_segments_scores_alone_equal_left_and_right_padded(tiny_model_dir, template):
     spec = RewardModelSpec(str(tiny_model_dir), pooling="segments", num_agents=2)
     model = new_reward_model(spec, seed=0)
-    assert model.head.in_features == 2 * (model.backbone.config.hidden_size + 1)
+    assert model.head.in_features == 2 * (model.backbone.config.hidden_size + 1) + 2  # + the lengths' squares
     rng = np.random.default_rng(0)
     rows = [_joint_input(template, rng) for _ in range(5)]
     with torch.no_grad():

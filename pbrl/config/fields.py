@@ -223,7 +223,8 @@ class _RewardModelFields(_Fields):
     reward_pooling: Literal["last_token", "segments"] = Field(
         "segments",
         description="What the reward model's head reads: 'segments' (per agent, the mean hidden state over its "
-        "response and log(1 + its length), standardized) or 'last_token' (the hidden state at the joint text's "
+        "response and log(1 + its length), standardized, and that length's square) or 'last_token' (the hidden "
+        "state at the joint text's "
         "last token, the reference's).",
     )
     reward_backbone_layers: StrictInt | None = Field(

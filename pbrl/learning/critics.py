@@ -144,12 +144,17 @@ class CriticSpec:
         source: the separate backbone as configured (``critic_model_name`` or the agent's model); None for a head.
         lora: LoRA on a separate backbone, or None (train every backbone weight).
         head_hidden_dim: the value head's hidden width, or None (linear).
+        joint_template: the version of the joint template the critic reads (``maac``:
+            :data:`pbrl.learning.joint_template.TEMPLATE_VERSION`), or None (``iac`` reads each agent's own ids).
+            Recorded in ``critic.json``, so that a critic saved under another template is refused on restore
+            rather than read against rows laid out differently.
     """
 
     kind: str
     source: str | None
     lora: LoraSettings | None
     head_hidden_dim: int | None
+    joint_template: str | None = None
 
 
 @dataclass
@@ -196,17 +201,17 @@ def new_critic(
 
 
 def _meta(spec: CriticSpec) -> dict[str, Any]:
-    """``critic.json``'s record of ``spec``, as JSON reads it back (tuples become lists)."""
-    return json.loads(
-        json.dumps(
-            {
-                "kind": spec.kind,
-                "source": spec.source,
-                "head_hidden_dim": spec.head_hidden_dim,
-                "lora": asdict(spec.lora) if spec.lora else None,
-            }
-        )
-    )
+    """``critic.json``'s record of ``spec``, as JSON reads it back (tuples become lists). ``joint_template`` is
+    written only for a critic that reads the joint template (a folder without the key reads as None)."""
+    record = {
+        "kind": spec.kind,
+        "source": spec.source,
+        "head_hidden_dim": spec.head_hidden_dim,
+        "lora": asdict(spec.lora) if spec.lora else None,
+    }
+    if spec.joint_template is not None:
+        record["joint_template"] = spec.joint_template
+    return json.loads(json.dumps(record))
 
 
 def save_critic(critic: Critic, folder: Path) -> None:
@@ -227,7 +232,9 @@ def restore_critic(critic: Critic, folder: Path) -> None:
     bitwise; safe loaders only).
 
     Raises:
-        ArtifactError: the folder was written for another critic, or misses a trained weight.
+        ArtifactError: the folder was written for another critic (another spec, or another joint template: a
+            ``maac`` critic saved before the template recorded its version is refused too), or misses a trained
+            weight.
     """
 
     folder = Path(folder)

@@ -8,9 +8,10 @@ linear head on a pooled feature vector of the last layer's hidden states (``pool
 
 - ``last_token`` (the reference's): the hidden state at the **last non-padding token** of the joint text (h);
 - ``segments``: per agent k, the mean hidden state over agent k's response tokens and log(1 + their count)
-  (a·(h+1), :func:`segment_features`), standardized with the mean and spread of the training rows' features
-  (stored with the head). The last token of a long joint text says little about which joint response is
-  better; what decides the docs task's preference (each response's length and content) lives in the
+  (a·(h+1), :func:`pbrl.learning.segment_head.segment_features`), standardized with the mean and spread of the
+  training rows' features (stored with the head), optionally projected on each agent's principal components, and
+  each agent's standardized log length squared. The last token of a long joint text says little about which joint
+  response is better; what decides the docs task's preference (each response's length and content) lives in the
   segments (measured in docs/results/marlhf.md).
 
 Masks and position ids come from the row lengths, never from comparing ids with the pad id, so left and right
@@ -42,7 +43,7 @@ from transformers import AutoModel
 
 from pbrl.data.storage import atomic_dir, read_json, write_json
 from pbrl.learning.joint_template import TEMPLATE_VERSION, JointInput
-from pbrl.learning.segment_pca import segment_projection
+from pbrl.learning.segment_head import length_squares, segment_features, segment_projection
 from pbrl.models.forward import eval_mode, keep_first_layers, pad_rows, shared_prefix_hidden
 from pbrl.models.loading import load_tokenizer, resolve_model_source, shared_backbone
 from pbrl.models.lora import LoraSettings, quiet_peft_wrapping
@@ -55,26 +56,6 @@ POOLINGS = ("last_token", "segments")
 STANDARDIZE_EPS = 1e-6  # a feature's spread is clamped here before dividing (a constant feature stays 0)
 
 JointRow = JointInput | Sequence[int]  # a joint input with its response spans, or its ids alone (last_token)
-
-
-def segment_features(hidden: torch.Tensor, spans: Sequence[Sequence[tuple[int, int]]]) -> torch.Tensor:
-    """Per row and agent: the mean of ``hidden`` over the agent's response positions [start, end) and
-    log(1 + end − start); an empty response gives zeros and log 1 = 0.
-
-    Args:
-        hidden: (b, t, h) hidden states of right-padded rows.
-        spans: per row, one (start, end) per agent (``JointInput.response_spans``), the same count a for all.
-
-    Returns:
-        (b, a·(h+1)) features, agent by agent: [mean_1 (h), log-length_1, …, mean_a, log-length_a].
-    """
-    b, t, _ = hidden.shape
-    bounds = torch.tensor([list(row) for row in spans], dtype=torch.long, device=hidden.device)  # (b, a, 2)
-    pos = torch.arange(t, device=hidden.device)  # (t,)
-    inside = (pos >= bounds[..., :1]) & (pos < bounds[..., 1:])  # (b, a, t)
-    counts = inside.sum(-1, keepdim=True)  # (b, a, 1)
-    means = torch.einsum("bat,bth->bah", inside.to(hidden.dtype), hidden) / counts.clamp(min=1)  # (b, a, h)
-    return torch.cat([means, torch.log1p(counts.to(hidden.dtype))], dim=-1).reshape(b, -1)  # (b, a·(h+1))
 
 
 def _split_rows(rows: Sequence[JointRow]) -> tuple[list[list[int]], list[tuple[tuple[int, int], ...]] | None]:
@@ -95,7 +76,9 @@ class JointRewardModel(nn.Module):
     ``feature_shift`` and ``feature_scale`` (buffers, (f,)) standardize the features before the head: 0 and 1
     until :meth:`standardize_on` sets them (``segments``; ``last_token`` keeps the reference's raw hidden state).
     A head narrower than the ``num_features`` f reads them through ``feature_projection`` (buffer, (f, m)): each
-    agent's principal components (``reward_head_components``, :func:`pbrl.learning.segment_pca.segment_projection`).
+    agent's principal components (``reward_head_components``, :func:`pbrl.learning.segment_head.segment_projection`).
+    With ``length_squares`` (``segments``) the head also reads each agent's standardized log length squared (a more
+    inputs after the others: :func:`pbrl.learning.segment_head.length_squares`).
     """
 
     def __init__(
@@ -105,15 +88,19 @@ class JointRewardModel(nn.Module):
         pad_token_id: int,
         pooling: str = "last_token",
         num_features: int | None = None,
+        length_squares: bool = False,
     ):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"reward_pooling: got {pooling!r}; allowed: {', '.join(POOLINGS)}")
         self.backbone, self.head, self.pad_token_id, self.pooling = backbone, head, int(pad_token_id), pooling
         f = num_features or head.in_features
+        self.agents = f // (backbone.config.hidden_size + 1) if pooling == "segments" else 1
+        self.length_squares = bool(length_squares) and pooling == "segments"
+        m = head.in_features - (self.agents if self.length_squares else 0)  # the head's inputs before the squares
         self.register_buffer("feature_shift", torch.zeros(f))
         self.register_buffer("feature_scale", torch.ones(f))
-        self.register_buffer("feature_projection", torch.zeros(f, head.in_features) if f != head.in_features else None)
+        self.register_buffer("feature_projection", torch.zeros(f, m) if f != m else None)
         self._memo: dict[str, torch.Tensor] | None = None  # see remembered_features
 
     def features(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
@@ -178,9 +165,13 @@ class JointRewardModel(nn.Module):
         return pooled.to(self.head.weight.dtype)
 
     def head_scores(self, features: torch.Tensor) -> torch.Tensor:
-        """Scores (b,) of pooled features (b, f): the head on the standardized (and projected) features."""
+        """Scores (b,) of pooled features (b, f): the head on the standardized (and projected) features, and with
+        ``length_squares`` each agent's squared standardized length."""
         z = (features - self.feature_shift) / self.feature_scale  # (b, f)
-        return self.head(z if self.feature_projection is None else z @ self.feature_projection).squeeze(-1)
+        x = z if self.feature_projection is None else z @ self.feature_projection  # (b, m)
+        if self.length_squares:
+            x = torch.cat([x, length_squares(z, self.agents)], dim=-1)  # (b, m + a)
+        return self.head(x).squeeze(-1)
 
     def forward(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
         """Scores R of b joint inputs, shape (b,), float32, on the head's device; gradients flow when enabled."""
@@ -195,9 +186,9 @@ class JointRewardModel(nn.Module):
             self.feature_shift.copy_(features.mean(0))
             self.feature_scale.copy_(features.std(0, unbiased=False).clamp(min=STANDARDIZE_EPS))
             if self.feature_projection is not None:
-                agents = len(features[0]) // (self.backbone.config.hidden_size + 1)
                 z = (features - self.feature_shift) / self.feature_scale
-                self.feature_projection.copy_(segment_projection(z, agents, self.head.in_features // agents - 1))
+                components = self.feature_projection.shape[1] // self.agents - 1
+                self.feature_projection.copy_(segment_projection(z, self.agents, components))
 
     @property
     def backbone_frozen(self) -> bool:
@@ -263,9 +254,11 @@ class RewardModelSpec:
         lora: LoRA on the backbone, or None (train every backbone weight).
         freeze_backbone: train the head only (``reward_freeze_backbone``; LoRA is then not applied).
         pooling: what the head reads (``reward_pooling``, :data:`POOLINGS`).
-        num_agents: agents per joint response (the ``segments`` head has a·(h+1) inputs).
+        num_agents: agents per joint response (the ``segments`` features are a·(h+1); the head adds a squares).
         backbone_layers: the backbone's first decoder layers that run (``reward_backbone_layers``); None = all.
         head_components: principal components per agent that the head reads (``reward_head_components``).
+        length_squares: with ``segments``, the head also reads each agent's squared length (always, from a job;
+            False rebuilds the head of models saved before the squares, for comparisons).
     """
 
     source: str
@@ -275,6 +268,7 @@ class RewardModelSpec:
     num_agents: int = 1
     backbone_layers: int | None = None
     head_components: int | None = None
+    length_squares: bool = True
 
     def head_inputs(self, hidden_size: int) -> int:
         """f: h for ``last_token``, a·(h+1) for ``segments``."""
@@ -285,9 +279,15 @@ class RewardModelSpec:
             raise ValueError("reward_head_components: allowed only with reward_pooling='segments'")
 
     def head_width(self, hidden_size: int) -> int:
-        """The head's inputs: f, or a·(k+1) with ``head_components`` k."""
+        """The head's inputs: f, or a·(k+1) with ``head_components`` k; plus a with :attr:`squares`."""
         k = self.head_components
-        return self.head_inputs(hidden_size) if k is None else self.num_agents * (k + 1)
+        width = self.head_inputs(hidden_size) if k is None else self.num_agents * (k + 1)
+        return width + (self.num_agents if self.squares else 0)
+
+    @property
+    def squares(self) -> bool:
+        """Whether the head reads the lengths' squares: ``length_squares`` with ``segments``."""
+        return self.length_squares and self.pooling == "segments"
 
     @property
     def trained(self) -> str:
@@ -329,7 +329,8 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
             with quiet_peft_wrapping():
                 backbone = get_peft_model(backbone, config)
     features = spec.head_inputs(backbone.config.hidden_size)
-    return JointRewardModel(backbone, head, _pad_id(src), spec.pooling, features).to(device)
+    model = JointRewardModel(backbone, head, _pad_id(src), spec.pooling, features, length_squares=spec.squares)
+    return model.to(device)
 
 
 def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: Path, *, max_length: int | None) -> None:
@@ -356,6 +357,7 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
                 "num_agents": spec.num_agents,
                 "backbone_layers": spec.backbone_layers,
                 "head_components": spec.head_components,
+                "length_squares": model.length_squares,
                 "max_length": max_length,
             },
         )
@@ -387,10 +389,8 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     state = load_file(str(folder / _HEAD))
     head = nn.Linear(state["weight"].shape[1], 1)
     head.load_state_dict({k: state[k] for k in ("weight", "bias")})
-    features = state["feature_projection"].shape[0] if "feature_projection" in state else None
-    model = JointRewardModel(
-        backbone, head, _pad_id(src), meta.get("pooling", "last_token"), features
-    )  # older: last_token
+    pooling, squares = meta.get("pooling", "last_token"), meta.get("length_squares", False)  # older: neither
+    model = JointRewardModel(backbone, head, _pad_id(src), pooling, state["feature_shift"].shape[0], squares)
     for name in ("feature_shift", "feature_scale", "feature_projection"):
         if name in state:
             getattr(model, name).copy_(state[name])

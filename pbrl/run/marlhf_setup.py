@@ -25,7 +25,7 @@ from pbrl.errors import ArtifactError
 from pbrl.generation.sampling import generate
 from pbrl.learning.critic_set import CriticSet
 from pbrl.learning.critics import CriticSpec, new_critic, restore_critic
-from pbrl.learning.joint_template import joint_template_for
+from pbrl.learning.joint_template import TEMPLATE_VERSION, joint_template_for
 from pbrl.learning.reward_scoring import RewardScorer, reward_device, reward_model_dir
 from pbrl.learning.rl import ReferencePolicy, RLSettings
 from pbrl.models.loading import resolve_devices
@@ -132,7 +132,13 @@ def round_critics(job: JobConfig, paths: RunPaths, start: Path, policies: list[T
     critics = []
     for k in range(count):
         spec = (
-            CriticSpec("separate", sources[k], source.lora, job.critic_value_head_hidden_dim)
+            CriticSpec(
+                "separate",
+                sources[k],
+                source.lora,
+                job.critic_value_head_hidden_dim,
+                joint_template=TEMPLATE_VERSION if job.rl_algorithm == "maac" else None,
+            )
             if separate
             else CriticSpec("value_head", None, None, job.value_head_hidden_dim)
         )

@@ -1,20 +1,51 @@
-"""A low-rank head input for the ``segments`` joint reward model (docs/design/algorithms.md#joint-reward-model):
-each agent's pooled response features projected on their first k principal components.
+"""The head inputs of the ``segments`` joint reward model (docs/design/algorithms.md#joint-reward-model): each
+agent's pooled response features (:func:`segment_features`), projected on their first k principal components
+(:func:`segment_projection`), and each agent's squared length (:func:`length_squares`).
 
 A linear head on a·(h+1) standardized features (1,154 for two SmolLM2 agents) fitted on a few hundred joint
 responses learns its training pairs (accuracy ~0.98) and much less of the preference on unseen items (0.70–0.83 on
 ``humaneval_docs``); weight decay and early stopping did not close that gap. Projecting each agent's h pooled
 dimensions on the k directions along which the training rows vary most (principal component analysis, Pearson 1901;
-Hotelling 1933), scaled to unit variance, and keeping its length feature as it is, leaves the head a·(k+1)
+Hotelling 1933), scaled to unit variance, and keeping its length feature as it is, leaves a·(k+1) of the head's
 weights: principal-component regression (Jolliffe 1982), the textbook remedy for a regression on many correlated
 inputs and few examples. Measured on the stored pairs of the cross MARLHF runs: docs/results/marlhf.md.
 
-Shape legend: n rows, a agents, h hidden size, f = a·(h+1) features, k components per agent, m = a·(k+1).
+The head also reads each agent's standardized log length squared (:func:`length_squares`): linear in the log
+lengths, a head can only say "longer is better" or "shorter is better", while a preference for a length in a band
+(``humaneval_docs`` credits a summary-to-explanation ratio in [2, 6] and word counts in bounds, and falls off on
+both sides) is a bump, which the square lets a linear head express
+(docs/results/marlhf.md#the-lengths-square-2026-12-03).
+
+Shape legend: n rows, a agents, h hidden size, f = a·(h+1) features, k components per agent, m = a·(k+1) (the
+head reads m + a inputs: the projection, then the squares).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+
+def segment_features(hidden: torch.Tensor, spans: Sequence[Sequence[tuple[int, int]]]) -> torch.Tensor:
+    """Per row and agent: the mean of ``hidden`` over the agent's response positions [start, end) and
+    log(1 + end − start); an empty response gives zeros and log 1 = 0.
+
+    Args:
+        hidden: (b, t, h) hidden states of right-padded rows.
+        spans: per row, one (start, end) per agent (``JointInput.response_spans``), the same count a for all.
+
+    Returns:
+        (b, a·(h+1)) features, agent by agent: [mean_1 (h), log-length_1, …, mean_a, log-length_a].
+    """
+    b, t, _ = hidden.shape
+    bounds = torch.tensor([list(row) for row in spans], dtype=torch.long, device=hidden.device)  # (b, a, 2)
+    pos = torch.arange(t, device=hidden.device)  # (t,)
+    inside = (pos >= bounds[..., :1]) & (pos < bounds[..., 1:])  # (b, a, t)
+    counts = inside.sum(-1, keepdim=True)  # (b, a, 1)
+    means = torch.einsum("bat,bth->bah", inside.to(hidden.dtype), hidden) / counts.clamp(min=1)  # (b, a, h)
+    return torch.cat([means, torch.log1p(counts.to(hidden.dtype))], dim=-1).reshape(b, -1)  # (b, a·(h+1))
+
 
 # A component whose singular value is below this share of the first one carries no variance of the training rows
 # (centred rows have rank <= n - 1, so k >= n leaves some): its column is left 0 rather than scaled by ~1/0, which
@@ -57,3 +88,21 @@ def segment_projection(standardized: torch.Tensor, num_agents: int, components: 
         projection[rows, k * width : k * width + kept] = (basis / spread).to(standardized.dtype)
         projection[k * block + block - 1, k * width + components] = 1.0  # the length feature, unchanged
     return projection
+
+
+def length_squares(standardized: torch.Tensor, num_agents: int) -> torch.Tensor:
+    """Each agent's standardized length feature squared, (n, a): column k is ``standardized[:, k·(h+1)+h] ** 2``.
+
+    Args:
+        standardized: (n, f) standardized ``segments`` features, f = a·(h+1), agent k's log length at column
+            k·(h+1)+h.
+        num_agents: a.
+
+    Raises:
+        ValueError: f is not a multiple of ``num_agents``.
+    """
+    f = standardized.shape[-1]
+    if f % num_agents:
+        raise ValueError(f"segments features: {f} columns do not split into {num_agents} agents")
+    block = f // num_agents
+    return standardized[..., block - 1 :: block] ** 2  # (n, a)

@@ -1,0 +1,179 @@
+"""Benchmark: what the frozen ``segments`` reward model's head should read, refitted on the stored rounds of MARLHF
+runs (docs/results/marlhf.md#the-lengths-square-2026-12-03).
+
+For each run folder (e.g. kept by ``benchmarks/learning.py --trainer marlhf_iter --keep``) and each round with a
+fitted reward model, the round's pairs are read as fit-reward-model reads them (``usable_pairs``), the backbone's
+features come from the run's stored files (``reward_features.safetensors`` of the round and its source rounds; the
+backbone never runs, and the script fails if it would), and the head is refitted with the stage's own fit, seeds
+and settings under each variant:
+
+- ``--components``: principal components per agent (``reward_head_components``; ``all`` = every feature);
+- with and without each agent's squared length (``RewardModelSpec.length_squares``);
+- ``--splits``: the stage's held-out split of items (split 0, what ``rm/heldout_accuracy`` reports) and others
+  drawn from the next seeds, so that a choice does not rest on which quarter of the items was held out.
+
+Per variant it reports the accuracy on the training pairs and on the unseen items' pairs, with the interval over
+items, and, over the rounds, the mean and the worst of the unseen-item accuracy (on split 0 and on every split).
+Writes ``benchmarks/results/reward-head-<model>[-<tag>].json``. Nothing is timed.
+
+Run: ``python benchmarks/reward_head.py RUN_DIR [RUN_DIR ...] [--components 4 8 16] [--splits 4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from benchkit import write_result
+
+import stages.fit_reward_model as fit
+from pbrl.data.seeds import derive_seed
+from pbrl.data.storage import RunPaths
+from pbrl.learning.feature_store import backbone_fingerprint, features_path, load_features
+from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_correct, pair_metrics
+from pbrl.learning.reward_model import new_reward_model
+from pbrl.run.folder import open_job
+from pbrl.run.settings import policy_source
+
+
+def fitted_rounds(run_dir: Path) -> list[int]:
+    """The rounds of ``run_dir`` whose fit-reward-model finished (its manifest exists)."""
+    paths = RunPaths(run_dir)
+    return sorted(
+        int(d.name) for d in paths.root.joinpath("rounds").iterdir() if paths.manifest(int(d.name), fit.NAME).is_file()
+    )
+
+
+def refit_round(run_dir: Path, round_index: int, variants: list[tuple[int | None, bool]], splits: int) -> list[dict]:
+    """One row per (split, components, squares): train / unseen-item accuracy of the refitted head.
+
+    Raises:
+        RuntimeError: a row's features are not stored (the backbone would run).
+    """
+    job = open_job(run_dir)
+    paths = RunPaths(run_dir)
+    _, kept, usable = fit.usable_pairs(paths, round_index, job)
+    spec = fit.spec_of(job)
+
+    def seed(side: str) -> int:
+        return derive_seed(job.seed, round_index=round_index, stage=fit.NAME, side=side)
+
+    rows, known = [], None
+    for split in range(splits):
+        train_idx, held_idx = heldout_split([p["item_id"] for p in kept], fit.HELDOUT_SHARE, seed("heldout") + split)
+        train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
+        for components, squares in variants:
+            variant = replace(spec, head_components=components, length_squares=squares)
+            model = new_reward_model(variant, seed=seed("init"))
+            if known is None:
+                fingerprint = backbone_fingerprint(
+                    model.backbone,
+                    source=spec.source,
+                    pooling=spec.pooling,
+                    backbone_layers=spec.backbone_layers,
+                    num_agents=spec.num_agents,
+                )
+                own = load_features(features_path(paths.round_dir(round_index)), fingerprint)
+                known = fit.stored_features(paths, round_index, fingerprint) | own
+            with model.remembered_features(known) as memory:
+                before = len(memory)
+                fit_bradley_terry(
+                    model,
+                    train,
+                    epochs=job.reward_num_train_epochs,
+                    batch_size=job.reward_train_batch_size,
+                    learning_rate=job.reward_learning_rate,
+                    seed=seed("order"),
+                    max_grad_norm=job.max_grad_norm,
+                )
+                fitted = pair_metrics(model, train, fit.SCORE_BATCH)
+                correct = pair_correct(model, held, fit.SCORE_BATCH)
+                if len(memory) != before:
+                    raise RuntimeError(
+                        f"{run_dir} round {round_index}: {len(memory) - before} joint responses have no stored "
+                        "features (a frozen backbone's run keeps them in rounds/<r>/reward_features.safetensors)"
+                    )
+            interval = fit.heldout_interval([kept[i]["item_id"] for i in held_idx], correct, seed("heldout-interval"))
+            rows.append(
+                {
+                    "run": run_dir.name,
+                    "round": round_index,
+                    "split": split,
+                    "components": components,
+                    "length_squares": squares,
+                    "train_pairs": len(train),
+                    "heldout_pairs": len(held),
+                    "train_accuracy": round(fitted.accuracy, 4),
+                    "heldout_accuracy": round(interval.mean, 4) if interval else None,
+                    "heldout_pair_accuracy": round(sum(correct) / len(correct), 4) if correct else None,
+                    "heldout_low": round(interval.low, 4) if interval else None,
+                    "heldout_high": round(interval.high, 4) if interval else None,
+                }
+            )
+            print(_row_line(rows[-1]), flush=True)
+    return rows
+
+
+def summary(rows: list[dict]) -> list[dict[str, Any]]:
+    """Per variant: the mean and the worst unseen-item pair accuracy over the rounds, on split 0 and on all."""
+    out = []
+    for key in dict.fromkeys((r["components"], r["length_squares"]) for r in rows):
+        mine = [r for r in rows if (r["components"], r["length_squares"]) == key and r["heldout_pair_accuracy"]]
+        first = [r["heldout_pair_accuracy"] for r in mine if r["split"] == 0]
+        every = [r["heldout_pair_accuracy"] for r in mine]
+        out.append(
+            {
+                "components": key[0],
+                "length_squares": key[1],
+                "split0_mean": round(statistics.fmean(first), 4),
+                "split0_min": min(first),
+                "all_splits_mean": round(statistics.fmean(every), 4),
+                "all_splits_min": min(every),
+                "rounds": len(first),
+            }
+        )
+    return out
+
+
+def _row_line(r: dict) -> str:
+    k = "all" if r["components"] is None else r["components"]
+    return (
+        f"{r['run']} round {r['round']} split {r['split']} k={k} squares={r['length_squares']}: "
+        f"train {r['train_accuracy']:.3f} ({r['train_pairs']}), unseen {r['heldout_pair_accuracy']:.3f} "
+        f"[{r['heldout_low']:.2f}, {r['heldout_high']:.2f}] ({r['heldout_pairs']})"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="MARLHF run folders with a frozen reward-model backbone")
+    parser.add_argument("--components", nargs="+", default=["4", "8", "16"], help="k per agent, or 'all'")
+    parser.add_argument("--splits", type=int, default=4, help="held-out splits of the items (split 0: the stage's)")
+    parser.add_argument("--tag", default="", help="added to the result's name")
+    args = parser.parse_args()
+    components = [None if c == "all" else int(c) for c in args.components]
+    variants = [(k, squares) for k in components for squares in (False, True)]
+    rows = []
+    for run_dir in args.runs:
+        for r in fitted_rounds(run_dir):
+            rows.extend(refit_round(run_dir, r, variants, args.splits))
+    table = summary(rows)
+    print("\ncomponents  squares  split-0 mean  split-0 worst  all-splits mean  all-splits worst")
+    for s in table:
+        k = "all" if s["components"] is None else s["components"]
+        print(
+            f"{k!s:>10}  {s['length_squares']!s:>7}  {s['split0_mean']:12.3f}  {s['split0_min']:13.3f}  "
+            f"{s['all_splits_mean']:15.3f}  {s['all_splits_min']:16.3f}"
+        )
+    model = Path(str(policy_source(open_job(args.runs[0])).models[0])).name + (f"-{args.tag}" if args.tag else "")
+    path = write_result("reward-head", model, {"runs": [str(r) for r in args.runs], "rows": rows, "summary": table})
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
