@@ -56,7 +56,7 @@ def refit_round(run_dir: Path, round_index: int, variants: list[tuple[int | None
     """
     job = open_job(run_dir)
     paths = RunPaths(run_dir)
-    _, kept, usable = fit.usable_pairs(paths, round_index, job)
+    pairs, kept, usable = fit.usable_pairs(paths, round_index, job)
     spec = fit.spec_of(job)
 
     def seed(side: str) -> int:
@@ -78,7 +78,7 @@ def refit_round(run_dir: Path, round_index: int, variants: list[tuple[int | None
                     num_agents=spec.num_agents,
                 )
                 own = load_features(features_path(paths.round_dir(round_index)), fingerprint)
-                known = fit.stored_features(paths, round_index, fingerprint) | own
+                known = fit.stored_features(paths, round_index, fit.source_rounds(pairs), fingerprint) | own
             with model.remembered_features(known) as memory:
                 before = len(memory)
                 fit_bradley_terry(

@@ -9,7 +9,9 @@ round table). Targets (issue #14): round 1 in <= 180 s wall on the 2-core machin
 RSS <= 2.5 GiB; issue #33: <= 120 s with the new defaults. ``--model`` replaces the demo's agent model
 (``tiny-random`` checks the script in seconds; its targets are information only). ``--dynamic-cache`` samples with
 transformers' own KV cache instead of pbrl's preallocated one (the lever of issue #33, for
-``benchmarks/round_levers.py``, which runs this script once per lever setting, interleaved). ``--config`` times
+``benchmarks/round_levers.py``, which runs this script once per lever setting, interleaved);
+``--full-vocab-sampler`` warps and draws over the whole vocabulary as before the top-k path
+(``pbrl.generation.seeded_sampler``). ``--config`` times
 another job's round with its trainer's stages (``benchmarks/marlhf_cost.py`` times MARLHF's beside MADPO's).
 
 Run: ``.venv/bin/python benchmarks/round.py --model smollm2-135m-instruct``.
@@ -49,8 +51,18 @@ def main() -> None:
         help="override a demo option (repeatable), e.g. --set num_train_epochs=2",
     )
     parser.add_argument("--dynamic-cache", action="store_true", help="transformers' KV cache (issue #33's baseline)")
+    parser.add_argument(
+        "--full-vocab-sampler", action="store_true", help="the seeded sampler over the whole vocabulary (issue #33)"
+    )
     parser.add_argument("--result", default=None, help="result file name (default round / round-overrides)")
     args = parser.parse_args()
+    if args.full_vocab_sampler:  # the sampler before its top-k path: transformers' warpers over every id
+        import functools
+
+        from pbrl.generation import sampling
+        from pbrl.generation.seeded_sampler import SeededSampler
+
+        sampling.SeededSampler = functools.partial(SeededSampler, subset=False)
     if args.dynamic_cache:  # the sampling path before issue #33: a cache that copies itself at every token
         from transformers import DynamicCache
 
@@ -58,9 +70,8 @@ def main() -> None:
 
         sampling.preallocated_cache = lambda model, capacity: DynamicCache(config=model.config)
     # The targets are the demo's, on SmolLM2: a run with other options is information only.
-    applies = (
-        args.model == "smollm2-135m-instruct" and not args.overrides and not args.dynamic_cache and args.config == DEMO
-    )
+    levers_off = args.dynamic_cache or args.full_vocab_sampler
+    applies = args.model == "smollm2-135m-instruct" and not args.overrides and not levers_off and args.config == DEMO
     stages: list[dict] = []
     with tempfile.TemporaryDirectory() as out:
         # The user's options first: the folder, the single round and --model are the benchmark's own.
@@ -118,7 +129,7 @@ def main() -> None:
     ]
     # A run with overrides is written beside the demo's result, never over it.
     path = write_result(
-        args.result or ("round-overrides" if args.overrides or args.dynamic_cache or args.config != DEMO else "round"),
+        args.result or ("round-overrides" if args.overrides or levers_off or args.config != DEMO else "round"),
         args.model,
         {
             "workload": {
@@ -130,6 +141,7 @@ def main() -> None:
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                 "torch_threads": __import__("torch").get_num_threads(),
                 "kv_cache": "transformers DynamicCache" if args.dynamic_cache else "pbrl preallocated",
+                "sampler": "full vocabulary" if args.full_vocab_sampler else "top-k subset",
                 "torch_dtype": job.torch_dtype,
                 "mixed_precision": job.mixed_precision,
             },

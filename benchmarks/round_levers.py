@@ -3,12 +3,12 @@
 Runs ``benchmarks/round.py`` (the demo's round 0 evaluation and round 1, stages called directly, one process) once
 per setting, in rounds of all settings, so that a slow period of the machine hits every setting alike:
 
-* ``before``: the settings of 2026-12-01 — float32 weights, no autocast, transformers' KV cache, OpenMP threads
-  spinning while they wait (``OMP_WAIT_POLICY=ACTIVE``);
-* ``+preallocated cache``, ``+passive OpenMP``, ``+bfloat16 weights`` (``torch_dtype: bfloat16``, whether or not
-  this CPU computes bfloat16 natively): one lever each over ``before``;
-* ``defaults``: today's defaults (``auto`` precision, resolved for this machine; the preallocated cache; passive
-  OpenMP waiting).
+* ``before``: the settings of 2026-12-01 — float32 weights, no autocast, transformers' KV cache, the seeded sampler
+  over the whole vocabulary, OpenMP threads spinning while they wait (``OMP_WAIT_POLICY=ACTIVE``);
+* ``+preallocated cache``, ``+top-k sampler``, ``+passive OpenMP``, ``+bfloat16 weights`` (``torch_dtype:
+  bfloat16``, whether or not this CPU computes bfloat16 natively): one lever each over ``before``;
+* ``defaults``: today's defaults (``auto`` precision, resolved for this machine; the preallocated cache; the top-k
+  sampler; OpenMP's own wait policy, ``OMP_WAIT_POLICY`` removed from the environment).
 
 Writes ``benchmarks/results/round-levers-<model>.json`` with every run's stage seconds and peak RSS, the median round
 seconds per setting and its ratio to ``before``. Run on an idle machine: ``.venv/bin/python benchmarks/round_levers.py
@@ -29,15 +29,16 @@ from benchkit import RESULTS_DIR, write_result
 
 HERE = Path(__file__).resolve().parent
 BEFORE = ["--set", "torch_dtype=float32", "--set", "mixed_precision=no"]
-SETTINGS: dict[str, tuple[list[str], dict[str, str]]] = {
-    "before": ([*BEFORE, "--dynamic-cache"], {"OMP_WAIT_POLICY": "ACTIVE"}),
-    "+preallocated cache": (BEFORE, {"OMP_WAIT_POLICY": "ACTIVE"}),
-    "+passive OpenMP": ([*BEFORE, "--dynamic-cache"], {"OMP_WAIT_POLICY": "PASSIVE"}),
-    "+bfloat16 weights": (
-        ["--set", "torch_dtype=bfloat16", "--set", "mixed_precision=no", "--dynamic-cache"],
-        {"OMP_WAIT_POLICY": "ACTIVE"},
-    ),
-    "defaults": ([], {"OMP_WAIT_POLICY": "PASSIVE"}),
+OLD_PATH = ["--dynamic-cache", "--full-vocab-sampler"]
+SPIN = {"OMP_WAIT_POLICY": "ACTIVE"}
+# (round.py arguments, environment changes: None removes a variable)
+SETTINGS: dict[str, tuple[list[str], dict[str, str | None]]] = {
+    "before": ([*BEFORE, *OLD_PATH], SPIN),
+    "+preallocated cache": ([*BEFORE, "--full-vocab-sampler"], SPIN),
+    "+top-k sampler": ([*BEFORE, "--dynamic-cache"], SPIN),
+    "+passive OpenMP": ([*BEFORE, *OLD_PATH], {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "+bfloat16 weights": (["--set", "torch_dtype=bfloat16", "--set", "mixed_precision=no", *OLD_PATH], SPIN),
+    "defaults": ([], {"OMP_WAIT_POLICY": None}),
 }
 
 
@@ -45,7 +46,8 @@ def run_once(name: str, model: str, repeat: int) -> dict:
     args, env = SETTINGS[name]
     result = f"round-lever-{name.strip('+').replace(' ', '-')}-{repeat}"
     cmd = [sys.executable, str(HERE / "round.py"), "--model", model, "--result", result, *args]
-    out = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, cwd=HERE.parent)
+    environment = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    out = subprocess.run(cmd, env=environment, capture_output=True, text=True, cwd=HERE.parent)
     if out.returncode != 0:
         raise RuntimeError(f"{name}: round.py failed:\n{out.stderr[-3000:]}")
     data = json.loads((RESULTS_DIR / f"{result}-{model}.json").read_text())
@@ -64,6 +66,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--result", default="round-levers", help="result name (one per machine: round-levers-avx2)")
     args = parser.parse_args()
     runs = []
     for repeat in range(args.repeats):
@@ -87,7 +90,7 @@ def main() -> None:
     }
     for name, row in summary.items():
         print(f"[levers] {name:22s} median {row['median_round_1_seconds']:7.1f} s  x{row['speedup_vs_before']}")
-    write_result("round-levers", args.model, {"summary": summary, "runs": runs, "method": __doc__})
+    write_result(args.result, args.model, {"summary": summary, "runs": runs, "method": __doc__})
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def usable_pairs(
     """
     pairs = read_selected_pairs(paths.selected_pairs(round_index), paths.pairs)
     joint: dict[str, dict] = {}
-    for r in _source_rounds(paths, round_index):
+    for r in source_rounds(pairs):
         stored = read_rows(pair_joint_ids_path(paths.round_dir(r)), PAIR_JOINT_IDS)
         joint.update({row["pair_id"]: row for row in stored})
     missing = [p["pair_id"] for p in pairs if p["pair_id"] not in joint]
@@ -132,11 +132,18 @@ def usable_pairs(
     return pairs, kept, joint_inputs(kept, joint, job)
 
 
-def stored_features(paths: RunPaths, round_index: int, fingerprint: str, device: str | torch.device = "cpu") -> dict:
-    """A frozen backbone's features (row digest → (f,)) stored by the round's earlier source rounds, as those
-    rounds wrote them; {} without a fingerprint (a backbone that trains)."""
+def source_rounds(pairs: list[PairRow]) -> list[int]:
+    """The rounds the selected ``pairs`` were built in, ascending (each pair row holds its own round)."""
+    return sorted({p["round_index"] for p in pairs})
+
+
+def stored_features(
+    paths: RunPaths, round_index: int, rounds: list[int], fingerprint: str, device: str | torch.device = "cpu"
+) -> dict:
+    """A frozen backbone's features (row digest → (f,)) stored by the earlier of the selection's source ``rounds``
+    (:func:`source_rounds`), as those rounds wrote them; {} without a fingerprint (a backbone that trains)."""
     known: dict = {}
-    for path in _stored_features(paths, round_index, _source_rounds(paths, round_index)) if fingerprint else []:
+    for path in _stored_features(paths, round_index, rounds) if fingerprint else []:
         known |= load_features(path, fingerprint, device=device)
     return known
 
@@ -188,7 +195,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
         if model.backbone_frozen
         else ""
     )
-    known = stored_features(paths, round_index, fingerprint, model.head.weight.device)
+    known = stored_features(paths, round_index, source_rounds(pairs), fingerprint, model.head.weight.device)
     # A frozen backbone runs once per distinct row (fit, then both metrics) and never on a stored one.
     with model.remembered_features(known) as memory:
         stats = fit_bradley_terry(

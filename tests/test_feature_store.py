@@ -4,6 +4,7 @@ features of earlier rounds' joint responses instead of running the backbone on t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,7 +129,20 @@ def test_round_two_reads_round_ones_features_and_runs_the_backbone_on_its_own_ro
         return compute(self, rows, *args, **kwargs)
 
     monkeypatch.setattr(JointRewardModel, "_compute_features", counted)
+    # The selection is read once for the stage's input hashes and once for its pairs (a third read crept in once).
+    import pbrl.data.tables as tables
+
+    reads: list[Path] = []
+    read = tables.read_rows
+
+    def counted_read(path, *args, **kwargs):
+        reads.append(Path(path))
+        return read(path, *args, **kwargs)
+
+    monkeypatch.setattr(tables, "read_rows", counted_read)
+    monkeypatch.setattr(fit, "read_rows", counted_read)
     job = load_job(ITER_YAML, [f"output_dir={tmp_path}", "run_name=tiny-marlhf-iter", *FROZEN])
     fit.run(run_dir, 2, job)
     assert set(runs) == stored[2] and len(runs) == len(stored[2])
+    assert reads.count(paths.selected_pairs(2)) == 2
     assert (paths.round_dir(2) / "reward_model" / "head.safetensors").read_bytes() == model_2
