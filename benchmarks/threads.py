@@ -3,7 +3,11 @@
 Each child process loads the model and samples the same rows (``generate``, 12 rows x 32 new tokens of HumanEval
 prompts), once alone and then two at a time, under three settings:
 
-* ``spinning, 2 threads``: torch's default before issue #33 (``OMP_WAIT_POLICY=ACTIVE``, one thread per core);
+* ``spinning, 2 threads``: ``OMP_WAIT_POLICY=ACTIVE``, one thread per core (threads spin while they wait);
+* ``default, 2 threads``: what pbrl does on its own (``OMP_WAIT_POLICY`` unset: GNU OpenMP spins a while, then sleeps;
+  one thread per CPU the process owns, here 2);
+* ``spin 10k, 2 threads`` / ``spin 1k, 2 threads``: ``GOMP_SPINCOUNT`` 10,000 or 1,000 (GNU OpenMP, torch's on Linux:
+  how many times a waiting thread polls before it sleeps; 300,000 when ``OMP_WAIT_POLICY`` is unset);
 * ``passive, 2 threads``: ``OMP_WAIT_POLICY=PASSIVE`` in the environment (what the docs advise on a shared machine);
 * ``passive, 1 thread``: what a process gets when it owns one CPU (a Ray shard or actor, or ``num_threads: 1``).
 
@@ -11,6 +15,8 @@ For every child: wall seconds of the sampling and the CPU seconds its threads bu
 (``time.process_time``). The CPU of two concurrent children against one alone shows the spinning: with 2 cores and 2
 processes of 2 threads, spinning
 threads burn CPU while their partner is descheduled. Writes ``benchmarks/results/threads-<model>.json``.
+
+``--work train`` times 4 MADPO steps of one LoRA agent instead (``threads-train-<model>.json``).
 
 Run: ``.venv/bin/python benchmarks/threads.py --model smollm2-135m-instruct`` on an otherwise idle machine.
 """
@@ -44,18 +50,45 @@ generate(model, tok, rows, list(range(len(rows))), settings)
 print(time.perf_counter() - start, time.process_time() - cpu)
 """
 
-SETTINGS = {
-    "spinning, 2 threads": ("ACTIVE", 2),
-    "passive, 2 threads": ("PASSIVE", 2),
-    "passive, 1 thread": ("PASSIVE", 1),
+# Training: 4 MADPO steps of one LoRA agent (r=8 on q/k/v/o) on 8 pairs of HumanEval prompts, batch 2, after one
+# discarded step: the many small kernels of a LoRA step are where waiting threads matter most.
+TRAIN_CHILD = """
+import copy, sys, time
+sys.path.insert(0, "benchmarks")
+from benchkit import trained_lora
+from peer_trl import make_pairs, run_madpo
+from pbrl.models.loading import load_model, load_tokenizer
+from pbrl.run.threads import configure_threads
+configure_threads(int(sys.argv[2]))
+base, tok = load_model(sys.argv[1]), load_tokenizer(sys.argv[1])
+for p in base.parameters():
+    p.requires_grad_(False)
+base.train()
+policy = trained_lora(base, seed=1)
+pairs = make_pairs(tok, 8)
+run_madpo(copy.deepcopy(policy), tok.pad_token_id, pairs[:2], 1)
+start, cpu = time.perf_counter(), time.process_time()
+run_madpo(policy, tok.pad_token_id, pairs, 1)
+print(time.perf_counter() - start, time.process_time() - cpu)
+"""
+
+# (environment: None removes a variable; torch threads)
+SETTINGS: dict[str, tuple[dict[str, str | None], int]] = {
+    "spinning, 2 threads": ({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None}, 2),
+    "default, 2 threads": ({"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}, 2),
+    "spin 10k, 2 threads": ({"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "10000"}, 2),
+    "spin 1k, 2 threads": ({"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "1000"}, 2),
+    "passive, 2 threads": ({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}, 2),
+    "passive, 1 thread": ({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}, 1),
 }
 
 
-def run(model: str, policy: str, threads: int, copies: int) -> list[dict[str, float]]:
-    """``copies`` children at once; each one's wall and CPU seconds (all its threads) of the sampling alone."""
-    env = {**os.environ, "OMP_WAIT_POLICY": policy}
+def run(model: str, changes: dict[str, str | None], threads: int, copies: int, work: str) -> list[dict[str, float]]:
+    """``copies`` children at once; each one's wall and CPU seconds (all its threads) of the work alone."""
+    env = {k: v for k, v in {**os.environ, **changes}.items() if v is not None}
+    code = CHILD if work == "sample" else TRAIN_CHILD
     children = [
-        subprocess.Popen([sys.executable, "-c", CHILD, model, str(threads)], env=env, stdout=subprocess.PIPE,
+        subprocess.Popen([sys.executable, "-c", code, model, str(threads)], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True)
         for _ in range(copies)
     ]  # fmt: skip
@@ -65,41 +98,47 @@ def run(model: str, policy: str, threads: int, copies: int) -> list[dict[str, fl
         if child.returncode != 0:
             raise RuntimeError(f"a child failed (exit {child.returncode})")
         wall, cpu = (float(v) for v in text.strip().splitlines()[-1].split())
-        out.append({"sampling_wall_s": round(wall, 2), "cpu_s": round(cpu, 2)})
+        out.append({"wall_s": round(wall, 2), "cpu_s": round(cpu, 2)})
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--work", default="sample", choices=["sample", "train"], help="what each child times")
+    parser.add_argument("--result", default=None, help="result name (default threads / threads-train)")
     args = parser.parse_args()
     from pbrl.models.loading import resolve_model_source
 
     source = str(resolve_model_source(args.model))
     results = {}
-    for name, (policy, threads) in SETTINGS.items():
-        alone = run(source, policy, threads, 1)[0]
-        pair = run(source, policy, threads, 2)
+    for name in args.settings:
+        changes, threads = SETTINGS[name]
+        alone = run(source, changes, threads, 1, args.work)[0]
+        pair = run(source, changes, threads, 2, args.work)
         results[name] = {
             "alone": alone,
             "two_at_once": pair,
             "cpu_ratio_two_vs_alone": round(sum(p["cpu_s"] for p in pair) / (2 * alone["cpu_s"]), 2),
-            "wall_ratio_two_vs_alone": round(max(p["sampling_wall_s"] for p in pair) / alone["sampling_wall_s"], 2),
+            "wall_ratio_two_vs_alone": round(max(p["wall_s"] for p in pair) / alone["wall_s"], 2),
         }
         print(
-            f"[threads] {name:22s} alone {alone['sampling_wall_s']:6.1f} s wall {alone['cpu_s']:6.1f} s CPU; "
+            f"[threads] {name:22s} alone {alone['wall_s']:6.1f} s wall {alone['cpu_s']:6.1f} s CPU; "
             f"two at once: wall x{results[name]['wall_ratio_two_vs_alone']}, CPU per process "
             f"x{results[name]['cpu_ratio_two_vs_alone']}",
             flush=True,
         )
     write_result(
-        "threads",
+        args.result or ("threads" if args.work == "sample" else "threads-train"),
         args.model,
         {
             "settings": results,
             "started": time.time(),
             "method": __doc__,
-            "workload": "12 rows x 32 new tokens, 4 HumanEval prompts",
+            "workload": "12 rows x 32 new tokens, 4 HumanEval prompts"
+            if args.work == "sample"
+            else "4 MADPO steps, one LoRA agent, 8 pairs of HumanEval prompts, batch 2",
         },
     )
 
