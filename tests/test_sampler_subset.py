@@ -18,6 +18,7 @@ from pbrl.generation.seeded_sampler import (
     counter_uniforms,
     draw_inverse_cdf,
     top_k_settings,
+    warp_full,
     warp_top_k,
 )
 
@@ -29,9 +30,9 @@ def test_the_kept_tokens_and_scores_by_hand() -> None:
     # keeps 0, 7, 1, 2, 3, 4 (drops -1 and -3); top-p 0.9 on them, ascending: 4 and 3 hold 0.015 and 0.030 of the
     # kept mass (cumulative 0.015, 0.044 <= 0.1) and go; token 2 brings it to 0.105, so 2, 1, 7, 0 stay.
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0, 1.5]])
-    ids, values = warp_top_k(logits, 0.7, 6, 0.9)
-    assert ids.tolist() == [[0, 1, 2, 3, 4, 7]]  # vocabulary order
-    expected = torch.tensor([[2.0, 1.0, 0.5, -INF, -INF, 1.5]]) / 0.7  # float32 division, as the warper's
+    ids, values, wide = warp_top_k(logits, 0.7, 6, 0.9)
+    assert ids.tolist() == [list(range(8))] and not wide.any()  # min(4 k, v) = 8 slots, in vocabulary order
+    expected = torch.tensor([[2.0, 1.0, 0.5, -INF, -INF, -INF, -INF, 1.5]]) / 0.7  # float32, as the warper divides
     assert torch.equal(values, expected)
     full = build_warpers(0.7, 0.9, 6)(torch.zeros(1, 1, dtype=torch.long), logits.clone())
     assert torch.isfinite(full).nonzero()[:, 1].tolist() == [0, 1, 2, 7]
@@ -39,22 +40,22 @@ def test_the_kept_tokens_and_scores_by_hand() -> None:
 
 def test_ties_of_the_kth_value_are_all_kept_and_ties_at_the_top_p_boundary_go_by_id() -> None:
     # transformers keeps every token at or above the k-th value: three tokens tie at 1.0 for k = 2.
-    ids, values = warp_top_k(torch.tensor([[3.0, 1.0, 1.0, 0.0, 1.0]]), 1.0, 2, 1.0)
-    assert ids.tolist() == [[0, 1, 2, 4]] and values.tolist() == [[3.0, 1.0, 1.0, 1.0]]
-    # rows of different widths: row 0 keeps 2 of its 4 slots
-    ids, values = warp_top_k(torch.tensor([[3.0, 1.0, 2.0, 0.0, 1.5], [3.0, 1.0, 1.0, 0.0, 1.0]]), 1.0, 2, 1.0)
-    assert ids.tolist() == [[0, 1, 2, 4], [0, 1, 2, 4]]  # row 0's four best: 3.0, 2.0, 1.5, 1.0
-    assert values.tolist() == [[3.0, -INF, 2.0, -INF], [3.0, 1.0, 1.0, 1.0]]
+    ids, values, _ = warp_top_k(torch.tensor([[3.0, 1.0, 1.0, 0.0, 1.0]]), 1.0, 2, 1.0)
+    assert ids.tolist() == [[0, 1, 2, 3, 4]] and values.tolist() == [[3.0, 1.0, 1.0, -INF, 1.0]]
+    # rows that keep different numbers of tokens: row 0 keeps 2 of its 5 slots, row 1 four
+    ids, values, _ = warp_top_k(torch.tensor([[3.0, 1.0, 2.0, 0.0, 1.5], [3.0, 1.0, 1.0, 0.0, 1.0]]), 1.0, 2, 1.0)
+    assert values.tolist() == [[3.0, -INF, 2.0, -INF, -INF], [3.0, 1.0, 1.0, -INF, 1.0]]
     # two tokens of probability 0.5 for top-p 0.5: the lower id comes first in ascending order (cumulative 0.5 <=
     # 0.5) and goes, in the middle of the vocabulary as at its ends
     for a, b in ((0, 1), (1, 3), (700, 2900)):
         logits = -20.0 - torch.arange(3000.0)[None] / 3000  # distinct below the pair
         logits[0, [a, b]] = 5.0
-        ids, values = warp_top_k(logits, 1.0, 50, 0.5)
+        ids, values, _ = warp_top_k(logits, 1.0, 50, 0.5)
         assert ids[torch.isfinite(values)].tolist() == [b]
-    # more than 4 k ties (a flat or all -inf row): the caller warps the whole vocabulary
-    assert warp_top_k(torch.zeros(1, 9), 1.0, 2, 1.0) is None
-    assert warp_top_k(torch.full((1, 6), -INF), 1.0, 1, 1.0) is None
+    # more than 4 k kept through ties (a flat or all -inf row): the row is warped over the whole vocabulary
+    assert warp_top_k(torch.zeros(2, 9), 1.0, 2, 1.0)[2].tolist() == [True, True]
+    assert warp_top_k(torch.full((1, 6), -INF), 1.0, 1, 1.0)[2].tolist() == [True]
+    assert warp_top_k(torch.zeros(1, 8), 1.0, 2, 1.0)[2].tolist() == [False]  # 8 = 4 k: still fits
 
 
 @pytest.mark.parametrize(
@@ -108,6 +109,51 @@ def test_the_subset_draw_follows_the_inverse_cdf_by_hand() -> None:
     sampler = SeededSampler(seeds, 1, build_warpers(0.7, 0.9, 6), torch.tensor([99]), list("abcd"), 0.7)
     forced = sampler(torch.zeros(4, 1, dtype=torch.long), logits.clone())
     assert forced.argmax(-1).tolist() == draw_inverse_cdf(warped, counter_uniforms(seeds, 0)).tolist()
+
+
+def _first_rows_tokens(batch: torch.Tensor, top: tuple[float, float, int], input_ids=None) -> list[int]:
+    """Row 0's forced token for seeds 0..11, ``batch`` of (b, v) logits (row 0 first)."""
+    out = []
+    for seed in range(12):
+        temperature, top_p, top_k = top
+        seeds = torch.tensor([seed] + [7] * (len(batch) - 1))
+        names = [f"row {r}" for r in range(len(batch))]
+        sampler = SeededSampler(seeds, 1, build_warpers(*top), torch.tensor([99]), names, temperature)
+        ids = torch.zeros(len(batch), 1, dtype=torch.long) if input_ids is None else input_ids
+        out.append(int(sampler(ids, batch).argmax(-1)[0]))
+    return out
+
+
+def test_a_rows_tokens_do_not_depend_on_its_neighbours() -> None:
+    """Found by review: a neighbour that ties many tokens once sent the whole batch through transformers' unstable
+    sort, and a neighbour's width changed the rounding of the row's cumulative probabilities at 1 - top_p."""
+    vocab = 40
+    row = -20.0 - torch.arange(float(vocab))[None] / vocab
+    row[0, [1, 3]] = 5.0  # two equal best tokens; top_p 0.5 keeps one: by the id rule, 3
+    top = (1.0, 0.5, 2)
+    alone = _first_rows_tokens(row, top)
+    assert set(alone) == {3}
+    assert _first_rows_tokens(torch.cat([row, torch.zeros(1, vocab)]), top) == alone  # a flat live neighbour
+    finished = torch.tensor([[0, 5], [0, 99]])  # the neighbour already generated stop id 99; its logits all -inf
+    neighbour = torch.full((1, vocab), -INF)
+    assert _first_rows_tokens(torch.cat([row, neighbour]), top, finished) == alone
+    # top_p within one float32 rounding of a cumulative probability, and a neighbour whose 3rd value ties 8 tokens
+    row = torch.tensor([[0.0, -8.0, -8.0, -8.0, 0.0, -8.0, -8.0, -8.0, 1.0]])  # top-3 keeps ids 0, 4, 8
+    neighbour = torch.tensor([[5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
+    top = (1.0, 1 - 0.21194155514240265, 3)
+    assert _first_rows_tokens(torch.cat([row, neighbour]), top) == _first_rows_tokens(row, top)
+
+
+def test_a_row_of_many_ties_is_warped_over_the_whole_vocabulary_by_the_same_rules() -> None:
+    flat = torch.zeros(1, 300)
+    # ten equal best tokens, k = 2: all ten kept (more than 4 k); top_p 0.55, ascending by id: cumulative 0.1 ... 0.4
+    # <= 0.45 removes the four lowest ids, 0.5 does not, so the six highest stay
+    flat[0, 10:20] = 1.0
+    warped = warp_full(flat, 1.0, 2, 0.55)
+    assert torch.isfinite(warped).nonzero()[:, 1].tolist() == [14, 15, 16, 17, 18, 19]
+    tokens = _first_rows_tokens(flat, (1.0, 0.55, 2))
+    assert set(tokens) <= set(range(14, 20)) and len(set(tokens)) > 1
+    assert _first_rows_tokens(torch.cat([flat, torch.randn(1, 300)]), (1.0, 0.55, 2)) == tokens
 
 
 def _stable_full_path(logits: torch.Tensor, uniforms: torch.Tensor, top: tuple[float, float, int]) -> torch.Tensor:

@@ -10,11 +10,14 @@ draws one token per row by inverse-CDF with that uniform, and leaves only the dr
 With a top-k cut (the usual case: every config of this project sets ``top_k``) the warp and the draw run on each
 row's kept tokens (:func:`warp_top_k`) instead of the whole vocabulary: transformers' top-p warper sorts every
 row's full vocabulary and both it and the draw take a softmax and a cumulative sum over it, 44 ms a step for 24
-rows of SmolLM2's 49,152 ids on 2 CPU cores against 3 ms on the kept ones (docs/results/benchmarks.md). The
-warpers' rules are followed to the letter, ties of the k-th value included; tokens of equal score at the top-p
-boundary are ordered by id, where transformers' sort leaves them to its algorithm. Otherwise the tokens equal the
-full path's up to the order in which float sums add their terms, which matters only when a uniform number falls
-within rounding of a CDF boundary (tested equal on random, bfloat16 and model logits).
+rows of SmolLM2's 49,152 ids on 2 CPU cores against 4.5 ms on the kept ones (docs/results/benchmarks.md). The
+warpers' rules are followed to the letter, ties of the k-th value included (a row that keeps more than 4k tokens
+through ties is warped over the whole vocabulary by the same rules, :func:`warp_full`). Tokens of equal score at
+the top-p boundary are ordered by id, where transformers' sort leaves them to its algorithm. A row's result
+depends on that row alone, never on its batch. Otherwise the tokens equal transformers' full path up to the order
+in which float sums add their terms, which matters only when a uniform number falls within rounding of a CDF
+boundary, or a cumulative probability within rounding of 1 − top_p (tested equal on random, bfloat16 and model
+logits).
 
 Shape legend: b batch (rows), v vocab, w kept tokens.
 """
@@ -144,52 +147,65 @@ def top_k_settings(warpers: LogitsProcessorList) -> tuple[float, int, float] | N
     )
 
 
-# Most tokens a row may keep through ties of its k-th value before the full-vocabulary path takes over: bfloat16
-# logits tie often (8 significant bits), a row of one repeated value (all −inf) ties everywhere.
-_MAX_TIED = 4
+# The tokens each row carries through the warp (k times this, at most the vocabulary): room for ties of the k-th
+# value (bfloat16 logits, 8 significant bits, tie often). A row that keeps more (a flat or all −inf row) is warped
+# over the whole vocabulary. The width does not depend on the batch, so neither does a row's rounding.
+_WIDTH_PER_K = 4
+
+
+def _top_p_by_id(values: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``TopPLogitsWarper``'s rule on (b, n) scores in vocabulary order, ties ordered by id (a stable sort): ascending,
+    the tokens whose cumulative probability is at most 1 − top_p removed (−inf), the most probable kept."""
+    ascending, order = values.sort(dim=-1, stable=True)  # (b, n)
+    removed = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+    removed[..., -1:] = False
+    return values.masked_fill(torch.zeros_like(removed).scatter(1, order, removed), float("-inf"))
+
+
+def warp_full(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """:func:`warp_top_k`'s rules over the whole vocabulary: (b, v) warped scores, −inf where removed (the path of
+    rows that keep more than ``4 · top_k`` tokens)."""
+    scaled = scores / temperature if temperature != 1.0 else scores  # (b, v)
+    kth = scaled.topk(min(top_k, scores.shape[-1]), dim=-1).values[:, -1:]  # (b, 1)
+    warped = scaled.masked_fill(scaled < kth, float("-inf"))
+    return _top_p_by_id(warped, top_p) if top_p < 1.0 else warped
 
 
 def warp_top_k(
     scores: torch.Tensor, temperature: float, top_k: int, top_p: float
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """transformers' temperature, top-k and top-p warpers (in ``generate``'s order) computed on each row's best tokens
-    only: the kept token ids and their warped scores, −inf where top-p removed one.
+    only: the kept token ids and their warped scores, −inf where removed.
 
     The rules are transformers' (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``): scores
     divided by the temperature; every token whose scaled score is below the k-th largest removed (ties of the k-th
     value all kept); of those left, in ascending order, the tokens whose cumulative probability is at most
     1 − top_p removed, the most probable always kept. One rule is ours: tokens of equal score are ordered by id
     (the lower id first, so removed first). transformers' full sort leaves their order to its algorithm, which on
-    CPU is not stable beyond ~2,000 ids: with ties at the top-p boundary (frequent in bfloat16 logits) its tokens
-    depended on the sort, ours on the scores alone.
+    CPU is not stable (here already for 17 equal values): with ties at the top-p boundary (frequent in bfloat16
+    logits) its tokens depended on the sort, ours depend on the scores alone.
 
     Args:
         scores: (b, v) float logits.
         temperature: > 0; top_k: ≥ 1; top_p: in (0, 1].
 
     Returns:
-        ((b, w) int64 ids ascending, (b, w) warped scores), w ≥ min(top_k, v) (more where a row's k-th value ties;
-        a row's surplus slots hold −inf); None when some row ties more than ``4 · k`` tokens at its k-th value (the
-        caller warps the full vocabulary instead).
+        (b, w) int64 ids ascending, (b, w) warped scores, and (b,) bool ``wide``: the rows that keep more than w
+        tokens (ties of their k-th value), whose scores here are incomplete: warp them with :func:`warp_full`.
+        w = min(4 · top_k, v), whatever the batch.
     """
     scaled = scores / temperature if temperature != 1.0 else scores  # (b, v), as TemperatureLogitsWarper divides
     k = min(top_k, scores.shape[-1])
-    values, ids = scaled.topk(k, dim=-1)  # (b, k) descending
-    kth = values[:, -1:]  # (b, 1)
-    width = int((scaled >= kth).sum(-1).max())  # one pass over v; a NaN k-th value (a finished row) counts 0
-    if width > k:  # ties of the k-th value: transformers keeps them all
-        if width > _MAX_TIED * k:
-            return None
-        values, ids = scaled.topk(width, dim=-1)  # (b, w)
+    width = min(_WIDTH_PER_K * k, scores.shape[-1])
+    values, ids = scaled.topk(min(width + 1, scores.shape[-1]), dim=-1)  # (b, w + 1) descending
+    kth = values[:, k - 1 : k]  # (b, 1)
+    # a row keeps more than w tokens iff its (w + 1)-th best still ties its k-th (a NaN k-th value: a finished row)
+    wide = values[:, -1] >= kth[:, 0] if values.shape[-1] > width else torch.zeros_like(kth[:, 0], dtype=torch.bool)
+    values, ids = values[:, :width], ids[:, :width]
     values = values.masked_fill(~(values >= kth), float("-inf"))  # below the row's k-th value (or NaN)
-    by_id = ids.argsort(dim=-1)  # (b, w): vocabulary order, then a stable sort by score
+    by_id = ids.argsort(dim=-1)  # (b, w): vocabulary order
     ids, values = ids.gather(1, by_id), values.gather(1, by_id)
-    if top_p < 1.0:
-        ascending, order = values.sort(dim=-1, stable=True)  # ties by id
-        removed = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)  # (b, w)
-        removed[..., -1:] = False  # the most probable token stays
-        values = values.masked_fill(torch.zeros_like(removed).scatter(1, order, removed), float("-inf"))
-    return ids, values
+    return ids, (_top_p_by_id(values, top_p) if top_p < 1.0 else values), wide
 
 
 def undrawable_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -212,8 +228,9 @@ class SeededSampler(LogitsProcessor):
     The step is the number of tokens generated so far: ``input_ids.shape[1] − prompt_width``, the same
     for a row whatever its padding. Rows that already generated a stop id are finished (``generate``
     pads them); their scores are not checked. With ``subset`` (the default) and a top-k cut among ``warpers``,
-    the warp and the draw run on the k kept tokens (:func:`warp_top_k`); ``subset=False`` always warps the whole
-    vocabulary (the path for warpers without a top-k cut, kept for comparisons).
+    the warp and the draw run on each row's kept tokens (:func:`warp_top_k`, :func:`warp_full` for rows of many ties);
+    ``subset=False`` always applies transformers' warpers to the whole vocabulary (the path for warpers without a
+    top-k cut, kept for comparisons).
 
     Raises:
         SamplingError: an unfinished row's logits, or its logits after the warpers, have a NaN or +inf or
@@ -243,12 +260,16 @@ class SeededSampler(LogitsProcessor):
         generated = input_ids[:, self.prompt_width :]  # (b, step)
         live = ~torch.isin(generated, self.stop_ids.to(generated.device)).any(-1)  # (b,)
         bad_logits = undrawable_rows(scores) & live  # (b,)
-        kept = warp_top_k(scores, *self.top_k) if self.top_k is not None and not bool(bad_logits.any()) else None
-        if kept is not None:
-            ids, warped = kept  # (b, w) each
+        ids, full, wide = None, None, None
+        if self.top_k is not None:
+            ids, warped, wide = warp_top_k(scores, *self.top_k)  # (b, w) each, (b,)
+            if bool(wide.any()):  # rows of more ties than w: the whole vocabulary, same rules
+                full = warp_full(scores[wide], *self.top_k)  # (n_wide, v)
         else:
-            ids, warped = None, self.warpers(input_ids, scores)  # (b, v)
+            warped = self.warpers(input_ids, scores)  # (b, v)
         bad_warped = undrawable_rows(warped) & live  # (b,)
+        if full is not None:
+            bad_warped[wide] = undrawable_rows(full) & live[wide]
         if bool((bad_logits | bad_warped).any()):  # one device sync per step
             self._refuse(
                 bad_logits,
@@ -267,6 +288,8 @@ class SeededSampler(LogitsProcessor):
             tokens = draw_inverse_cdf(warped, uniforms)  # (b,)
         else:  # the kept tokens in id order: the CDF runs over them as over the vocabulary
             tokens = ids.gather(1, draw_inverse_cdf(warped, uniforms)[:, None]).squeeze(1)  # (b,)
+            if full is not None:
+                tokens[wide] = draw_inverse_cdf(full, uniforms[wide])
         forced = torch.full_like(scores, float("-inf"))
         return forced.scatter_(1, tokens[:, None], 0.0)
 
