@@ -113,13 +113,12 @@ def test_the_subset_draw_follows_the_inverse_cdf_by_hand() -> None:
 
 def _first_rows_tokens(batch: torch.Tensor, top: tuple[float, float, int], input_ids=None) -> list[int]:
     """Row 0's forced token for seeds 0..11, ``batch`` of (b, v) logits (row 0 first)."""
+    names = [f"row {r}" for r in range(len(batch))]
+    ids = torch.zeros(len(batch), 1, dtype=torch.long) if input_ids is None else input_ids
     out = []
     for seed in range(12):
-        temperature, top_p, top_k = top
         seeds = torch.tensor([seed] + [7] * (len(batch) - 1))
-        names = [f"row {r}" for r in range(len(batch))]
-        sampler = SeededSampler(seeds, 1, build_warpers(*top), torch.tensor([99]), names, temperature)
-        ids = torch.zeros(len(batch), 1, dtype=torch.long) if input_ids is None else input_ids
+        sampler = SeededSampler(seeds, 1, build_warpers(*top), torch.tensor([99]), names, top[0])
         out.append(int(sampler(ids, batch).argmax(-1)[0]))
     return out
 
