@@ -26,8 +26,8 @@ import torch
 from benchkit import REPO_ROOT, peak_rss_mb, write_result
 
 from pbrl.config import load_job
+from pbrl.models.threads import configure_threads
 from pbrl.run.folder import open_job, prepare_run
-from pbrl.run.threads import configure_threads
 from stages import STAGE_MODULES
 
 CONFIGS = {"madpo_iter": "demo.yaml", "marlhf_iter": "marlhf-docs.yaml"}

@@ -51,8 +51,8 @@ from pbrl.learning.joint_template import JointTemplate, joint_input_ids
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_correct
 from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
 from pbrl.models.loading import load_tokenizer, resolve_model_source
+from pbrl.models.threads import configure_threads
 from pbrl.run.folder import open_job, prepare_run
-from pbrl.run.threads import configure_threads
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
 REPRESENTATIONS = ("last_token", "segments", "segment_lengths", "hand")

@@ -29,8 +29,8 @@ from benchkit import REPO_ROOT, check, peak_rss_mb, print_checks, write_result
 
 from pbrl.config import load_job
 from pbrl.data.storage import trainer_stages
+from pbrl.models.threads import configure_threads
 from pbrl.run.folder import open_job, prepare_run
-from pbrl.run.threads import configure_threads
 from stages import STAGE_MODULES
 
 DEMO = REPO_ROOT / "flows" / "configs" / "demo.yaml"

@@ -1,11 +1,13 @@
 """Benchmark (issue #33): two stage processes sharing 2 cores, with spinning and with passive OpenMP threads.
 
 Each child process loads the model and samples the same rows (``generate``, 12 rows x 32 new tokens of HumanEval
-prompts), once alone and then two at a time, under three settings:
+prompts), once alone and then two at a time, under these settings:
 
 * ``spinning, 2 threads``: ``OMP_WAIT_POLICY=ACTIVE``, one thread per core (threads spin while they wait);
-* ``default, 2 threads``: what pbrl does on its own (``OMP_WAIT_POLICY`` unset: GNU OpenMP spins a while, then sleeps;
-  one thread per CPU the process owns, here 2);
+* ``fixed, 2 threads``: ``num_threads: 2`` (``OMP_WAIT_POLICY`` unset: GNU OpenMP spins a while, then sleeps),
+  what pbrl did on its own before it followed the load;
+* ``follows the load``: pbrl's default (``num_threads`` unset): the CPUs the process owns, here 2, fewer while other
+  processes keep some busy (``pbrl.models.threads.LoadFollower``), OpenMP's wait policy unset;
 * ``spin 10k, 2 threads`` / ``spin 1k, 2 threads``: ``GOMP_SPINCOUNT`` 10,000 or 1,000 (GNU OpenMP, torch's on Linux:
   how many times a waiting thread polls before it sleeps; 300,000 when ``OMP_WAIT_POLICY`` is unset);
 * ``passive, 2 threads``: ``OMP_WAIT_POLICY=PASSIVE`` in the environment (what the docs advise on a shared machine);
@@ -35,10 +37,10 @@ CHILD = """
 import sys, time, torch
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.models.loading import load_model, load_tokenizer
-from pbrl.run.threads import configure_threads
+from pbrl.models.threads import configure_threads
 from pbrl.tasks.humaneval import load_problems
 from pbrl.tasks.humaneval_docs import explanation_prompt
-configure_threads(int(sys.argv[2]))
+configure_threads(None if sys.argv[2] == "auto" else int(sys.argv[2]))
 model, tok = load_model(sys.argv[1]), load_tokenizer(sys.argv[1])
 prompts = [encode_prompt(tok, explanation_prompt(p)) for p in load_problems()[20:24]]
 rows = [p for p in prompts for _ in range(3)]
@@ -58,8 +60,8 @@ sys.path.insert(0, "benchmarks")
 from benchkit import trained_lora
 from peer_trl import make_pairs, run_madpo
 from pbrl.models.loading import load_model, load_tokenizer
-from pbrl.run.threads import configure_threads
-configure_threads(int(sys.argv[2]))
+from pbrl.models.threads import configure_threads
+configure_threads(None if sys.argv[2] == "auto" else int(sys.argv[2]))
 base, tok = load_model(sys.argv[1]), load_tokenizer(sys.argv[1])
 for p in base.parameters():
     p.requires_grad_(False)
@@ -72,10 +74,11 @@ run_madpo(policy, tok.pad_token_id, pairs, 1)
 print(time.perf_counter() - start, time.process_time() - cpu)
 """
 
-# (environment: None removes a variable; torch threads)
-SETTINGS: dict[str, tuple[dict[str, str | None], int]] = {
+# (environment: None removes a variable; torch threads, "auto" = num_threads unset)
+SETTINGS: dict[str, tuple[dict[str, str | None], int | str]] = {
     "spinning, 2 threads": ({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None}, 2),
-    "default, 2 threads": ({"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}, 2),
+    "fixed, 2 threads": ({"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}, 2),
+    "follows the load": ({"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}, "auto"),
     "spin 10k, 2 threads": ({"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "10000"}, 2),
     "spin 1k, 2 threads": ({"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "1000"}, 2),
     "passive, 2 threads": ({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}, 2),
@@ -83,7 +86,9 @@ SETTINGS: dict[str, tuple[dict[str, str | None], int]] = {
 }
 
 
-def run(model: str, changes: dict[str, str | None], threads: int, copies: int, work: str) -> list[dict[str, float]]:
+def run(
+    model: str, changes: dict[str, str | None], threads: int | str, copies: int, work: str
+) -> list[dict[str, float]]:
     """``copies`` children at once; each one's wall and CPU seconds (all its threads) of the work alone."""
     env = {k: v for k, v in {**os.environ, **changes}.items() if v is not None}
     code = CHILD if work == "sample" else TRAIN_CHILD

@@ -41,7 +41,7 @@ from pbrl.distributed.shards import (
     shard_done,
     write_shard,
 )
-from pbrl.run.threads import configure_threads
+from pbrl.models.threads import configure_threads
 from stages import STAGE_MODULES
 
 log = logging.getLogger("pbrl.flows")

@@ -8,9 +8,9 @@ from typing import Any
 from prefect import flow
 
 from flows.round import call_stage
+from pbrl.models.threads import configure_threads
 from pbrl.reporting.metrics import write_run_metrics
 from pbrl.run.folder import open_job, run_lock
-from pbrl.run.threads import configure_threads
 
 
 @flow(name="pbrl-stage", flow_run_name="{stage}-r{round_index}")

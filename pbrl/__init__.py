@@ -3,6 +3,7 @@
 # OpenMP's wait policy is left as the user (or the OpenMP runtime) sets it: on an idle 2-core machine passive
 # waiting made the demo round 1.35x slower (update-policies 74 -> 110 s; measured in
 # docs/results/benchmarks.md#precision-the-sampling-path-and-threads), and what protects a shared machine is
-# fitting the threads to the CPUs a process owns (pbrl/run/threads.py).
+# fitting the threads to the CPUs a process owns and leaving to other processes the CPUs they keep busy
+# (pbrl/models/threads.py).
 
 __version__ = "0.1.0"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -204,6 +205,33 @@ def test_init_lora_adapter_is_seeded_and_leaves_global_rng(tiny: Path, tmp_path:
     lora_b = [t for k, t in tensors.items() if "lora_B" in k]
     assert len(lora_a) == len(lora_b) == 8
     assert all(t.abs().sum() > 0 for t in lora_a) and all(t.abs().sum() == 0 for t in lora_b)
+
+
+SAVE_ADAPTER = """
+import sys
+from pbrl.models.loading import init_lora_adapter
+from pbrl.models.lora import LoraSettings
+init_lora_adapter(sys.argv[1], LoraSettings(r=4), sys.argv[2], seed=7)  # q, k, v and o_proj
+"""
+
+
+def test_a_saved_adapter_is_the_same_bytes_in_every_process(tiny: Path, tmp_path: Path) -> None:
+    """peft writes target_modules (a set) in the order of Python's per-process string hashing: two processes with
+    other hash seeds wrote other adapter_config.json bytes for the same adapter (the demo's checkpoint, 2026-12-04).
+    The export goes through the same sorting (pbrl.models.lora.sets_saved_sorted)."""
+    folders = []
+    for hash_seed in ("1", "2", "3"):
+        out = tmp_path / f"seed{hash_seed}"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        subprocess.run([sys.executable, "-c", SAVE_ADAPTER, str(tiny), str(out)], env=env, check=True, timeout=120)
+        folders.append(out)
+    files = sorted(p.name for p in folders[0].iterdir())
+    for other in folders[1:]:
+        assert sorted(p.name for p in other.iterdir()) == files
+        for name in files:
+            assert (other / name).read_bytes() == (folders[0] / name).read_bytes(), name
+    config = json.loads((folders[0] / "adapter_config.json").read_text())
+    assert config["target_modules"] == ["k_proj", "o_proj", "q_proj", "v_proj"]
 
 
 # --- checkpoints --------------------------------------------------------------------------------------------

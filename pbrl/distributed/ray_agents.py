@@ -65,7 +65,7 @@ class AgentActor:
     write."""
 
     def __init__(self, training: AgentTraining, agent: int, start: str, num_threads: int) -> None:
-        torch.set_num_threads(num_threads)  # the CPU Ray reserved for the actor (pbrl/run/threads.py)
+        torch.set_num_threads(num_threads)  # the CPU Ray reserved for the actor (pbrl/models/threads.py)
         devices = placed_devices(training.source)
         if cuda_device_name(devices[agent]) is not None:
             # Ray numbers the GPUs it gave this actor from 0: the agent's device is this actor's cuda:0.

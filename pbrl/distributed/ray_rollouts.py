@@ -91,7 +91,7 @@ class RolloutWorker:
     weights each step's object names."""
 
     def __init__(self, source: PolicySource, start: str, settings: SamplingSettings, num_threads: int) -> None:
-        torch.set_num_threads(num_threads)  # the CPU Ray reserved for the worker (pbrl/run/threads.py)
+        torch.set_num_threads(num_threads)  # the CPU Ray reserved for the worker (pbrl/models/threads.py)
         devices, _ = worker_devices(source)
         self.source = dataclasses.replace(source, devices=tuple(devices))
         self.start = Path(start)

@@ -36,6 +36,7 @@ from transformers import (
 )
 
 from pbrl.errors import SamplingError
+from pbrl.models.threads import follow_load
 
 SEED_LIMIT = 2**63
 # Temperatures where float32 logits / temperature stay finite. Lower: |logit| <= 1e4 covers real LMs (Gemma
@@ -256,6 +257,7 @@ class SeededSampler(LogitsProcessor):
         self.top_k = top_k_settings(warpers) if subset else None  # None: warp the full vocabulary
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        follow_load()  # between two tokens: a safe point to change torch's threads (pbrl/models/threads.py)
         step = input_ids.shape[1] - self.prompt_width
         generated = input_ids[:, self.prompt_width :]  # (b, step)
         live = ~torch.isin(generated, self.stop_ids.to(generated.device)).any(-1)  # (b,)

@@ -24,6 +24,7 @@ import torch
 from pbrl.learning.joint_template import JointInput
 from pbrl.learning.losses import bradley_terry_loss
 from pbrl.learning.reward_model import JointRewardModel, JointRow, row_features, score_joint
+from pbrl.models.threads import follow_load
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ def fit_bradley_terry(
         for begin in range(0, len(pairs), batch_size):
             chunk = [index[j] for j in order[begin : begin + batch_size]]
             both = [w for w, _ in chunk] + [lo for _, lo in chunk]  # winners then losers: (2b,)
+            follow_load()  # before a step: a safe point to change torch's threads (pbrl/models/threads.py)
             scores = model.head_scores(cached[both]) if cached is not None else model([rows[j] for j in both])
             loss = bradley_terry_loss(scores[: len(chunk)], scores[len(chunk) :]).mean()
             steps += 1

@@ -31,7 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from pbrl.data.storage import atomic_dir
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.cast_load import load_cast
-from pbrl.models.lora import LoraSettings, lora_module_names, with_lora
+from pbrl.models.lora import LoraSettings, lora_module_names, sets_saved_sorted, with_lora
 from pbrl.models.packaged import PACKAGED_MODELS, prepare_packaged_model
 from pbrl.models.placement import AUTO, auto_device_map
 
@@ -303,7 +303,8 @@ def save_agent(model: Any, out_dir: Path, tokenizer: Any | None = None) -> None:
     """
     with atomic_dir(Path(out_dir)) as tmp:
         os.chmod(tmp, 0o755)
-        model.save_pretrained(tmp)
+        with sets_saved_sorted(model):  # the same adapter_config.json bytes in every process
+            model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
 

@@ -33,6 +33,27 @@ class LoraSettings:
 
 
 @contextmanager
+def sets_saved_sorted(model: Any) -> Iterator[None]:
+    """Inside the block, every set-valued field of ``model``'s peft configs (``target_modules``, ...) is a sorted
+    list, so that ``save_pretrained`` writes the same ``adapter_config.json`` bytes in every process.
+
+    peft keeps such fields as sets and writes them in the set's order, which follows Python's per-process string
+    hashing (``PYTHONHASHSEED``): the demo's round-1 checkpoint folder hashed differently in two runs with bitwise
+    equal weights (2026-12-04). The fields are restored on exit. A model without peft configs is left as it is."""
+    changed = []
+    for config in getattr(model, "peft_config", {}).values():
+        for name, value in vars(config).items():
+            if isinstance(value, set):
+                changed.append((config, name, value))
+                setattr(config, name, sorted(value, key=str))
+    try:
+        yield
+    finally:
+        for config, name, value in changed:
+            setattr(config, name, value)
+
+
+@contextmanager
 def quiet_peft_wrapping() -> Iterator[None]:
     """peft (0.x) reads the model's ``is_gradient_checkpointing`` when it wraps it, a property that transformers 5
     deprecated (a FutureWarning at every LoRA load): that concerns the pinned pair, not the user. Only that

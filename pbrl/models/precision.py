@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from pbrl.errors import ArtifactError, ConfigError, Problem
+from pbrl.models.threads import follow_load
 
 MIXED_PRECISION = ("no", "bf16", "fp16")  # accelerate.utils.PrecisionType, without fp8 (needs extra kernels)
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -104,6 +105,7 @@ def backward_and_step(
     Returns False, leaving ``params`` and the optimizer state untouched, when the gradient norm is not finite
     (with fp16 the scaler also halves its scale, as after any overflow); True when the step was taken.
     """
+    follow_load()  # before the backward: a safe point to change torch's threads (pbrl/models/threads.py)
     scaler = precision.scaler if precision is not None else None
     optimizer.zero_grad(set_to_none=True)
     (scaler.scale(loss) if scaler is not None else loss).backward()

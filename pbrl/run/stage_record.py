@@ -18,15 +18,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from pbrl.config import JobConfig, stage_config_hash
 from pbrl.data.storage import RunPaths, StageManifest, hash_files, write_manifest
+from pbrl.models.threads import thread_usage
 from pbrl.run.progress import Event, Progress, publish
 
 log = logging.getLogger("pbrl.stages")
 PEAK_RSS_METRIC = "resource/peak_rss_mb"
-THREADS_METRIC = "resource/num_threads"  # torch's intra-op threads of the process that ran the stage
+THREADS_METRIC = "resource/num_threads"  # torch's intra-op threads of the stage's process, time-weighted mean
+THREADS_MIN_METRIC = "resource/num_threads_min"  # the fewest it ran with (the load follower, pbrl/models/threads.py)
 
 
 def peak_rss_mb() -> float:
@@ -67,6 +67,7 @@ class StageRecord:
         self.stage, self.round_index, self.job = stage, round_index, job
         self.paths = RunPaths(run_dir)
         self.started = time.perf_counter()
+        self._thread_clock = time.monotonic()  # the load follower's clock (pbrl/models/threads.py)
         self.counts: dict[str, int] = {}
         self.metrics: dict[str, float] = {}
         self.details: dict[str, Any] = {}
@@ -100,7 +101,14 @@ class StageRecord:
     def finish(self, inputs: Iterable[Path], outputs: Iterable[Path]) -> StageManifest:
         """Write the manifest; adds ``resource/peak_rss_mb`` (:func:`peak_rss_mb` when the stage ends)."""
         self.metrics.setdefault(PEAK_RSS_METRIC, peak_rss_mb())
-        self.metrics.setdefault(THREADS_METRIC, float(torch.get_num_threads()))
+        mean, lowest, changes = thread_usage(self._thread_clock)
+        self.metrics.setdefault(THREADS_METRIC, round(mean, 2))
+        self.metrics.setdefault(THREADS_MIN_METRIC, float(lowest))
+        if changes:
+            self.say(
+                f"torch's threads followed the other processes' load: {changes} change(s), {mean:.2f} on average, "
+                f"{lowest} at the fewest (num_threads fixes the count)"
+            )
         undefined = sorted(k for k, v in self.metrics.items() if not math.isfinite(v))
         if undefined:
             self.say(f"metrics without a finite value (left out): {', '.join(undefined)}")

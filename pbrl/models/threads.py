@@ -1,0 +1,215 @@
+"""How many CPU threads torch uses in a pbrl process: the CPUs the process owns, fewer while other work takes them.
+
+torch starts as many intra-op (OpenMP) threads as the machine has cores, and OpenMP threads spin while they wait
+for their partners. On a shared machine (other jobs, or several Ray workers per node) that costs several times the
+CPU of the work itself: two pbrl processes of 2 threads each on 2 cores took 5-6x the wall time and 2-3x the CPU
+of one alone (docs/results/benchmarks.md#two-stage-processes-on-2-cores). So pbrl
+
+* gives torch as many threads as the CPUs this process may use: ``num_threads`` when set, else its affinity mask
+  (``os.sched_getaffinity``) capped by a cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``); a Ray
+  shard or actor gets the CPUs Ray reserved for it;
+* with ``num_threads`` unset, **follows the load** (:class:`LoadFollower`): at most once a second, at the safe points
+  of the work (each sampled token, each training forward and optimizer step, each reward-model batch; calls of
+  :func:`follow_load`), it measures how much of its CPUs other processes used since the last look (``/proc/stat``
+  less this process's own CPU time) and uses only the CPUs left free, at least 1; it takes the CPUs back once they
+  have been free for two looks in a row. Alone, nothing changes; beside another busy process, each runs with one
+  thread per free CPU instead of spinning against the other.
+
+OpenMP's wait policy is not changed: ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep instead of spinning) also removes
+the spinning, but on an idle machine it made training 1.35-1.85x slower (docs/results/benchmarks.md); it is read
+once when torch loads, so it cannot follow the load.
+
+A fixed ``num_threads`` pins the count. Where we looked, the count changed no result of pbrl's stages by a single
+bit (the demo round with 1 and 2 threads, ``tests/test_threads.py``), but torch does not promise it: a sum of more
+than 32,768 numbers into one (a full fine-tune's gradient norm, say) is split between the threads.
+
+No library does this: torch, accelerate and Ray set a thread count once, at start.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+import torch
+
+_CGROUP_V2 = Path("/sys/fs/cgroup/cpu.max")
+_CGROUP_V1 = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+_PROC_STAT = Path("/proc/stat")
+_INTERVAL_S = 1.0  # how often the follower looks at the load, at most
+_RAISE_AFTER = 2  # looks in a row with more CPUs free before the follower takes them back
+
+
+def cgroup_cpu_limit() -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (e.g. 1.5), or None when unlimited or unknown."""
+    try:
+        quota, period = _CGROUP_V2.read_text().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us, period_us = (int(p.read_text()) for p in _CGROUP_V1)
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def _affinity() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use: its affinity mask, capped by the cgroup quota (rounded up), at least 1."""
+    mask = _affinity()
+    count = len(mask) if mask is not None else os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        count = min(count, math.ceil(limit))
+    return max(1, count)
+
+
+def busy_cpu_seconds(cpus: Collection[int], stat: str | None = None) -> float | None:
+    """CPU seconds the CPUs ``cpus`` were busy since boot, by every process: ``/proc/stat``'s user, nice, system,
+    irq, softirq and steal (a virtual CPU's time taken by the host is not ours either); idle and iowait are not
+    busy. ``stat`` is the file's text (read when None). None where there is no ``/proc/stat`` or no line of
+    these CPUs."""
+    if stat is None:
+        try:
+            stat = _PROC_STAT.read_text()
+        except OSError:
+            return None
+    wanted = {f"cpu{c}" for c in cpus}
+    ticks, found = 0, False
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if name in wanted and len(fields) >= 8:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+            ticks += user + nice + system + irq + softirq + steal
+            found = True
+    return ticks / os.sysconf("SC_CLK_TCK") if found else None
+
+
+class LoadFollower:
+    """Fits torch's intra-op threads to the CPUs other processes leave free (see the module docstring).
+
+    ``tick()`` is cheap (a clock read) except once per ``interval_s``, when it reads the busy seconds of ``cpus``
+    (:func:`busy_cpu_seconds`) and this process's CPU seconds (``time.process_time``, every thread's). Others' use
+    over the interval, in CPUs, is ``(busy - own) / wall``; the free CPUs ``len(cpus) - others`` rounded to the
+    nearest whole give the target, between 1 and ``owned``. A lower target is applied at once (spinning against
+    another process costs several times the work); a higher one after ``_RAISE_AFTER`` looks in a row.
+    ``tick()`` must be called from the thread that runs the work: an OpenMP thread count is the calling
+    thread's own. The readers and the thread setter are parameters for tests.
+    """
+
+    def __init__(
+        self,
+        owned: int,
+        cpus: Collection[int],
+        *,
+        interval_s: float = _INTERVAL_S,
+        busy: Callable[[], float | None] | None = None,
+        own: Callable[[], float] = time.process_time,
+        clock: Callable[[], float] = time.monotonic,
+        set_threads: Callable[[int], None] = torch.set_num_threads,
+    ) -> None:
+        self.owned, self.cpus, self.interval_s = owned, frozenset(cpus), interval_s
+        self._busy = busy if busy is not None else lambda: busy_cpu_seconds(self.cpus)
+        self._own, self._clock, self._set = own, clock, set_threads
+        self.threads = owned
+        self._set(owned)
+        self._applied = {threading.get_ident()}  # threads whose OpenMP count is self.threads
+        self._votes = 0
+        self._last = (clock(), self._busy(), own())
+        self.changes: list[tuple[float, int]] = [(self._last[0], owned)]  # (clock, threads from then on)
+
+    def tick(self) -> None:
+        """Look at the load if ``interval_s`` has passed since the last look, and change the threads if due."""
+        if threading.get_ident() not in self._applied:  # the work moved to another thread (a Prefect task's)
+            self._set(self.threads)
+            self._applied.add(threading.get_ident())
+        now = self._clock()
+        wall = now - self._last[0]
+        if wall < self.interval_s:
+            return
+        busy, own = self._busy(), self._own()
+        last_busy, last_own = self._last[1], self._last[2]
+        self._last = (now, busy, own)
+        if busy is None or last_busy is None:
+            return
+        others = max(0.0, (busy - last_busy) - (own - last_own)) / wall
+        target = min(self.owned, max(1, math.floor(len(self.cpus) - others + 0.5)))
+        if target > self.threads:
+            self._votes += 1
+            if self._votes < _RAISE_AFTER:
+                return
+        self._votes = 0
+        if target != self.threads:
+            self.threads = target
+            self._set(target)
+            self._applied = {threading.get_ident()}
+            self.changes.append((now, target))
+
+    def usage_since(self, start: float) -> tuple[float, int]:
+        """The time-weighted mean thread count since clock time ``start`` (until now), and the lowest count."""
+        now = self._clock()
+        total, lowest = 0.0, None
+        for i, (t, count) in enumerate(self.changes):
+            until = self.changes[i + 1][0] if i + 1 < len(self.changes) else now
+            begin = max(t, start)
+            if until > begin:
+                total += (until - begin) * count
+                lowest = count if lowest is None else min(lowest, count)
+        if lowest is None:
+            return float(self.threads), self.threads
+        return total / (now - start) if now > start else float(self.threads), lowest
+
+
+_follower: LoadFollower | None = None
+
+
+def configure_threads(num_threads: int | None = None) -> int:
+    """Set torch's intra-op threads to ``num_threads`` (the ``num_threads`` option or a Ray reservation: fixed),
+    else to :func:`available_cpus`, following the load from then on (:class:`LoadFollower`, where the process
+    owns more than one CPU and ``/proc/stat`` can be read); returns the count now in use. Call it from the thread
+    that runs the stages.
+
+    Raises:
+        ValueError: ``num_threads`` below 1.
+    """
+    global _follower
+    if num_threads is not None and num_threads < 1:
+        raise ValueError(f"num_threads: got {num_threads}; must be >= 1")
+    _follower = None
+    count = num_threads if num_threads is not None else available_cpus()
+    cpus = _affinity()
+    if num_threads is None and count > 1 and cpus and busy_cpu_seconds(cpus) is not None:
+        _follower = LoadFollower(count, cpus)
+    elif torch.get_num_threads() != count:
+        torch.set_num_threads(count)
+    return count
+
+
+def follow_load() -> None:
+    """A safe point of the work: the load follower (if :func:`configure_threads` started one) may change torch's
+    threads here. Costs a clock read between looks."""
+    if _follower is not None:
+        _follower.tick()
+
+
+def thread_usage(start: float) -> tuple[float, int, int]:
+    """Torch's threads since ``time.monotonic()`` was ``start``: the time-weighted mean, the lowest count, and
+    how many times the follower changed the count (0 without a follower: the mean and lowest are today's)."""
+    if _follower is None:
+        count = torch.get_num_threads()
+        return float(count), count, 0
+    mean, lowest = _follower.usage_since(start)
+    return mean, lowest, sum(1 for t, _ in _follower.changes[1:] if t >= start)

@@ -1,0 +1,238 @@
+"""torch's threads: the CPUs a process owns (affinity, cgroup quota), and the load follower that gives CPUs back
+while other processes keep them busy (pbrl/models/threads.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from pbrl.models import threads
+from pbrl.models.threads import LoadFollower, available_cpus, busy_cpu_seconds, cgroup_cpu_limit, configure_threads
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads(monkeypatch):
+    """Each test starts without a follower; torch's count is put back after it."""
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "_follower", None)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_cgroup_quota_of_v2_and_v1_in_cpus(tmp_path, monkeypatch):
+    v2 = tmp_path / "cpu.max"
+    monkeypatch.setattr(threads, "_CGROUP_V2", v2)
+    quota, period = tmp_path / "quota", tmp_path / "period"
+    monkeypatch.setattr(threads, "_CGROUP_V1", (quota, period))
+    v2.write_text("150000 100000\n")
+    assert cgroup_cpu_limit() == 1.5
+    v2.write_text("max 100000\n")
+    assert cgroup_cpu_limit() is None
+    v2.unlink()  # no v2 file: v1's quota / period
+    quota.write_text("250000\n")
+    period.write_text("100000\n")
+    assert cgroup_cpu_limit() == 2.5
+    quota.write_text("-1\n")  # v1's "unlimited"
+    assert cgroup_cpu_limit() is None
+
+
+def test_available_cpus_is_the_affinity_mask_capped_by_the_quota_rounded_up(monkeypatch):
+    monkeypatch.setattr(threads, "_affinity", lambda: {0, 1, 2, 3})
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
+    assert available_cpus() == 4
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: 1.5)
+    assert available_cpus() == 2
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: 0.2)
+    assert available_cpus() == 1
+
+
+STAT = """cpu  900 0 300 5000 10 0 0 0 0 0
+cpu0 100 20 30 4000 5 1 2 3 50 0
+cpu1 200 0 100 1000 5 0 0 7 0 0
+cpu2 600 0 170 0 0 0 0 0 0 0
+intr 12345
+"""
+
+
+def test_busy_seconds_count_user_nice_system_irq_softirq_and_steal_of_the_named_cpus(monkeypatch):
+    monkeypatch.setattr(os, "sysconf", lambda name: 100)  # USER_HZ
+    # cpu0: 100 + 20 + 30 + 1 + 2 + 3 = 156 ticks (idle 4000 and iowait 5 are not busy; guest 50 is in user)
+    assert busy_cpu_seconds({0}, STAT) == pytest.approx(1.56)
+    # cpu1: 200 + 100 + 7 = 307 ticks
+    assert busy_cpu_seconds({0, 1}, STAT) == pytest.approx(4.63)
+    assert busy_cpu_seconds({7}, STAT) is None  # no line of that CPU
+
+
+class Machine:
+    """A fake clock and CPU counters: ``advance(seconds, others, own)`` runs the machine for ``seconds`` with
+    other processes using ``others`` CPUs and this one ``own``."""
+
+    def __init__(self) -> None:
+        self.now, self.busy, self.own = 100.0, 5000.0, 10.0
+        self.set_calls: list[int] = []
+
+    def advance(self, seconds: float, others: float, own: float) -> None:
+        self.now += seconds
+        self.busy += (others + own) * seconds
+        self.own += own * seconds
+
+    def follower(self, owned: int, cpus: int) -> LoadFollower:
+        return LoadFollower(
+            owned,
+            range(cpus),
+            busy=lambda: self.busy,
+            own=lambda: self.own,
+            clock=lambda: self.now,
+            set_threads=self.set_calls.append,
+        )
+
+
+def test_follower_gives_a_busy_cpu_back_at_once_and_takes_it_again_after_two_free_looks():
+    m = Machine()
+    f = m.follower(owned=2, cpus=2)
+    assert f.threads == 2 and m.set_calls == [2]
+    m.advance(1.0, others=0.1, own=1.9)  # alone (a little noise): free 1.9 -> 2
+    f.tick()
+    assert f.threads == 2
+    m.advance(1.0, others=1.0, own=1.0)  # another process spins on one core: free 1.0 -> 1
+    f.tick()
+    assert f.threads == 1 and m.set_calls == [2, 1]
+    m.advance(0.5, others=0.0, own=1.0)
+    f.tick()  # within the interval: no look
+    m.advance(0.6, others=0.0, own=1.0)  # the other process ended: a first free look is not enough
+    f.tick()
+    assert f.threads == 1
+    m.advance(1.0, others=0.2, own=1.0)  # second free look in a row (free 1.8 -> 2): back to 2
+    f.tick()
+    assert f.threads == 2 and m.set_calls == [2, 1, 2]
+
+
+def test_follower_needs_two_free_looks_in_a_row_and_never_goes_below_one():
+    m = Machine()
+    f = m.follower(owned=2, cpus=2)
+    m.advance(1.0, others=0.6, own=1.4)  # free 1.4 rounds to 1
+    f.tick()
+    assert f.threads == 1
+    m.advance(1.0, others=0.0, own=1.0)  # one free look ...
+    f.tick()
+    m.advance(1.0, others=1.0, own=1.0)  # ... then busy again: the vote starts over
+    f.tick()
+    m.advance(1.0, others=0.0, own=1.0)
+    f.tick()
+    assert f.threads == 1
+    m.advance(1.0, others=5.0, own=1.0)  # more load than CPUs: still one thread
+    f.tick()
+    assert f.threads == 1 and m.set_calls == [2, 1]
+
+
+def test_follower_counts_free_cpus_of_the_whole_mask_and_keeps_within_what_it_owns():
+    """A Ray-like node: 16 CPUs in the mask, 4 owned; others busy on 12 leave 4 free -> keeps 4; on 13 -> 3."""
+    m = Machine()
+    f = m.follower(owned=4, cpus=16)
+    m.advance(1.0, others=12.0, own=4.0)
+    f.tick()
+    assert f.threads == 4
+    m.advance(1.0, others=13.0, own=3.0)
+    f.tick()
+    assert f.threads == 3
+
+
+def test_usage_since_is_the_time_weighted_mean_and_the_fewest():
+    m = Machine()
+    f = m.follower(owned=2, cpus=2)
+    start = m.now
+    m.advance(2.0, others=0.0, own=2.0)
+    f.tick()  # 2 threads for 2 s
+    m.advance(1.0, others=1.0, own=1.0)
+    f.tick()  # lowered to 1 at t = 3
+    m.advance(1.0, others=1.0, own=1.0)  # 1 thread for 1 s (now t = 4)
+    mean, lowest = f.usage_since(start)
+    assert mean == pytest.approx((2 * 3 + 1 * 1) / 4) and lowest == 1
+    assert f.usage_since(start + 3.5) == (pytest.approx(1.0), 1)
+
+
+def test_follower_applies_its_count_in_each_thread_that_ticks():
+    """OpenMP's count is per calling thread: work that moved to another thread (a Prefect task) gets it there."""
+    m = Machine()
+    f = m.follower(owned=2, cpus=2)
+    m.advance(1.0, others=1.0, own=1.0)
+    f.tick()
+    assert m.set_calls == [2, 1]
+    worker = threading.Thread(target=f.tick)
+    worker.start()
+    worker.join()
+    assert m.set_calls == [2, 1, 1]
+    f.tick()  # the first thread already has it
+    assert m.set_calls == [2, 1, 1]
+
+
+def test_configure_threads_fixed_count_has_no_follower_and_unset_follows_the_load(monkeypatch):
+    monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(threads, "busy_cpu_seconds", lambda cpus, stat=None: 1.0)
+    assert configure_threads(1) == 1 and threads._follower is None and torch.get_num_threads() == 1
+    assert threads.thread_usage(time.monotonic()) == (1.0, 1, 0)
+    assert configure_threads(None) == 2 and torch.get_num_threads() == 2
+    assert threads._follower is not None and threads._follower.owned == 2
+    monkeypatch.setattr(threads, "_affinity", lambda: {0})  # one CPU: nothing to follow
+    assert configure_threads(None) == 1 and threads._follower is None
+    with pytest.raises(ValueError, match="num_threads: got 0"):
+        configure_threads(0)
+
+
+BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
+def test_follower_on_this_machine_gives_a_cpu_to_a_busy_neighbour_and_takes_it_back():
+    """Real /proc/stat: a process spinning on one of two CPUs leaves one free; once it ends, two."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2 or busy_cpu_seconds(cpus) is None:
+        pytest.skip("needs two CPUs and /proc/stat")
+    f = LoadFollower(2, cpus, interval_s=0.5)
+    neighbour = subprocess.Popen([sys.executable, "-c", BUSY, str(cpus[0])])
+    try:
+        deadline = time.monotonic() + 10
+        while f.threads == 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            f.tick()
+        assert f.threads == 1 and torch.get_num_threads() == 1
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    deadline = time.monotonic() + 10
+    while f.threads == 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        f.tick()
+    assert f.threads == 2 and torch.get_num_threads() == 2
+
+
+def test_results_do_not_depend_on_the_thread_count(tiny_model_dir):
+    """What the follower relies on: sampled tokens, log-probs and their gradients are bitwise the same with 1 and
+    2 threads (also checked on the demo round with SmolLM2, docs/results/benchmarks.md)."""
+    from pbrl.generation.sampling import SamplingSettings, generate
+    from pbrl.learning.logprobs import completion_token_logprobs
+    from pbrl.models.loading import load_model, load_tokenizer
+
+    model, tok = load_model(tiny_model_dir, trainable=True), load_tokenizer(tiny_model_dir)
+    prompts = [[5, 6, 7, 8, 9] * 8, [11, 12, 13] * 10]
+    settings = SamplingSettings(max_new_tokens=12, temperature=0.9, top_p=0.9, top_k=20, batch_size=8)
+    results = []
+    for count in (1, 2):
+        torch.set_num_threads(count)
+        tokens = generate(model, tok, prompts * 2, [3, 4, 5, 6], settings)
+        model.zero_grad()
+        logps, mask = completion_token_logprobs(model, prompts, [[1, 2, 3] * 20, [4] * 30], pad_token_id=0)
+        (logps * mask).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        results.append((tokens, logps.detach(), grads))
+    (tokens_1, logps_1, grads_1), (tokens_2, logps_2, grads_2) = results
+    assert tokens_1 == tokens_2
+    assert torch.equal(logps_1, logps_2)
+    assert all(torch.equal(a, b) for a, b in zip(grads_1, grads_2, strict=True))
