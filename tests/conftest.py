@@ -39,6 +39,21 @@ import pytest  # noqa: E402
 from pbrl.models.tiny import build_tiny_model  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _no_load_follower_after_a_test():
+    """A flow a test runs starts torch's load follower in this process (pbrl/models/threads.py): the next test
+    starts without one, with the thread count of before."""
+    import torch
+
+    from pbrl.models import threads
+
+    before = torch.get_num_threads()
+    yield
+    threads._follower = None
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Folder of the tiny Llama model + tokenizer (vocab 320, pad id 0, EOS id 3 ``<|im_end|>``, ChatML)."""

@@ -218,7 +218,7 @@ init_lora_adapter(sys.argv[1], LoraSettings(r=4), sys.argv[2], seed=7)  # q, k, 
 def test_a_saved_adapter_is_the_same_bytes_in_every_process(tiny: Path, tmp_path: Path) -> None:
     """peft writes target_modules (a set) in the order of Python's per-process string hashing: two processes with
     other hash seeds wrote other adapter_config.json bytes for the same adapter (the demo's checkpoint, 2026-12-04).
-    The export goes through the same sorting (pbrl.models.lora.sets_saved_sorted)."""
+    The export goes through the same sorting (pbrl.models.lora.save_pretrained_stably)."""
     folders = []
     for hash_seed in ("1", "2", "3"):
         out = tmp_path / f"seed{hash_seed}"

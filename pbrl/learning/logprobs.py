@@ -21,7 +21,6 @@ from torch import nn
 from transformers import DynamicCache
 
 from pbrl.models.forward import distinct_prompts, eval_mode
-from pbrl.models.threads import follow_load
 
 
 def _validate(
@@ -139,7 +138,6 @@ def completion_token_logprobs(
     targets = input_ids.gather(1, keep + 1)  # (b, c)
     valid = steps[None, :] < completion_lens[:, None]  # (b, c)
 
-    follow_load()  # before the forward: a safe point to change torch's threads (pbrl/models/threads.py)
     with contextlib.nullcontext() if dropout else eval_mode(model):
         logits = model(
             input_ids=input_ids.to(device),
@@ -289,7 +287,6 @@ def shared_prompt_token_logprobs(
     completion_mask = (torch.arange(steps)[None, :] < (completion_lens[:, None] - 1)).long()  # (b, c-1)
     valid = torch.arange(max_completion)[None, :] < completion_lens[:, None]  # (b, c)
 
-    follow_load()  # before the forward: a safe point to change torch's threads (pbrl/models/threads.py)
     with contextlib.nullcontext() if dropout else eval_mode(model):
         cache = DynamicCache(config=model.config)
         first = model(

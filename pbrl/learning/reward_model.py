@@ -47,7 +47,6 @@ from pbrl.learning.segment_head import length_squares, segment_features, segment
 from pbrl.models.forward import eval_mode, keep_first_layers, pad_rows, shared_prefix_hidden
 from pbrl.models.loading import load_tokenizer, resolve_model_source, shared_backbone
 from pbrl.models.lora import LoraSettings, quiet_peft_wrapping
-from pbrl.models.threads import follow_load
 
 _META = "reward_model.json"
 _HEAD = "head.safetensors"
@@ -144,7 +143,6 @@ class JointRewardModel(nn.Module):
             raise ValueError("reward_pooling 'segments' needs each row's response spans (JointInput rows)")
         input_ids, mask, positions, last = pad_rows(ids, self.pad_token_id, padding_side)
         device = self.head.weight.device
-        follow_load()  # before a batch's forward: a safe point to change torch's threads
         with eval_mode(self):
             if spans is not None and padding_side == "right":  # cut at each response: shared prefixes run once
                 cuts = [[start for start, _ in row] for row in spans]

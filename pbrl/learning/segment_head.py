@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
+from pbrl.models.threads import one_thread
+
 
 def segment_features(hidden: torch.Tensor, spans: Sequence[Sequence[tuple[int, int]]]) -> torch.Tensor:
     """Per row and agent: the mean of ``hidden`` over the agent's response positions [start, end) and
@@ -58,8 +60,8 @@ def segment_projection(standardized: torch.Tensor, num_agents: int, components: 
     components (from the SVD of the training rows' (n, h) block; the features are standardized, hence centred on
     those rows), each column scaled so the training rows' projections have unit variance; agent k's length feature
     is passed through. A component without variance on the training rows (singular value below
-    :data:`MIN_RELATIVE_SINGULAR_VALUE` of the first) gets a zero column. Signs follow ``torch.linalg.svd``
-    (deterministic on one machine); the head's weights absorb them.
+    :data:`MIN_RELATIVE_SINGULAR_VALUE` of the first) gets a zero column. Signs follow ``torch.linalg.svd``, run on
+    one thread (deterministic on one machine whatever torch's thread count); the head's weights absorb them.
 
     Args:
         standardized: (n, f) standardized features of the distinct training rows, f = a·(h+1) with agent k's block
@@ -80,7 +82,8 @@ def segment_projection(standardized: torch.Tensor, num_agents: int, components: 
     projection = torch.zeros((f, num_agents * width), dtype=standardized.dtype)
     for k in range(num_agents):
         pooled = standardized[:, k * block : k * block + block - 1].double()  # (n, h)
-        _, singular, vh = torch.linalg.svd(pooled, full_matrices=False)  # singular: (min(n, h),), vh: (min(n, h), h)
+        with one_thread():  # LAPACK's SVD differs in its last bits with the thread count (pbrl/models/threads.py)
+            _, singular, vh = torch.linalg.svd(pooled, full_matrices=False)  # (min(n, h),), (min(n, h), h)
         kept = int((singular[:components] > MIN_RELATIVE_SINGULAR_VALUE * singular[:1].clamp(min=1e-300)).sum())
         basis = vh[:kept].T  # (h, kept)
         spread = singular[:kept] / n**0.5  # population std of the training rows' projections (they are centred)

@@ -11,6 +11,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from pbrl.models.precision import Precision, autocast
+from pbrl.models.threads import follow_load
 
 
 @contextmanager
@@ -19,7 +20,9 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
 
     Restores the modes module by module, so a model whose parts were in different modes (e.g. a frozen
     backbone kept in eval under a training head) comes back exactly as it was. Gradient mode is untouched.
+    Entering is a safe point to change torch's threads (:func:`pbrl.models.threads.follow_load`).
     """
+    follow_load()
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
@@ -62,7 +65,9 @@ def training_forward(model: torch.nn.Module, seed: int, precision: Precision | N
     Score with ``sequence_logprobs(..., dropout=True)`` inside the block (it otherwise forces eval mode).
     Every submodule's mode is restored on exit. Backward draws no random numbers (the masks are saved by
     the forward). A model split over several GPUs by ``agent_devices: auto`` gets ``seed`` on each of them.
+    Entering is a safe point to change torch's threads (:func:`pbrl.models.threads.follow_load`).
     """
+    follow_load()
     modes = [(module, module.training) for module in model.modules()]
     cuda = _cuda_indices(model)
     model.train()

@@ -31,7 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from pbrl.data.storage import atomic_dir
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.cast_load import load_cast
-from pbrl.models.lora import LoraSettings, lora_module_names, sets_saved_sorted, with_lora
+from pbrl.models.lora import LoraSettings, lora_module_names, save_pretrained_stably, with_lora
 from pbrl.models.packaged import PACKAGED_MODELS, prepare_packaged_model
 from pbrl.models.placement import AUTO, auto_device_map
 
@@ -303,8 +303,7 @@ def save_agent(model: Any, out_dir: Path, tokenizer: Any | None = None) -> None:
     """
     with atomic_dir(Path(out_dir)) as tmp:
         os.chmod(tmp, 0o755)
-        with sets_saved_sorted(model):  # the same adapter_config.json bytes in every process
-            model.save_pretrained(tmp)
+        save_pretrained_stably(model, tmp)  # the same adapter_config.json bytes in every process
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
 

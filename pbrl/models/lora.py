@@ -32,14 +32,13 @@ class LoraSettings:
 # Sources, tokenizers, models.
 
 
-@contextmanager
-def sets_saved_sorted(model: Any) -> Iterator[None]:
-    """Inside the block, every set-valued field of ``model``'s peft configs (``target_modules``, ...) is a sorted
-    list, so that ``save_pretrained`` writes the same ``adapter_config.json`` bytes in every process.
+def save_pretrained_stably(model: Any, folder: Path) -> None:
+    """``model.save_pretrained(folder)`` with every set-valued field of its peft configs (``target_modules``, ...)
+    written as a sorted list, so that ``adapter_config.json`` is the same bytes in every process.
 
     peft keeps such fields as sets and writes them in the set's order, which follows Python's per-process string
     hashing (``PYTHONHASHSEED``): the demo's round-1 checkpoint folder hashed differently in two runs with bitwise
-    equal weights (2026-12-04). The fields are restored on exit. A model without peft configs is left as it is."""
+    equal weights (2026-12-04). The fields are restored after. A model without peft configs is saved as it is."""
     changed = []
     for config in getattr(model, "peft_config", {}).values():
         for name, value in vars(config).items():
@@ -47,7 +46,7 @@ def sets_saved_sorted(model: Any) -> Iterator[None]:
                 changed.append((config, name, value))
                 setattr(config, name, sorted(value, key=str))
     try:
-        yield
+        model.save_pretrained(folder)
     finally:
         for config, name, value in changed:
             setattr(config, name, value)

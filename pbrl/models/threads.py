@@ -8,20 +8,22 @@ of one alone (docs/results/benchmarks.md#two-stage-processes-on-2-cores). So pbr
 * gives torch as many threads as the CPUs this process may use: ``num_threads`` when set, else its affinity mask
   (``os.sched_getaffinity``) capped by a cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``); a Ray
   shard or actor gets the CPUs Ray reserved for it;
-* with ``num_threads`` unset, **follows the load** (:class:`LoadFollower`): at most once a second, at the safe points
-  of the work (each sampled token, each training forward and optimizer step, each reward-model batch; calls of
-  :func:`follow_load`), it measures how much of its CPUs other processes used since the last look (``/proc/stat``
-  less this process's own CPU time) and uses only the CPUs left free, at least 1; it takes the CPUs back once they
-  have been free for two looks in a row. Alone, nothing changes; beside another busy process, each runs with one
-  thread per free CPU instead of spinning against the other.
+* with ``num_threads`` unset, **follows the load** (:class:`LoadFollower`). At most once a second, at the safe
+  points of the work (calls of :func:`follow_load`: each sampled token, each forward block, i.e. ``eval_mode`` and
+  ``training_forward`` of ``pbrl/models/forward.py``, each optimizer step), it measures how much of its CPUs other
+  processes used since the last look (:func:`load_meter`: ``/proc/stat``, or the cgroup's usage under a CPU
+  quota, less this process's own CPU time) and uses only the CPUs left free, at least 1. It takes a CPU back once
+  others use under a quarter of it for two looks in a row. Alone, nothing changes; beside another busy process,
+  each runs with one thread per free CPU instead of spinning against the other.
 
 OpenMP's wait policy is not changed: ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep instead of spinning) also removes
 the spinning, but on an idle machine it made training 1.35-1.85x slower (docs/results/benchmarks.md); it is read
 once when torch loads, so it cannot follow the load.
 
 A fixed ``num_threads`` pins the count. Where we looked, the count changed no result of pbrl's stages by a single
-bit (the demo round with 1 and 2 threads, ``tests/test_threads.py``), but torch does not promise it: a sum of more
-than 32,768 numbers into one (a full fine-tune's gradient norm, say) is split between the threads.
+bit (the demo round with 1 and 2 threads, ``tests/test_threads.py``), but torch does not promise it: a sum or mean
+of more than 32,768 numbers into one is split between the threads (pbrl's losses reduce far fewer), and LAPACK's
+float64 SVD differs in its last bits, which is why the reward head's SVD runs on one thread (:func:`one_thread`).
 
 No library does this: torch, accelerate and Ray set a thread count once, at start.
 """
@@ -32,16 +34,21 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 _CGROUP_V2 = Path("/sys/fs/cgroup/cpu.max")
 _CGROUP_V1 = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+_CGROUP_V2_USAGE = Path("/sys/fs/cgroup/cpu.stat")  # usage_usec: CPU microseconds of the cgroup's processes
+_CGROUP_V1_USAGE = Path("/sys/fs/cgroup/cpuacct/cpuacct.usage")  # CPU nanoseconds of the cgroup's processes
 _PROC_STAT = Path("/proc/stat")
 _INTERVAL_S = 1.0  # how often the follower looks at the load, at most
 _RAISE_AFTER = 2  # looks in a row with more CPUs free before the follower takes them back
+_TAKEN, _FREE = 0.5, 0.25  # a CPU others use half of counts as taken; under a quarter, as free again (a dead band)
 
 
 def cgroup_cpu_limit() -> float | None:
@@ -77,11 +84,11 @@ def available_cpus() -> int:
     return max(1, count)
 
 
-def busy_cpu_seconds(cpus: Collection[int], stat: str | None = None) -> float | None:
-    """CPU seconds the CPUs ``cpus`` were busy since boot, by every process: ``/proc/stat``'s user, nice, system,
-    irq, softirq and steal (a virtual CPU's time taken by the host is not ours either); idle and iowait are not
-    busy. ``stat`` is the file's text (read when None). None where there is no ``/proc/stat`` or no line of
-    these CPUs."""
+def busy_cpu_seconds(cpus: Collection[int], stat: str | None = None, *, count_nice: bool = True) -> float | None:
+    """CPU seconds the CPUs ``cpus`` were busy since boot, by every process: ``/proc/stat``'s user, system, irq and
+    softirq, and nice (processes of a lower priority) when ``count_nice``; idle, iowait and steal (a virtual CPU's
+    time the host gave to another machine, which no thread count of ours changes) are not counted. ``stat`` is the
+    file's text (read when None). None where there is no ``/proc/stat`` or no line of these CPUs."""
     if stat is None:
         try:
             stat = _PROC_STAT.read_text()
@@ -91,39 +98,96 @@ def busy_cpu_seconds(cpus: Collection[int], stat: str | None = None) -> float | 
     ticks, found = 0, False
     for line in stat.splitlines():
         name, *fields = line.split()
-        if name in wanted and len(fields) >= 8:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
-            ticks += user + nice + system + irq + softirq + steal
+        if name in wanted and len(fields) >= 7:
+            user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+            ticks += user + system + irq + softirq + (nice if count_nice else 0)
             found = True
     return ticks / os.sysconf("SC_CLK_TCK") if found else None
+
+
+def cgroup_cpu_seconds() -> float | None:
+    """CPU seconds used by every process of this process's cgroup (v2 ``cpu.stat`` ``usage_usec``, v1
+    ``cpuacct.usage``), or None when neither can be read."""
+    try:
+        for line in _CGROUP_V2_USAGE.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) / 1e6
+    except (OSError, ValueError):
+        pass
+    try:
+        return int(_CGROUP_V1_USAGE.read_text()) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class LoadMeter:
+    """What the follower measures: ``busy()``, CPU seconds used so far by every process that competes for
+    ``capacity`` CPUs (this one included)."""
+
+    capacity: float
+    busy: Callable[[], float | None]
+
+
+def load_meter(cpus: Collection[int]) -> LoadMeter | None:
+    """The meter of a process whose affinity mask is ``cpus``: under a cgroup CPU quota, the cgroup's usage against
+    the quota (the host's other load does not take our quota); else ``/proc/stat``'s busy time of the CPUs of the
+    mask that it lists, against their number. Processes of a lower priority (``nice``) yield to this one, so their
+    time is not counted unless this process is niced too. None where nothing can be read, or fewer than 2 CPUs."""
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        meter = LoadMeter(min(float(len(cpus)), limit), cgroup_cpu_seconds)
+    else:
+        try:
+            stat = _PROC_STAT.read_text()
+        except OSError:
+            return None
+        listed = [c for c in cpus if busy_cpu_seconds([c], stat) is not None]
+        niced = os.getpriority(os.PRIO_PROCESS, 0) > 0
+        meter = LoadMeter(float(len(listed)), lambda: busy_cpu_seconds(listed, count_nice=niced))
+    return meter if meter.capacity >= 2 and meter.busy() is not None else None
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside the block, its count restored after: for an operation whose result depends on the
+    thread count (LAPACK's float64 SVD differed by 2e-16 between 1 and 2 threads), so that the follower's changes
+    cannot reach it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class LoadFollower:
     """Fits torch's intra-op threads to the CPUs other processes leave free (see the module docstring).
 
-    ``tick()`` is cheap (a clock read) except once per ``interval_s``, when it reads the busy seconds of ``cpus``
-    (:func:`busy_cpu_seconds`) and this process's CPU seconds (``time.process_time``, every thread's). Others' use
-    over the interval, in CPUs, is ``(busy - own) / wall``; the free CPUs ``len(cpus) - others`` rounded to the
-    nearest whole give the target, between 1 and ``owned``. A lower target is applied at once (spinning against
-    another process costs several times the work); a higher one after ``_RAISE_AFTER`` looks in a row.
-    ``tick()`` must be called from the thread that runs the work: an OpenMP thread count is the calling
-    thread's own. The readers and the thread setter are parameters for tests.
+    ``tick()`` is cheap (a clock read) except once per ``interval_s``, when it reads ``busy()`` (CPU seconds of
+    every process competing for the ``capacity`` CPUs, :func:`load_meter`) and this process's CPU seconds
+    (``time.process_time``, every thread's). Others' use over the interval, in CPUs, is ``(busy - own) / wall``;
+    of the ``capacity - others`` free CPUs, a CPU counts as taken when others use more than half of it (the count
+    is lowered at once: spinning against another process costs several times the work) and as free again when
+    they use under a quarter of it, for ``_RAISE_AFTER`` looks in a row. The count stays between 1 and ``owned``.
+    ``tick()`` must be called from the thread that runs the work: an OpenMP thread count is the calling thread's
+    own. The clock, the readers and the thread setter are parameters for tests.
     """
 
     def __init__(
         self,
         owned: int,
-        cpus: Collection[int],
+        capacity: float,
+        busy: Callable[[], float | None],
         *,
         interval_s: float = _INTERVAL_S,
-        busy: Callable[[], float | None] | None = None,
         own: Callable[[], float] = time.process_time,
         clock: Callable[[], float] = time.monotonic,
         set_threads: Callable[[int], None] = torch.set_num_threads,
     ) -> None:
-        self.owned, self.cpus, self.interval_s = owned, frozenset(cpus), interval_s
-        self._busy = busy if busy is not None else lambda: busy_cpu_seconds(self.cpus)
-        self._own, self._clock, self._set = own, clock, set_threads
+        self.owned, self.capacity, self.interval_s = owned, capacity, interval_s
+        self._busy, self._own, self._clock, self._set = busy, own, clock, set_threads
         self.threads = owned
         self._set(owned)
         self._applied = {threading.get_ident()}  # threads whose OpenMP count is self.threads
@@ -133,25 +197,31 @@ class LoadFollower:
 
     def tick(self) -> None:
         """Look at the load if ``interval_s`` has passed since the last look, and change the threads if due."""
-        if threading.get_ident() not in self._applied:  # the work moved to another thread (a Prefect task's)
+        if threading.get_ident() not in self._applied:  # work in a thread that ran torch before it last changed
             self._set(self.threads)
             self._applied.add(threading.get_ident())
         now = self._clock()
         wall = now - self._last[0]
-        if wall < self.interval_s:
+        if wall < self.interval_s or wall <= 0:
             return
         busy, own = self._busy(), self._own()
         last_busy, last_own = self._last[1], self._last[2]
         self._last = (now, busy, own)
         if busy is None or last_busy is None:
             return
-        others = max(0.0, (busy - last_busy) - (own - last_own)) / wall
-        target = min(self.owned, max(1, math.floor(len(self.cpus) - others + 0.5)))
-        if target > self.threads:
+        free = self.capacity - max(0.0, (busy - last_busy) - (own - last_own)) / wall
+        lower = min(self.owned, max(1, math.floor(free + _TAKEN)))
+        higher = min(self.owned, max(1, math.floor(free + _FREE)))
+        target = self.threads
+        if lower < self.threads:
+            target, self._votes = lower, 0
+        elif higher > self.threads:
             self._votes += 1
             if self._votes < _RAISE_AFTER:
                 return
-        self._votes = 0
+            target, self._votes = higher, 0
+        else:
+            self._votes = 0
         if target != self.threads:
             self.threads = target
             self._set(target)
@@ -161,6 +231,7 @@ class LoadFollower:
     def usage_since(self, start: float) -> tuple[float, int]:
         """The time-weighted mean thread count since clock time ``start`` (until now), and the lowest count."""
         now = self._clock()
+        start = max(start, self.changes[0][0])  # nothing was followed before the follower existed
         total, lowest = 0.0, None
         for i, (t, count) in enumerate(self.changes):
             until = self.changes[i + 1][0] if i + 1 < len(self.changes) else now
@@ -179,8 +250,8 @@ _follower: LoadFollower | None = None
 def configure_threads(num_threads: int | None = None) -> int:
     """Set torch's intra-op threads to ``num_threads`` (the ``num_threads`` option or a Ray reservation: fixed),
     else to :func:`available_cpus`, following the load from then on (:class:`LoadFollower`, where the process
-    owns more than one CPU and ``/proc/stat`` can be read); returns the count now in use. Call it from the thread
-    that runs the stages.
+    owns more than one CPU and :func:`load_meter` can measure); returns the count now in use. Call it from the
+    thread that runs the stages. The affinity mask and quota are read here, not again.
 
     Raises:
         ValueError: ``num_threads`` below 1.
@@ -191,8 +262,9 @@ def configure_threads(num_threads: int | None = None) -> int:
     _follower = None
     count = num_threads if num_threads is not None else available_cpus()
     cpus = _affinity()
-    if num_threads is None and count > 1 and cpus and busy_cpu_seconds(cpus) is not None:
-        _follower = LoadFollower(count, cpus)
+    meter = load_meter(cpus) if num_threads is None and count > 1 and cpus else None
+    if meter is not None:
+        _follower = LoadFollower(count, meter.capacity, meter.busy)
     elif torch.get_num_threads() != count:
         torch.set_num_threads(count)
     return count

@@ -33,7 +33,7 @@ from pbrl.config import JobConfig, is_centralized, parse_job
 from pbrl.data.storage import RunPaths, atomic_dir, existing_rounds, read_json, read_manifest, write_json
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.loading import DTYPES, load_tokenizer, resolve_devices, resolve_model_source
-from pbrl.models.lora import quiet_peft_wrapping, sets_saved_sorted
+from pbrl.models.lora import quiet_peft_wrapping, save_pretrained_stably
 from pbrl.models.packaged import PACKAGED_MODELS
 from pbrl.models.policies import SOURCE_FILE, UPDATE_STAGE, PolicySource, policy_checkpoint
 from pbrl.run.settings import policy_source
@@ -226,8 +226,7 @@ def export_agents(
             folder = tmp / f"agent_{agent}"
             if source.lora is not None and not merge_lora and _hub_id(source.models[agent]):
                 loaded.model.peft_config["default"].base_model_name_or_path = source.models[agent]
-            with sets_saved_sorted(loaded.model):  # the same adapter_config.json bytes in every process
-                loaded.model.save_pretrained(folder)
+            save_pretrained_stably(loaded.model, folder)  # the same adapter_config.json bytes in every process
             # saved as the run used it: transformers saves the init kwargs, not the attribute set after loading
             loaded.tokenizer.init_kwargs["padding_side"] = loaded.tokenizer.padding_side
             loaded.tokenizer.save_pretrained(folder)
