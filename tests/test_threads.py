@@ -106,20 +106,14 @@ def test_load_meter_measures_the_quota_under_a_cgroup_limit_else_the_listed_cpus
 
 
 class Machine:
-    """A fake clock and CPU counters: ``advance(seconds, others, own)`` runs the machine for ``seconds`` with
-    other processes using ``others`` CPUs and this one ``own``."""
+    """A fake clock and CPU counters with a follower on them (``owned`` threads at most, ``cpus`` to share).
+    ``look(seconds, others, own)`` runs the machine for ``seconds`` with other processes using ``others`` CPUs and
+    this one ``own``, then ticks the follower; it returns the follower's thread count."""
 
-    def __init__(self) -> None:
+    def __init__(self, owned: int = 2, cpus: int = 2, interval_s: float = 1.0) -> None:
         self.now, self.busy, self.own = 100.0, 5000.0, 10.0
         self.set_calls: list[int] = []
-
-    def advance(self, seconds: float, others: float, own: float) -> None:
-        self.now += seconds
-        self.busy += (others + own) * seconds
-        self.own += own * seconds
-
-    def follower(self, owned: int, cpus: int, interval_s: float = 1.0) -> LoadFollower:
-        return LoadFollower(
+        self.follower = LoadFollower(
             owned,
             float(cpus),
             lambda: self.busy,
@@ -129,110 +123,79 @@ class Machine:
             set_threads=self.set_calls.append,
         )
 
+    def look(self, seconds: float, others: float, own: float) -> int:
+        self.now += seconds
+        self.busy += (others + own) * seconds
+        self.own += own * seconds
+        self.follower.tick()
+        return self.follower.threads
+
 
 def test_follower_gives_a_busy_cpu_back_at_once_and_takes_it_again_after_two_free_looks():
     m = Machine()
-    f = m.follower(owned=2, cpus=2)
-    assert f.threads == 2 and m.set_calls == [2]
-    m.advance(1.0, others=0.1, own=1.9)  # alone (a little noise): free 1.9 -> 2
-    f.tick()
-    assert f.threads == 2
-    m.advance(1.0, others=1.0, own=1.0)  # another process spins on one core: free 1.0 -> 1
-    f.tick()
-    assert f.threads == 1 and m.set_calls == [2, 1]
-    m.advance(0.5, others=0.0, own=1.0)
-    f.tick()  # within the interval: no look
-    m.advance(0.6, others=0.0, own=1.0)  # the other process ended: a first free look is not enough
-    f.tick()
-    assert f.threads == 1
-    m.advance(1.0, others=0.2, own=1.0)  # second free look in a row (free 1.8 -> 2): back to 2
-    f.tick()
-    assert f.threads == 2 and m.set_calls == [2, 1, 2]
+    assert m.follower.threads == 2 and m.set_calls == [2]
+    assert m.look(1.0, others=0.1, own=1.9) == 2  # alone (a little noise): free 1.9 -> 2
+    assert m.look(1.0, others=1.0, own=1.0) == 1  # another process spins on one core: free 1.0 -> 1
+    assert m.set_calls == [2, 1]
+    m.look(0.5, others=0.0, own=1.0)  # within the interval: no look
+    assert m.look(0.6, others=0.0, own=1.0) == 1  # the other process ended: a first free look is not enough
+    assert m.look(1.0, others=0.2, own=1.0) == 2  # second free look in a row (free 1.8 -> 2): back to 2
+    assert m.set_calls == [2, 1, 2]
 
 
 def test_follower_needs_two_free_looks_in_a_row_and_never_goes_below_one():
     m = Machine()
-    f = m.follower(owned=2, cpus=2)
-    m.advance(1.0, others=0.6, own=1.4)  # free 1.4 rounds to 1
-    f.tick()
-    assert f.threads == 1
-    m.advance(1.0, others=0.0, own=1.0)  # one free look ...
-    f.tick()
-    m.advance(1.0, others=1.0, own=1.0)  # ... then busy again: the vote starts over
-    f.tick()
-    m.advance(1.0, others=0.0, own=1.0)
-    f.tick()
-    assert f.threads == 1
-    m.advance(1.0, others=5.0, own=1.0)  # more load than CPUs: still one thread
-    f.tick()
-    assert f.threads == 1 and m.set_calls == [2, 1]
+    assert m.look(1.0, others=0.6, own=1.4) == 1  # free 1.4 rounds to 1
+    m.look(1.0, others=0.0, own=1.0)  # one free look ...
+    m.look(1.0, others=1.0, own=1.0)  # ... then busy again: the vote starts over
+    assert m.look(1.0, others=0.0, own=1.0) == 1
+    assert m.look(1.0, others=5.0, own=1.0) == 1  # more load than CPUs: still one thread
+    assert m.set_calls == [2, 1]
 
 
 def test_follower_has_a_dead_band_a_cpu_is_free_again_only_under_a_quarter_used():
     """A neighbour wavering around half a CPU (0.4 .. 0.6) does not make the count flap."""
     m = Machine()
-    f = m.follower(owned=2, cpus=2)
-    m.advance(1.0, others=0.6, own=1.4)
-    f.tick()
-    assert f.threads == 1
-    for others in (0.4, 0.3, 0.45, 0.26, 0.4, 0.6, 0.3) * 3:
-        m.advance(1.0, others=others, own=1.0)
-        f.tick()
-    assert f.threads == 1 and m.set_calls == [2, 1]
-    for others in (0.2, 0.24):
-        m.advance(1.0, others=others, own=1.0)
-        f.tick()
-    assert f.threads == 2 and m.set_calls == [2, 1, 2]
+    assert m.look(1.0, others=0.6, own=1.4) == 1
+    counts = [m.look(1.0, others=others, own=1.0) for others in (0.4, 0.3, 0.45, 0.26, 0.4, 0.6, 0.3) * 3]
+    assert set(counts) == {1} and m.set_calls == [2, 1]
+    assert [m.look(1.0, others=others, own=1.0) for others in (0.2, 0.24)] == [1, 2]
 
 
 def test_follower_with_no_interval_looks_every_tick_without_dividing_by_zero():
-    m = Machine()
-    f = m.follower(owned=2, cpus=2, interval_s=0.0)
-    f.tick()  # no time has passed: no look
-    m.advance(0.5, others=1.0, own=1.0)
-    f.tick()
-    assert f.threads == 1
+    m = Machine(interval_s=0.0)
+    assert m.look(0.0, others=0.0, own=0.0) == 2  # no time has passed: no look
+    assert m.look(0.5, others=1.0, own=1.0) == 1
 
 
 def test_follower_counts_free_cpus_of_the_whole_mask_and_keeps_within_what_it_owns():
     """A Ray-like node: 16 CPUs in the mask, 4 owned; others busy on 12 leave 4 free -> keeps 4; on 13 -> 3."""
-    m = Machine()
-    f = m.follower(owned=4, cpus=16)
-    m.advance(1.0, others=12.0, own=4.0)
-    f.tick()
-    assert f.threads == 4
-    m.advance(1.0, others=13.0, own=3.0)
-    f.tick()
-    assert f.threads == 3
+    m = Machine(owned=4, cpus=16)
+    assert m.look(1.0, others=12.0, own=4.0) == 4
+    assert m.look(1.0, others=13.0, own=3.0) == 3
 
 
 def test_usage_since_is_the_time_weighted_mean_and_the_fewest():
     m = Machine()
-    f = m.follower(owned=2, cpus=2)
     start = m.now
-    m.advance(2.0, others=0.0, own=2.0)
-    f.tick()  # 2 threads for 2 s
-    m.advance(1.0, others=1.0, own=1.0)
-    f.tick()  # lowered to 1 at t = 3
-    m.advance(1.0, others=1.0, own=1.0)  # 1 thread for 1 s (now t = 4)
-    mean, lowest = f.usage_since(start)
+    m.look(2.0, others=0.0, own=2.0)  # 2 threads for 2 s
+    m.look(1.0, others=1.0, own=1.0)  # 2 threads for 1 more s, lowered to 1 at t = 3
+    m.now += 1.0  # 1 thread for 1 s (now t = 4)
+    mean, lowest = m.follower.usage_since(start)
     assert mean == pytest.approx((2 * 3 + 1 * 1) / 4) and lowest == 1
-    assert f.usage_since(start + 3.5) == (pytest.approx(1.0), 1)
-    assert f.usage_since(start - 10) == (pytest.approx(7 / 4), 1)  # nothing counted before the follower existed
+    assert m.follower.usage_since(start + 3.5) == (pytest.approx(1.0), 1)
+    assert m.follower.usage_since(start - 10) == (pytest.approx(7 / 4), 1)  # nothing before the follower existed
 
 
 def test_follower_applies_its_count_in_each_thread_that_ticks():
-    """OpenMP's count is per calling thread: work that moved to another thread (a Prefect task) gets it there."""
+    """OpenMP's count is per calling thread: work in a thread that ran torch before the change gets it there."""
     m = Machine()
-    f = m.follower(owned=2, cpus=2)
-    m.advance(1.0, others=1.0, own=1.0)
-    f.tick()
-    assert m.set_calls == [2, 1]
-    worker = threading.Thread(target=f.tick)
+    assert m.look(1.0, others=1.0, own=1.0) == 1 and m.set_calls == [2, 1]
+    worker = threading.Thread(target=m.follower.tick)
     worker.start()
     worker.join()
     assert m.set_calls == [2, 1, 1]
-    f.tick()  # the first thread already has it
+    m.follower.tick()  # the first thread already has it
     assert m.set_calls == [2, 1, 1]
 
 
