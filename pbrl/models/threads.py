@@ -188,12 +188,16 @@ class LoadFollower:
     ) -> None:
         self.owned, self.capacity, self.interval_s = owned, capacity, interval_s
         self._busy, self._own, self._clock, self._set = busy, own, clock, set_threads
-        self.threads = owned
         self._set(owned)
         self._applied = {threading.get_ident()}  # threads whose OpenMP count is self.threads
         self._votes = 0
         self._last = (clock(), self._busy(), own())
         self.changes: list[tuple[float, int]] = [(self._last[0], owned)]  # (clock, threads from then on)
+
+    @property
+    def threads(self) -> int:
+        """The thread count in use now."""
+        return self.changes[-1][1]
 
     def tick(self) -> None:
         """Look at the load if ``interval_s`` has passed since the last look, and change the threads if due."""
@@ -223,7 +227,6 @@ class LoadFollower:
         else:
             self._votes = 0
         if target != self.threads:
-            self.threads = target
             self._set(target)
             self._applied = {threading.get_ident()}
             self.changes.append((now, target))
@@ -239,9 +242,9 @@ class LoadFollower:
             if until > begin:
                 total += (until - begin) * count
                 lowest = count if lowest is None else min(lowest, count)
-        if lowest is None:
+        if lowest is None:  # no time since start
             return float(self.threads), self.threads
-        return total / (now - start) if now > start else float(self.threads), lowest
+        return total / (now - start), lowest
 
 
 _follower: LoadFollower | None = None
@@ -251,7 +254,8 @@ def configure_threads(num_threads: int | None = None) -> int:
     """Set torch's intra-op threads to ``num_threads`` (the ``num_threads`` option or a Ray reservation: fixed),
     else to :func:`available_cpus`, following the load from then on (:class:`LoadFollower`, where the process
     owns more than one CPU and :func:`load_meter` can measure); returns the count now in use. Call it from the
-    thread that runs the stages. The affinity mask and quota are read here, not again.
+    thread that runs the stages. The affinity mask and the quota are read when it is called; later changes to them
+    are not followed.
 
     Raises:
         ValueError: ``num_threads`` below 1.
