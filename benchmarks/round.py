@@ -11,8 +11,10 @@ RSS <= 2.5 GiB; issue #33: <= 120 s with the new defaults. ``--model`` replaces 
 transformers' own KV cache instead of pbrl's preallocated one (the lever of issue #33, for
 ``benchmarks/round_levers.py``, which runs this script once per lever setting, interleaved);
 ``--full-vocab-sampler`` warps and draws over the whole vocabulary as before the top-k path
-(``pbrl.generation.seeded_sampler``). ``--config`` times
-another job's round with its trainer's stages (``benchmarks/marlhf_cost.py`` times MARLHF's beside MADPO's).
+(``pbrl.generation.seeded_sampler``); ``--every-phase-one`` asks every MADPO agent that is not idle for its detached
+margins, as before ``pbrl.learning.madpo.phase_one_agents`` (which asks only those another agent's gradient needs).
+``--config`` times another job's round with its trainer's stages (``benchmarks/marlhf_cost.py`` times MARLHF's beside
+MADPO's).
 
 Run: ``.venv/bin/python benchmarks/round.py --model smollm2-135m-instruct``.
 """
@@ -54,6 +56,9 @@ def main() -> None:
     parser.add_argument(
         "--full-vocab-sampler", action="store_true", help="the seeded sampler over the whole vocabulary (issue #33)"
     )
+    parser.add_argument(
+        "--every-phase-one", action="store_true", help="detached margins from every MADPO agent that is not idle"
+    )
     parser.add_argument("--result", default=None, help="result file name (default round / round-overrides)")
     args = parser.parse_args()
     if args.full_vocab_sampler:  # the sampler before its top-k path: transformers' warpers over every id
@@ -69,8 +74,14 @@ def main() -> None:
         from pbrl.generation import sampling
 
         sampling.preallocated_cache = lambda model, capacity: DynamicCache(config=model.config)
+    if args.every_phase_one:  # phase 1 before it was pruned: every agent with a pair whose sides differ
+        from pbrl.learning import madpo
+
+        madpo.phase_one_agents = lambda batch: [
+            not madpo.identical_sides(w, lo) for w, lo in zip(batch.winner_ids, batch.loser_ids, strict=True)
+        ]
     # The targets are the demo's, on SmolLM2: a run with other options is information only.
-    levers_off = args.dynamic_cache or args.full_vocab_sampler
+    levers_off = args.dynamic_cache or args.full_vocab_sampler or args.every_phase_one
     applies = args.model == "smollm2-135m-instruct" and not args.overrides and not levers_off and args.config == DEMO
     stages: list[dict] = []
     with tempfile.TemporaryDirectory() as out:
@@ -142,6 +153,7 @@ def main() -> None:
                 "torch_threads": __import__("torch").get_num_threads(),
                 "kv_cache": "transformers DynamicCache" if args.dynamic_cache else "pbrl preallocated",
                 "sampler": "full vocabulary" if args.full_vocab_sampler else "top-k subset",
+                "madpo_phase_one": "every agent not idle" if args.every_phase_one else "agents others need",
                 "torch_dtype": job.torch_dtype,
                 "mixed_precision": job.mixed_precision,
             },

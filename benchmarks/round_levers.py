@@ -7,6 +7,8 @@ per setting, in rounds of all settings, so that a slow period of the machine hit
   over the whole vocabulary, OpenMP threads spinning while they wait (``OMP_WAIT_POLICY=ACTIVE``);
 * ``+preallocated cache``, ``+top-k sampler``, ``+passive OpenMP``, ``+bfloat16 weights`` (``torch_dtype:
   bfloat16``, whether or not this CPU computes bfloat16 natively): one lever each over ``before``;
+* ``defaults, phase 1 for every agent``: today's defaults but every MADPO agent computes detached margins, as
+  before ``pbrl.learning.madpo.phase_one_agents`` (2026-12-04);
 * ``defaults``: today's defaults (``auto`` precision, resolved for this machine; the preallocated cache; the top-k
   sampler; OpenMP's own wait policy, ``OMP_WAIT_POLICY`` removed from the environment).
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -38,13 +41,14 @@ SETTINGS: dict[str, tuple[list[str], dict[str, str | None]]] = {
     "+top-k sampler": ([*BEFORE, "--dynamic-cache"], SPIN),
     "+passive OpenMP": ([*BEFORE, *OLD_PATH], {"OMP_WAIT_POLICY": "PASSIVE"}),
     "+bfloat16 weights": (["--set", "torch_dtype=bfloat16", "--set", "mixed_precision=no", *OLD_PATH], SPIN),
+    "defaults, phase 1 for every agent": (["--every-phase-one"], {"OMP_WAIT_POLICY": None}),
     "defaults": ([], {"OMP_WAIT_POLICY": None}),
 }
 
 
 def run_once(name: str, model: str, repeat: int) -> dict:
     args, env = SETTINGS[name]
-    result = f"round-lever-{name.strip('+').replace(' ', '-')}-{repeat}"
+    result = f"round-lever-{re.sub(r'[^a-z0-9]+', '-', name).strip('-')}-{repeat}"
     cmd = [sys.executable, str(HERE / "round.py"), "--model", model, "--result", result, *args]
     environment = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
     out = subprocess.run(cmd, env=environment, capture_output=True, text=True, cwd=HERE.parent)

@@ -6,4 +6,10 @@
 # fitting the threads to the CPUs a process owns and leaving to other processes the CPUs they keep busy
 # (pbrl/models/threads.py).
 
+import os
+
+# oneMKL's strict reproducibility mode: matrix products whose bits do not depend on the thread count, which the load
+# follower changes (pbrl/models/threads.py). MKL reads it when it first runs, so it is set before anything else.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
 __version__ = "0.1.0"

@@ -140,51 +140,29 @@ def test_agent_zeros_gradient_scales_with_agent_ones_margin_by_the_sigmoid_facto
     assert torch.allclose(step_a, beta * sigma(-beta * d0) * grad, rtol=1e-3, atol=5e-6)
 
 
-@pytest.mark.parametrize(
-    ("concurrent", "num_agents", "order"),
-    [
-        (True, 2, ["margins 0", "margins 1", "gather", "update 0", "update 1", "gather"]),
-        # In process agent 0 skips phase 1: its update's own margins are its "others" term for the later agents.
-        (False, 2, ["margins 1", "gather", "update 0", "gather", "update 1", "gather"]),
-        (None, 2, ["margins 1", "gather", "update 0", "gather", "update 1", "gather"]),  # in process is the default
-        (False, 3, ["margins 1", "margins 2", "gather", "update 0", "gather", "update 1", "update 2", "gather"]),
-        # One agent has no others: no graph-free pass, concurrent or not.
-        (True, 1, ["update 0", "gather"]),
-        (False, 1, ["update 0", "gather"]),
-    ],
-)
-def test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise(
-    tiny_model_dir, tmp_path, concurrent, num_agents, order
-):
-    """:func:`pbrl.learning.madpo.madpo_agents_step` over agents whose calls return handles (as Ray actors' do) asks the
-    agents of a phase before gathering; its parameters, AdamW state and statistics equal, bit for bit, the
-    two-phase ``madpo_step`` written out here: every agent's detached margins, then each agent's update in turn
-    against the sum of the others' (Σ_{j≠i} in agent order). Concurrent (Ray) every agent has phase 1; in
-    process agent 0 has none, and its training forward's margins give the same bits."""
-    import torch
+PROMPTS_3 = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50], [2, 40, 41, 42, 3, 2, 50]]
+# Per agent, three pairs; agent 1's third pair has the same sides (it moves nobody).
+WINNERS = [
+    [[70, 71, 72, 3], [80, 81, 3], [75, 3]],
+    [[71, 3], [82, 83, 84, 3], [76, 77, 3]],
+    [[73, 3], [85, 3], [78, 79, 3]],
+]
+LOSERS = [
+    [[90, 91, 3], [100, 101, 102, 103, 104], [95, 96, 3]],
+    [[92, 3], [105, 3], [76, 77, 3]],
+    [[93, 94, 3], [106, 3], [97, 3]],
+]
 
+
+def check_step_against_two_phase(tiny_model_dir, tmp_path, batch, concurrent, order) -> None:
+    """Runs :func:`pbrl.learning.madpo.madpo_agents_step` over agents whose calls return handles (as Ray actors' do)
+    for two steps and checks the order of the calls, then that its parameters, AdamW state and statistics equal,
+    bit for bit, the two-phase ``madpo_step`` written out here: every agent's detached margins, then each agent's
+    update in turn against the sum of the others' (Σ_{j≠i} in agent order)."""
     from pbrl.learning.losses import madpo_loss
-    from pbrl.learning.madpo import (
-        LocalAgent,
-        PairBatch,
-        _agent_update,
-        _detached_margins,
-        madpo_agents_step,
-        micro_batches,
-    )
+    from pbrl.learning.madpo import LocalAgent, _agent_update, _detached_margins, madpo_agents_step, micro_batches
 
-    prompts = [[2, 40, 41, 42, 3, 2, 50], [2, 60, 61, 3, 2, 50], [2, 40, 41, 42, 3, 2, 50]]
-    winners = [
-        [[70, 71, 72, 3], [80, 81, 3], [75, 3]],
-        [[71, 3], [82, 83, 84, 3], [76, 77, 3]],
-        [[73, 3], [85, 3], [78, 79, 3]],
-    ][:num_agents]
-    losers = [
-        [[90, 91, 3], [100, 101, 102, 103, 104], [95, 96, 3]],
-        [[92, 3], [105, 3], [76, 77, 3]],
-        [[93, 94, 3], [106, 3], [97, 3]],
-    ][:num_agents]
-    batch = PairBatch(prompt_ids=[prompts] * num_agents, winner_ids=winners, loser_ids=losers)
+    num_agents = len(batch.winner_ids)
     lora = LoraSettings(r=4, dropout=0.1)  # dropout on: the seeds choose the masks
     reference = tiny_policies(tiny_model_dir, lora, adapter_root=tmp_path / "a", n=num_agents)
     remote = tiny_policies(tiny_model_dir, lora, adapter_root=tmp_path / "b", n=num_agents)
@@ -231,9 +209,87 @@ def test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise(
         assert events == order
         assert torch.equal(stats.margins, margins) and stats.skipped == tuple(skipped) == (False,) * num_agents
         assert stats.loss == float(madpo_loss(margins, 0.1).mean())
-    for ref, got in zip(reference, remote, strict=True):
+    for ref, got, idle in zip(reference, remote, stats.idle, strict=True):
         for (name, a), (_, b) in zip(ref.model.named_parameters(), got.model.named_parameters(), strict=True):
             assert torch.equal(a, b), name
         sa, sb = ref.optimizer.state_dict()["state"], got.optimizer.state_dict()["state"]
-        assert sa.keys() == sb.keys() and len(sa) > 0
+        assert sa.keys() == sb.keys() and (len(sa) == 0) == idle  # an idle agent never stepped
         assert all(torch.equal(sa[k][n], sb[k][n]) for k in sa for n in sa[k])
+
+
+@pytest.mark.parametrize(
+    ("concurrent", "num_agents", "order"),
+    [
+        (True, 2, ["margins 0", "margins 1", "gather", "update 0", "update 1", "gather"]),
+        # In process agent 0 skips phase 1: its update's own margins are its "others" term for the later agents.
+        (False, 2, ["margins 1", "gather", "update 0", "gather", "update 1", "gather"]),
+        (None, 2, ["margins 1", "gather", "update 0", "gather", "update 1", "gather"]),  # in process is the default
+        (False, 3, ["margins 1", "margins 2", "gather", "update 0", "gather", "update 1", "update 2", "gather"]),
+        # One agent has no others: no graph-free pass, concurrent or not.
+        (True, 1, ["update 0", "gather"]),
+        (False, 1, ["update 0", "gather"]),
+    ],
+)
+def test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise(
+    tiny_model_dir, tmp_path, concurrent, num_agents, order
+):
+    """Every pair changes two agents or more here, so every agent's detached margins are needed (concurrent, Ray:
+    every agent has phase 1; in process agent 0 has none, and its training forward's margins give the same bits)."""
+    batch = PairBatch(
+        prompt_ids=[PROMPTS_3] * num_agents, winner_ids=WINNERS[:num_agents], loser_ids=LOSERS[:num_agents]
+    )
+    check_step_against_two_phase(tiny_model_dir, tmp_path, batch, concurrent, order)
+
+
+def counterfactual(agent_of_pair: list[int | None], num_agents: int) -> PairBatch:
+    """Pair j changes only agent ``agent_of_pair[j]`` (None: it changes agents 1 and 2); every other agent has the
+    winner's ids on both sides."""
+    changes = [{1, 2} if changed is None else {changed} for changed in agent_of_pair]
+    losers = [[LOSERS[0][j] if i in c else WINNERS[i][j] for j, c in enumerate(changes)] for i in range(num_agents)]
+    return PairBatch(prompt_ids=[PROMPTS_3] * num_agents, winner_ids=WINNERS[:num_agents], loser_ids=losers)
+
+
+@pytest.mark.parametrize(
+    ("agent_of_pair", "num_agents", "concurrent", "order"),
+    [
+        # Each pair changes one agent: nobody's detached margins are needed, in process or concurrent.
+        ([0, 1, 0], 2, False, ["update 0", "gather", "update 1", "gather"]),
+        ([0, 1, 0], 2, True, ["update 0", "update 1", "gather"]),
+        ([1, 0, 1], 3, False, ["update 0", "gather", "update 1", "gather"]),  # agent 2 idle: never asked
+        # Pair 0 changes agents 1 and 2: they need each other's margins; agent 0's are nobody's business.
+        (
+            [None, 0, 0],
+            3,
+            False,
+            ["margins 1", "margins 2", "gather", "update 0", "gather", "update 1", "update 2", "gather"],
+        ),
+        ([None, 0, 0], 3, True, ["margins 1", "margins 2", "gather", "update 0", "update 1", "update 2", "gather"]),
+    ],
+)
+def test_agents_whose_margins_nobody_needs_skip_phase_one_and_the_step_is_unchanged(
+    tiny_model_dir, tmp_path, agent_of_pair, num_agents, concurrent, order
+):
+    """A pair that changes one agent moves nobody else (the others' gradient there is a constant times ∇Δ ≡ 0),
+    so an agent is asked for detached margins only if some pair changes it and another agent: counterfactual pairs
+    cost one training forward and backward per agent. The step still equals the written-out two phases bit for
+    bit, statistics included (each agent's margins then come from its training forward)."""
+    batch = counterfactual(agent_of_pair, num_agents)
+    check_step_against_two_phase(tiny_model_dir, tmp_path, batch, concurrent, order)
+
+
+def test_phase_one_agents_by_hand():
+    """Hand-worked: which agents' detached margins another agent's gradient needs."""
+    from pbrl.learning.madpo import phase_one_agents
+
+    def batch(changes: list[set[int]], agents: int) -> PairBatch:  # pair j changes the agents in changes[j]
+        return PairBatch(
+            prompt_ids=[[[1]] * len(changes)] * agents,
+            winner_ids=[[[5]] * len(changes)] * agents,
+            loser_ids=[[[6] if i in c else [5] for c in changes] for i in range(agents)],
+        )
+
+    assert phase_one_agents(batch([{0}, {1}], 2)) == [False, False]  # counterfactual pairs
+    assert phase_one_agents(batch([{0, 1}], 2)) == [True, True]
+    assert phase_one_agents(batch([{0}, {1, 2}, {2}], 3)) == [False, True, True]
+    assert phase_one_agents(batch([set(), {0, 1, 2}], 3)) == [True, True, True]
+    assert phase_one_agents(batch([{0}], 1)) == [False]  # one agent has no others

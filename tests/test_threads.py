@@ -213,6 +213,44 @@ def test_configure_threads_fixed_count_has_no_follower_and_unset_follows_the_loa
         configure_threads(0)
 
 
+def test_configure_threads_follows_the_load_only_where_the_count_cannot_change_a_product(monkeypatch):
+    """Without MKL's strict reproducibility mode a matrix product's bits may change with the thread count: the
+    count then stays at the CPUs the process owns, and the user is told why."""
+    monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(threads, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
+    monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: False)
+    with pytest.warns(UserWarning, match=r"thread count stays at 2: .*MKL_CBWR=AUTO,STRICT"):
+        assert configure_threads(None) == 2
+    assert threads._follower is None and torch.get_num_threads() == 2
+
+
+PRODUCTS_BY_THREADS = """
+import pbrl, torch
+from pbrl.models.threads import gemm_independent_of_threads
+g = torch.Generator().manual_seed(0)
+w, x = torch.randn(1536, 576, generator=g), torch.randn(24, 576, generator=g)  # SmolLM2's MLP shape
+def products(count):
+    torch.set_num_threads(count)
+    return [torch.nn.functional.linear(x[:m], w) for m in range(1, 25)]
+one, two = products(1), products(2)
+print(gemm_independent_of_threads(), [m + 1 for m in range(24) if not torch.equal(one[m], two[m])])
+"""
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without oneMKL")
+@pytest.mark.parametrize(("setting", "expected"), [(None, "True []"), ("AUTO", "False")])
+def test_import_pbrl_makes_products_of_any_row_count_independent_of_the_thread_count(setting, expected):
+    """The failing input (2026-12-04): a product of 5-7 or 9-11 rows, a decode step of a sampling batch that size,
+    gave other bits on 1 and 2 threads. After ``import pbrl`` (MKL's strict mode) every row count from 1 to 24 gives
+    the same bits; where the user sets another ``MKL_CBWR``, pbrl does not override it and knows the mode is off."""
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"} | ({"MKL_CBWR": setting} if setting else {})
+    out = subprocess.run(
+        [sys.executable, "-c", PRODUCTS_BY_THREADS], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip().startswith(expected), out.stdout
+
+
 BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 
 
@@ -270,7 +308,8 @@ def test_reward_head_svd_runs_on_one_thread_whatever_the_count():
 def test_results_do_not_depend_on_the_thread_count(tiny_model_dir, tmp_path):
     """What the follower relies on: sampled tokens, log-probs and their gradients are bitwise the same with 1 and
     2 threads (also checked on the demo round with SmolLM2, docs/results/benchmarks.md). The tiny model widened
-    (hidden 256, MLP 1024) so that its matmuls and its gradients' accumulations are split between threads."""
+    (hidden 256, MLP 1024) so that its matmuls and its gradients' accumulations are split between threads; batches of
+    1 to 12 rows, since MKL splits a product of 5-7 or 9-11 rows by thread count unless in its strict mode."""
     import shutil
 
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -290,16 +329,27 @@ def test_results_do_not_depend_on_the_thread_count(tiny_model_dir, tmp_path):
     model, tok = load_model(tmp_path, trainable=True), load_tokenizer(tmp_path)
     prompts = [[5, 6, 7, 8, 9] * 8, [11, 12, 13] * 10]
     settings = SamplingSettings(max_new_tokens=12, temperature=0.9, top_p=0.9, top_k=20, batch_size=8)
-    results = []
+    results, one_token_logits = [], []
     for count in (1, 2):
         torch.set_num_threads(count)
-        tokens = generate(model, tok, prompts * 2, [3, 4, 5, 6], settings)
+        with torch.no_grad():  # a decode step's products: one token per row
+            one_token_logits.append(
+                [model(input_ids=torch.tensor([[5 + r] for r in range(m)])).logits for m in range(1, 13)]
+            )
+        tokens = generate(model, tok, prompts * 2, [3, 4, 5, 6], settings) + generate(
+            model,
+            tok,
+            prompts * 3 + prompts[:1],
+            list(range(7, 14)),
+            settings,  # a batch of 7 rows
+        )
         model.zero_grad()
         logps, mask = completion_token_logprobs(model, prompts, [[1, 2, 3] * 20, [4] * 30], pad_token_id=0)
         (logps * mask).sum().backward()
         grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
         results.append((tokens, logps.detach(), grads))
     (tokens_1, logps_1, grads_1), (tokens_2, logps_2, grads_2) = results
+    assert [m for m in range(12) if not torch.equal(one_token_logits[0][m], one_token_logits[1][m])] == []
     assert tokens_1 == tokens_2
     assert torch.equal(logps_1, logps_2)
     assert all(torch.equal(a, b) for a, b in zip(grads_1, grads_2, strict=True))

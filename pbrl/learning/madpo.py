@@ -2,9 +2,10 @@
 own margin and the
 others' margins detached, so the credit weight −β σ(−βΔ) is the joint margin's for every agent.
 
-With several agents, the margins of agents 1…a−1 are first computed without gradients (their detached values
-are the "others" terms; no agent has moved yet), then each agent in turn scores with gradients, steps and frees
-its graph, agent 0 first: its margins from that forward, before it steps, join the others terms of the later
+With several agents, the margins of agents 1…a−1 are first computed without gradients where another agent's
+gradient needs them (their detached values are the "others" terms; no agent has moved yet; counterfactual pairs need
+none, :func:`phase_one_agents`), then each agent in turn scores with gradients, steps and frees its graph, agent 0
+first: its margins from that forward, before it steps, join the others terms of the later
 agents (Ray actors, which work in parallel, all compute detached margins first: ``concurrent``). One agent's
 graph is alive at a time, so training memory does not grow with the number of agents.
 Each distinct prompt of a batch runs once (:func:`pbrl.learning.logprobs.shared_prompt_logprobs`).
@@ -45,7 +46,7 @@ class PairBatch:
 class StepStats:
     loss: float  # mean joint MADPO loss of the batch, nats
     accuracy: float  # share of pairs with joint margin > 0
-    margins: torch.Tensor  # (b, a) detached per-agent margins, nats
+    margins: torch.Tensor  # (b, a) per-agent margins from each agent's training forward (before it stepped), nats
     skipped: tuple[bool, ...]  # per agent: update skipped (non-finite loss or gradient)
     # per agent: its winner and loser ids are the same in every pair of the batch (e.g. counterfactual pairs of
     # joint_mode cross that change another agent), so its margins are exactly 0 and it was not asked at all
@@ -56,6 +57,22 @@ def identical_sides(winner_ids: Sequence[Sequence[int]], loser_ids: Sequence[Seq
     """True when every pair of one agent's batch has the same winner and loser token ids: the agent's margin
     Δ_i = log π(y^w|h) − log π(y^l|h) is then 0 for every θ, and its MADPO gradient too."""
     return all(list(w) == list(lo) for w, lo in zip(winner_ids, loser_ids, strict=True))
+
+
+def phase_one_agents(batch: PairBatch) -> list[bool]:
+    """Per agent: whether the others need its detached margins (phase 1 of :func:`madpo_agents_step`).
+
+    Agent i's margin on pair r enters agent j's loss through the others term, and agent j's gradient there is
+    −β σ(−βΔ_r) ∇Δ_{j,r}: it moves θ_j only where j's own sides differ on r (elsewhere Δ_{j,r} ≡ 0 without a
+    graph). So agent i's detached margins are needed only when some pair has different sides for i *and* for
+    another agent. Counterfactual pairs (``pair_selection: counterfactual``), which change one agent each, need
+    none: every agent's training forward alone gives all its margins."""
+    differs = [
+        [list(w) != list(lo) for w, lo in zip(batch.winner_ids[i], batch.loser_ids[i], strict=True)]
+        for i in range(len(batch.winner_ids))
+    ]  # (a, b)
+    shared = [sum(column) >= 2 for column in zip(*differs, strict=True)]  # (b,): pairs that change two agents or more
+    return [any(d and s for d, s in zip(row, shared, strict=True)) for row in differs]
 
 
 def _score(model: Any) -> Any:
@@ -264,20 +281,22 @@ def madpo_agents_step(
     which only models without dropout allow.
 
     The agents are :class:`StepAgent` s (:class:`LocalAgent` in process, Ray actors remotely): phase 1 asks the
-    agents for their detached margins, the
+    agents whose margins another agent's gradient needs (:func:`phase_one_agents`) for their detached margins, the
     "others" term of agent i is the sum over the other agents' margins (Σ_{j≠i} Δ_j),
     phase 2 asks every agent for its step. ``gather`` turns a phase's list of per-agent results (or handles,
     e.g. Ray object refs with ``ray.get``) into the results.
 
     ``concurrent`` (remote agents, e.g. :mod:`pbrl.distributed.ray_agents`): every agent of a phase is asked before
-    ``gather`` is called, so they work in parallel; every agent computes its detached margins in phase 1.
-    In process (the default, agents one after another) agent 0 skips phase 1: its update is asked first,
-    and the margins its training forward computes before it steps (the same function on the same weights
-    with the same dropout seeds, hence the same values, bitwise on CPU) are its "others" term for the
-    agents after it. That saves one of the step's 3a forward-or-backward passes per micro-batch (a
+    ``gather`` is called, so they work in parallel; every agent that :func:`phase_one_agents` names computes its
+    detached margins in phase 1. In process (the default, agents one after another) agent 0 skips phase 1: its
+    update is asked first, and the margins its training forward computes before it steps (the same function on
+    the same weights with the same dropout seeds, hence the same values, bitwise on CPU) are its "others" term for
+    the agents after it. That saves one of the step's 3a forward-or-backward passes per micro-batch (a
     detached forward costs about half a forward and backward; measured on SmolLM2,
     docs/results/benchmarks.md#shared-prompts-and-memory)
-    and gives the same step.
+    and gives the same step. An agent whose margins no other agent's gradient needs skips phase 1 too (a pair that
+    changes only agent i moves nobody else): with counterfactual pairs, a step is one training forward and backward
+    per agent and micro-batch. The returned ``margins`` are each agent's from its training forward.
 
     An agent whose winner and loser ids are the same in every pair of the batch (:func:`identical_sides`; with
     ``joint_mode: cross``, counterfactual pairs that change other agents) is not asked in either phase: its
@@ -300,9 +319,10 @@ def madpo_agents_step(
     # An agent whose sides are identical in every pair has margins ≡ 0 and no gradient: it is not asked at all (no
     # forward, no backward, no optimizer step, no round trip to a remote agent); its margins column stays 0.
     idle = [identical_sides(batch.winner_ids[i], batch.loser_ids[i]) for i in range(n)]
+    needed = phase_one_agents(batch)  # a subset of the agents that are not idle
 
     def detached(ids: list[int]) -> None:  # phase 1 for agents ``ids``: their columns of ``margins``
-        ids = [i for i in ids if not idle[i]]
+        ids = [i for i in ids if needed[i]]
         if not ids:
             return
         for i, m in zip(
@@ -332,15 +352,17 @@ def madpo_agents_step(
         by_agent = dict(zip(asked, got, strict=True))
         return [by_agent.get(i, (torch.zeros(batch.size), False)) for i in ids]
 
-    margins = torch.zeros(batch.size, n)  # (b, a): column i is agent i's detached margins
+    margins = torch.zeros(batch.size, n)  # (b, a): column i is agent i's detached margins (0 until computed)
     if concurrent and n > 1:
         detached(list(range(n)))
         results = updates(list(range(n)))
     else:  # agents one after another (or a single agent: no others to wait for)
         detached(list(range(1, n)))
         results = updates([0])
-        margins[:, 0] = results[0][0]  # agent 0's own margins, from its update's forward
+        margins[:, 0] = results[0][0]  # agent 0's own margins, from its update's forward, for the later agents
         results += updates(list(range(1, n)))
+    for i, (own, _) in enumerate(results):  # the statistics: every agent's margins from its training forward
+        margins[:, i] = own
     skipped = [was_skipped for _, was_skipped in results]
     return StepStats(
         loss=float(madpo_loss(margins, beta).mean()),

@@ -20,20 +20,28 @@ OpenMP's wait policy is not changed: ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep 
 the spinning, but on an idle machine it made training 1.35-1.85x slower (docs/results/benchmarks.md); it is read
 once when torch loads, so it cannot follow the load.
 
-A fixed ``num_threads`` pins the count. Where we looked, the count changed no result of pbrl's stages by a single
-bit (the demo round with 1 and 2 threads, ``tests/test_threads.py``), but torch does not promise it: a sum or mean
-of more than 32,768 numbers into one is split between the threads (pbrl's losses reduce far fewer), and LAPACK's
-float64 SVD differs in its last bits, which is why the reward head's SVD runs on one thread (:func:`one_thread`).
+A fixed ``num_threads`` pins the count. Following the load must not change a result, and the thread count can: Intel
+oneMKL (torch's BLAS on x86) splits a float32 matrix product of 5-7 or 9-11 rows differently between 1 and 2
+threads, and a decode step of a sampling batch of that many rows gave other bits (found 2026-12-04; batches of 4, 8,
+or 12 rows and more happened to agree). ``import pbrl`` therefore puts MKL in its strict conditional numerical
+reproducibility mode (``MKL_CBWR=AUTO,STRICT``, unless the environment sets ``MKL_CBWR``), where a product's bits do
+not depend on the thread count, and the follower runs only where :func:`gemm_independent_of_threads` confirms that
+mode (not when MKL was first used before ``import pbrl``, nor without MKL). The demo round with 1 and 2 threads is
+bitwise the same (``tests/test_threads.py``). Elsewhere torch does not promise it: a sum or mean of more than 32,768
+numbers into one is split between the threads (pbrl's losses reduce far fewer), and LAPACK's float64 SVD differs in
+its last bits, which is why the reward head's SVD runs on one thread (:func:`one_thread`).
 
 No library does this: torch, accelerate and Ray set a thread count once, at start.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -149,6 +157,28 @@ def load_meter(cpus: Collection[int]) -> LoadMeter | None:
     return meter if meter.capacity >= 2 and meter.busy() is not None else None
 
 
+_MKL_CBWR_ALL, _MKL_CBWR_STRICT = -1, 0x10000  # oneMKL's mkl_service.h: every setting; the strict-mode bit
+
+
+def gemm_independent_of_threads() -> bool:
+    """Whether torch's float32 matrix products give the same bits whatever the thread count: oneMKL in its strict
+    conditional numerical reproducibility mode (Intel's oneMKL guide, "Obtaining Numerically Reproducible Results":
+    strict CNR makes ?gemm's results independent of the number of threads). The mode is fixed when MKL first runs;
+    ``import pbrl`` asks for it through ``MKL_CBWR``. False without MKL in torch or when another mode is in effect.
+
+    Asks the MKL linked into torch's own library (``mkl_serv_cbwr_get``, through ctypes): the ``mkl-service``
+    package would load a second MKL runtime, not the one whose mode matters.
+    """
+    for library in sorted((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.*")):
+        try:
+            get = ctypes.CDLL(str(library)).mkl_serv_cbwr_get
+        except (OSError, AttributeError):
+            continue
+        get.argtypes, get.restype = [ctypes.c_int], ctypes.c_int
+        return bool(get(_MKL_CBWR_ALL) & _MKL_CBWR_STRICT)
+    return False
+
+
 @contextmanager
 def one_thread() -> Iterator[None]:
     """torch on one thread inside the block, its count restored after: for an operation whose result depends on the
@@ -253,7 +283,8 @@ _follower: LoadFollower | None = None
 def configure_threads(num_threads: int | None = None) -> int:
     """Set torch's intra-op threads to ``num_threads`` (the ``num_threads`` option or a Ray reservation: fixed),
     else to :func:`available_cpus`, following the load from then on (:class:`LoadFollower`, where the process
-    owns more than one CPU and :func:`load_meter` can measure); returns the count now in use. Call it from the
+    owns more than one CPU, :func:`load_meter` can measure and :func:`gemm_independent_of_threads` says the count
+    cannot change a result; otherwise the count stays, with a warning); returns the count now in use. Call it from the
     thread that runs the stages. The affinity mask and the quota are read when it is called; later changes to them
     are not followed.
 
@@ -267,6 +298,14 @@ def configure_threads(num_threads: int | None = None) -> int:
     count = num_threads if num_threads is not None else available_cpus()
     cpus = _affinity()
     meter = load_meter(cpus) if num_threads is None and count > 1 and cpus else None
+    if meter is not None and not gemm_independent_of_threads():
+        warnings.warn(
+            f"torch's thread count stays at {count}: this process's matrix products may change with the thread count "
+            "(MKL's strict reproducibility mode, MKL_CBWR=AUTO,STRICT, is not in effect: MKL ran before pbrl was "
+            "imported, or MKL_CBWR says otherwise), so following the load could change results",
+            stacklevel=2,
+        )
+        meter = None
     if meter is not None:
         _follower = LoadFollower(count, meter.capacity, meter.busy)
     elif torch.get_num_threads() != count:
