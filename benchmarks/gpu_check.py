@@ -26,8 +26,8 @@ import torch
 from benchkit import REPO_ROOT, peak_rss_mb, write_result
 
 from pbrl.config import load_job
-from pbrl.models.threads import configure_threads
 from pbrl.run.folder import open_job, prepare_run
+from pbrl.run.settings import configure_job_threads
 from stages import STAGE_MODULES
 
 CONFIGS = {"madpo_iter": "demo.yaml", "marlhf_iter": "marlhf-docs.yaml"}
@@ -46,7 +46,7 @@ def one_round(model: str, trainer: str, device: str, out: Path, extra: list[str]
     )  # fmt: skip
     run_dir = prepare_run(job, resume=False)
     job = open_job(run_dir)
-    configure_threads(job.num_threads)
+    configure_job_threads(job)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     stages = []

@@ -31,8 +31,8 @@ from benchkit import REPO_ROOT, check, peak_rss_mb, print_checks, write_result
 
 from pbrl.config import load_job
 from pbrl.data.storage import trainer_stages
-from pbrl.models.threads import configure_threads
 from pbrl.run.folder import open_job, prepare_run
+from pbrl.run.settings import configure_job_threads
 from stages import STAGE_MODULES
 
 DEMO = REPO_ROOT / "flows" / "configs" / "demo.yaml"
@@ -99,7 +99,7 @@ def main() -> None:
         start = time.perf_counter()
         run_dir = prepare_run(job, resume=False)
         job = open_job(run_dir)  # as the flow runs it: 'auto' precision made concrete for this machine
-        configure_threads(job.num_threads)
+        configure_job_threads(job)
         stages.append(
             {
                 "round": 0,

@@ -29,7 +29,6 @@ from flows.round import call_stage, evaluation_due, round_flow
 from pbrl.config import ConfigNotice, JobConfig, is_iterative, num_rounds, parse_job
 from pbrl.data.storage import RunPaths, read_run_id
 from pbrl.errors import ArtifactError, ConfigError, Problem, expected_error
-from pbrl.models.threads import configure_threads
 from pbrl.reporting.metrics import round_table, write_run_metrics
 from pbrl.reporting.trackers import RunTracker
 from pbrl.run.folder import (
@@ -42,6 +41,7 @@ from pbrl.run.folder import (
     with_run_name,
 )
 from pbrl.run.progress import Event, listening, publish
+from pbrl.run.settings import configure_job_threads
 
 # The label on a flow run that names the run it created (the UUID in run.json): a retry of that flow run resumes it.
 RUN_ID_LABEL = "pbrl.run_id"
@@ -135,7 +135,7 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         run_dir = str(prepare_run(config, resume=resume, run_dir=folder))
         held.enter_context(run_lock(folder))  # re-entrant; a new run's folder exists from here on
         config = open_job(folder)  # as stored: torch_dtype/mixed_precision 'auto' made concrete when it started
-        configure_threads(config.num_threads)  # the CPUs this process owns (pbrl/models/threads.py)
+        configure_job_threads(config)  # the CPUs this process owns (pbrl/models/threads.py)
         _label_flow_run(folder)
         trackers = [RunTracker.for_run(folder)] if config.report_to else []  # report_to: opened at run_start
         held.enter_context(listening(folder, trackers))

@@ -366,13 +366,13 @@ def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, An
     """Run one stage's plain function: no Prefect, no cache, no retries."""
     quiet_libraries()
     from flows.cache import run_recorded  # deferred: flows import Prefect, which reads its settings at first import
-    from pbrl.models.threads import configure_threads  # deferred: imports torch (after quiet_libraries)
     from pbrl.reporting.metrics import write_run_metrics  # deferred: imports torch (after quiet_libraries)
     from pbrl.run.folder import open_job, run_lock  # deferred: imports torch (after quiet_libraries)
+    from pbrl.run.settings import configure_job_threads  # deferred: imports torch (after quiet_libraries)
 
     with run_lock(run_dir):
         job = open_job(run_dir)
-        configure_threads(job.num_threads)
+        configure_job_threads(job)
         manifest = run_recorded(stage, run_dir, round_index, job)
         write_run_metrics(run_dir)
     return {

@@ -104,7 +104,7 @@ def test_nan_margin_skips_the_step_and_leaves_state_bitwise(tiny_model_dir, monk
 
     monkeypatch.setattr(madpo, "agent_margins", poisoned)
     stats = madpo_step(agents, batch(), beta=0.1, max_grad_norm=1.0)
-    # Agent 1's margin is NaN, so the joint margin is NaN for every agent: both steps are skipped.
+    # Agent 1's margin is NaN on pairs that change both agents, so the joint margin is NaN for both: both skipped.
     assert stats.skipped == (True, True)
     for p, b, ob in zip(agents, before, opt_before, strict=True):
         assert all(torch.equal(param, b[n]) for n, param in p.model.named_parameters())
@@ -112,6 +112,38 @@ def test_nan_margin_skips_the_step_and_leaves_state_bitwise(tiny_model_dir, monk
         for k, st in ob.items():
             for s, v in st.items():
                 assert torch.equal(state[k][s], v) if torch.is_tensor(v) else state[k][s] == v
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_a_nan_margin_on_a_pair_that_changes_only_another_agent_skips_only_that_agent(
+    tiny_model_dir, monkeypatch, concurrent
+):
+    """The review's reproducer: counterfactual pairs (pair 0 changes agent 0 only, pair 1 agent 1 only) and agent 0's
+    margins NaN. Agent 1's loss has no gradient on pair 0, so agent 0's NaN there must not skip agent 1's step; it
+    did in process (the others term carried it), and not concurrently, once phase 1 asked nobody."""
+    from pbrl.learning.madpo import LocalAgent, madpo_agents_step
+
+    agents = policies(tiny_model_dir)
+    before = [snapshot(p) for p in agents]
+    real = madpo.agent_margins
+
+    def poisoned(policy, prompt_ids, winner_ids, loser_ids, *rest):  # NaN where agent 0's sides differ (pair 0)
+        out = real(policy, prompt_ids, winner_ids, loser_ids, *rest)
+        changed = torch.tensor([list(w) != list(lo) for w, lo in zip(winner_ids, loser_ids, strict=True)])
+        return out.masked_fill(changed, torch.nan) if policy is agents[0] else out
+
+    monkeypatch.setattr(madpo, "agent_margins", poisoned)
+    pairs = PairBatch(
+        prompt_ids=[PROMPTS, PROMPTS],
+        winner_ids=[WINNERS, WINNERS],
+        loser_ids=[[LOSERS[0], WINNERS[1]], [WINNERS[0], LOSERS[1]]],
+    )
+    stats = madpo_agents_step(
+        [LocalAgent(p) for p in agents], pairs, beta=0.1, max_grad_norm=1.0, concurrent=concurrent
+    )
+    assert stats.skipped == (True, False)
+    assert all(torch.equal(param, before[0][n]) for n, param in agents[0].model.named_parameters())
+    assert not all(torch.equal(param, before[1][n]) for n, param in agents[1].model.named_parameters())
 
 
 def test_gradient_weight_is_the_joint_margins_for_every_agent(tiny_model_dir):

@@ -12,7 +12,9 @@ of the repository and running this module):
 3. In process (``madpo_agents_step`` with ``concurrent=False``), agent 0's column of the margins left at 0 for
    the later agents instead of its update's own margins, or agent 0 asked for a graph-free pass it does not
    need (the saved forward): ``test_the_step_equals_the_written_out_two_phase_arithmetic_bitwise``
-   fails; with ``concurrent=True`` (Ray actors) every agent must be asked for phase 1 before any update.
+   fails; with ``concurrent=True`` (Ray actors) every agent whose margins another needs must be asked for phase 1
+   before any update, and with pairs that change one agent each nobody is
+   (``test_agents_whose_margins_nobody_needs_skip_phase_one_and_the_step_is_unchanged``).
 
 Expectations come from a brute-force reference (each sequence scored alone by a plain forward pass and
 ``log_softmax``) and the closed form of the gradient, never from the code under test.

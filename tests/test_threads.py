@@ -200,6 +200,7 @@ def test_follower_applies_its_count_in_each_thread_that_ticks():
 
 
 def test_configure_threads_fixed_count_has_no_follower_and_unset_follows_the_load(monkeypatch):
+    monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: True)  # as under MKL's strict mode
     monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
     monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
     monkeypatch.setattr(threads, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
@@ -220,9 +221,30 @@ def test_configure_threads_follows_the_load_only_where_the_count_cannot_change_a
     monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
     monkeypatch.setattr(threads, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
     monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: False)
-    with pytest.warns(UserWarning, match=r"thread count stays at 2: .*MKL_CBWR=AUTO,STRICT"):
+    with pytest.warns(UserWarning, match=r"thread count stays at 2, .*MKL_CBWR=AUTO,STRICT"):
         assert configure_threads(None) == 2
     assert threads._follower is None and torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize(
+    ("torch_dtype", "mixed_precision", "follows"),
+    [("float32", "no", True), ("bfloat16", "no", False), ("float32", "bf16", False)],
+)
+def test_a_job_follows_the_load_only_when_it_computes_in_float32(
+    tiny_model_dir, tmp_path, monkeypatch, torch_dtype, mixed_precision, follows
+):
+    """bfloat16 and float16 products on a CPU go through oneDNN, which MKL's strict mode does not govern: a job that
+    computes in them keeps the count it owns, silently (its manifests say so)."""
+    from pbrl.run.settings import configure_job_threads
+    from tests.helpers import tiny_job
+
+    monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: True)
+    monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(threads, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
+    job = tiny_job(tiny_model_dir, tmp_path, torch_dtype=torch_dtype, mixed_precision=mixed_precision)
+    assert configure_job_threads(job) == 2 and torch.get_num_threads() == 2
+    assert (threads._follower is not None) == follows
 
 
 PRODUCTS_BY_THREADS = """
@@ -239,12 +261,13 @@ print(gemm_independent_of_threads(), [m + 1 for m in range(24) if not torch.equa
 
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without oneMKL")
-@pytest.mark.parametrize(("setting", "expected"), [(None, "True []"), ("AUTO", "False")])
+@pytest.mark.parametrize(("setting", "expected"), [(None, "True []"), ("", "True []"), ("AUTO", "False")])
 def test_import_pbrl_makes_products_of_any_row_count_independent_of_the_thread_count(setting, expected):
     """The failing input (2026-12-04): a product of 5-7 or 9-11 rows, a decode step of a sampling batch that size,
     gave other bits on 1 and 2 threads. After ``import pbrl`` (MKL's strict mode) every row count from 1 to 24 gives
-    the same bits; where the user sets another ``MKL_CBWR``, pbrl does not override it and knows the mode is off."""
-    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"} | ({"MKL_CBWR": setting} if setting else {})
+    the same bits, also when ``MKL_CBWR`` is set empty (MKL reads that as unset); where the user sets another mode,
+    pbrl does not override it and knows the mode is off."""
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"} | ({} if setting is None else {"MKL_CBWR": setting})
     out = subprocess.run(
         [sys.executable, "-c", PRODUCTS_BY_THREADS], env=env, capture_output=True, text=True, timeout=120, check=True
     )

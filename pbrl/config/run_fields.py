@@ -148,9 +148,10 @@ class _RunFields(_Fields):
         description="torch's intra-op threads (and OpenMP's) in the process that runs the stages, fixed; None = "
         "the CPUs this process may use (its affinity mask, capped by a cgroup CPU quota), fewer while other "
         "processes keep some of them busy (measured about once a second; one thread per free CPU, at least 1, so "
-        "that waiting threads do not spin against another job's; only where oneMKL's strict reproducibility mode "
-        "keeps results independent of the count, which importing pbrl sets). Ray shards and actors use the CPUs "
-        "Ray reserved for them. The stage manifests record the mean and the fewest threads a stage ran with.",
+        "that waiting threads do not spin against another job's; only where the job computes in float32 and "
+        "oneMKL's strict reproducibility mode, which importing pbrl sets, keeps results independent of the count: "
+        "bfloat16 and float16 CPU products go through oneDNN, which it does not govern). Ray shards and actors use "
+        "the CPUs Ray reserved for them. The stage manifests record the mean and the fewest threads a stage ran with.",
     )
     gradient_checkpointing: StrictBool = Field(
         False,

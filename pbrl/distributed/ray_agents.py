@@ -5,7 +5,8 @@ Each :class:`AgentActor` loads its agent's trainable policy and AdamW state from
 (:func:`pbrl.models.policies.trainable_agent`, the code of the in-process path) and keeps them for the stage. Per batch
 the driver runs :func:`pbrl.learning.madpo.madpo_agents_step` over :class:`RemoteAgent` handles with
 ``concurrent=True``:
-every actor computes its detached margins in parallel, the driver sums the "others" terms, then every actor takes
+every actor whose detached margins another agent needs (:func:`pbrl.learning.madpo.phase_one_agents`) computes
+them in parallel, the driver sums the "others" terms, then every actor takes
 its own step in parallel; at the end each actor writes its ``agent_<i>/`` (weights and optimizer state) into the
 checkpoint's temporary folder. The numbers are the in-process update's (bitwise on CPU: the actor runs with the
 driver's torch thread count), since each actor runs the same functions on the same inputs; in process agent 0's

@@ -6,7 +6,7 @@ With several agents, the margins of agents 1…a−1 are first computed without 
 gradient needs them (their detached values are the "others" terms; no agent has moved yet; counterfactual pairs need
 none, :func:`phase_one_agents`), then each agent in turn scores with gradients, steps and frees its graph, agent 0
 first: its margins from that forward, before it steps, join the others terms of the later
-agents (Ray actors, which work in parallel, all compute detached margins first: ``concurrent``). One agent's
+agents (Ray actors, which work in parallel, compute the detached margins others need first: ``concurrent``). One agent's
 graph is alive at a time, so training memory does not grow with the number of agents.
 Each distinct prompt of a batch runs once (:func:`pbrl.learning.logprobs.shared_prompt_logprobs`).
 These training forwards run in train mode, so dropout (``lora_dropout``) takes effect, with masks drawn
@@ -59,18 +59,23 @@ def identical_sides(winner_ids: Sequence[Sequence[int]], loser_ids: Sequence[Seq
     return all(list(w) == list(lo) for w, lo in zip(winner_ids, loser_ids, strict=True))
 
 
+def changed_pairs(batch: PairBatch) -> list[list[bool]]:
+    """(a, b): whether pair r changes agent i (its winner and loser ids differ)."""
+    return [
+        [list(w) != list(lo) for w, lo in zip(batch.winner_ids[i], batch.loser_ids[i], strict=True)]
+        for i in range(len(batch.winner_ids))
+    ]
+
+
 def phase_one_agents(batch: PairBatch) -> list[bool]:
     """Per agent: whether the others need its detached margins (phase 1 of :func:`madpo_agents_step`).
 
     Agent i's margin on pair r enters agent j's loss through the others term, and agent j's gradient there is
     −β σ(−βΔ_r) ∇Δ_{j,r}: it moves θ_j only where j's own sides differ on r (elsewhere Δ_{j,r} ≡ 0 without a
-    graph). So agent i's detached margins are needed only when some pair has different sides for i *and* for
-    another agent. Counterfactual pairs (``pair_selection: counterfactual``), which change one agent each, need
-    none: every agent's training forward alone gives all its margins."""
-    differs = [
-        [list(w) != list(lo) for w, lo in zip(batch.winner_ids[i], batch.loser_ids[i], strict=True)]
-        for i in range(len(batch.winner_ids))
-    ]  # (a, b)
+    graph, and the step leaves the others term out). So agent i's detached margins are needed only when some pair
+    has different sides for i *and* for another agent. Counterfactual pairs (``pair_selection: counterfactual``),
+    which change one agent each, need none: every agent's training forward alone gives all its margins."""
+    differs = changed_pairs(batch)  # (a, b)
     shared = [sum(column) >= 2 for column in zip(*differs, strict=True)]  # (b,): pairs that change two agents or more
     return [any(d and s for d, s in zip(row, shared, strict=True)) for row in differs]
 
@@ -298,6 +303,9 @@ def madpo_agents_step(
     changes only agent i moves nobody else): with counterfactual pairs, a step is one training forward and backward
     per agent and micro-batch. The returned ``margins`` are each agent's from its training forward.
 
+    Agent i's others term is left out (0) on the pairs that do not change it: its loss there has no gradient, so
+    its step is skipped only when its loss on its own pairs is not finite, in every mode and agent order.
+
     An agent whose winner and loser ids are the same in every pair of the batch (:func:`identical_sides`; with
     ``joint_mode: cross``, counterfactual pairs that change other agents) is not asked in either phase: its
     margins are exactly 0, its weights and optimizer state do not move, and ``StepStats.idle`` marks it.
@@ -320,6 +328,10 @@ def madpo_agents_step(
     # forward, no backward, no optimizer step, no round trip to a remote agent); its margins column stays 0.
     idle = [identical_sides(batch.winner_ids[i], batch.loser_ids[i]) for i in range(n)]
     needed = phase_one_agents(batch)  # a subset of the agents that are not idle
+    # Agent i's others term only where a pair changes i: elsewhere its loss has no gradient, and a term there (a
+    # NaN margin of another agent on a pair that changes only that agent) would skip i's step for nothing, in one
+    # mode and not the other (phase 1 is not asked for those margins).
+    changes = torch.tensor(changed_pairs(batch)).T  # (b, a)
 
     def detached(ids: list[int]) -> None:  # phase 1 for agents ``ids``: their columns of ``margins``
         ids = [i for i in ids if needed[i]]
@@ -337,7 +349,7 @@ def madpo_agents_step(
                 [
                     agents[i].update(
                         *args[i],
-                        margins[:, [j for j in range(n) if j != i]].sum(dim=1),
+                        margins[:, [j for j in range(n) if j != i]].sum(dim=1).where(changes[:, i], 0.0),
                         agent_seeds[i],
                         parts,
                         beta=beta,

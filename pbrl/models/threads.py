@@ -26,8 +26,9 @@ threads, and a decode step of a sampling batch of that many rows gave other bits
 or 12 rows and more happened to agree). ``import pbrl`` therefore puts MKL in its strict conditional numerical
 reproducibility mode (``MKL_CBWR=AUTO,STRICT``, unless the environment sets ``MKL_CBWR``), where a product's bits do
 not depend on the thread count, and the follower runs only where :func:`gemm_independent_of_threads` confirms that
-mode (not when MKL was first used before ``import pbrl``, nor without MKL). The demo round with 1 and 2 threads is
-bitwise the same (``tests/test_threads.py``). Elsewhere torch does not promise it: a sum or mean of more than 32,768
+mode (not when MKL was first used before ``import pbrl``, nor without MKL). The demo round with 1 and 2 threads was
+bitwise the same (docs/results/benchmarks.md); ``tests/test_threads.py`` checks the tiny model's tokens, log-probs and
+gradients at batches of 1 to 12 rows. Elsewhere torch does not promise it: a sum or mean of more than 32,768
 numbers into one is split between the threads (pbrl's losses reduce far fewer), and LAPACK's float64 SVD differs in
 its last bits, which is why the reward head's SVD runs on one thread (:func:`one_thread`).
 
@@ -169,7 +170,8 @@ def gemm_independent_of_threads() -> bool:
     Asks the MKL linked into torch's own library (``mkl_serv_cbwr_get``, through ctypes): the ``mkl-service``
     package would load a second MKL runtime, not the one whose mode matters.
     """
-    for library in sorted((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.*")):
+    lib = Path(torch.__file__).parent / "lib"
+    for library in sorted([*lib.glob("libtorch_cpu.*"), *lib.glob("torch_cpu.dll")]):
         try:
             get = ctypes.CDLL(str(library)).mkl_serv_cbwr_get
         except (OSError, AttributeError):
@@ -280,13 +282,15 @@ class LoadFollower:
 _follower: LoadFollower | None = None
 
 
-def configure_threads(num_threads: int | None = None) -> int:
+def configure_threads(num_threads: int | None = None, *, float32: bool = True) -> int:
     """Set torch's intra-op threads to ``num_threads`` (the ``num_threads`` option or a Ray reservation: fixed),
     else to :func:`available_cpus`, following the load from then on (:class:`LoadFollower`, where the process
-    owns more than one CPU, :func:`load_meter` can measure and :func:`gemm_independent_of_threads` says the count
-    cannot change a result; otherwise the count stays, with a warning); returns the count now in use. Call it from the
-    thread that runs the stages. The affinity mask and the quota are read when it is called; later changes to them
-    are not followed.
+    owns more than one CPU, :func:`load_meter` can measure, the work computes in ``float32`` and
+    :func:`gemm_independent_of_threads` says the count cannot change a result; otherwise the count stays, with a
+    warning when MKL's mode is the reason); returns the count now in use. ``float32``: false when the process computes
+    in bfloat16 or float16 (``torch_dtype``, ``mixed_precision``), whose CPU products go through oneDNN, which MKL's
+    strict mode does not govern. Call it from the thread that runs the stages. The affinity mask and the quota are
+    read when it is called; later changes to them are not followed.
 
     Raises:
         ValueError: ``num_threads`` below 1.
@@ -297,12 +301,17 @@ def configure_threads(num_threads: int | None = None) -> int:
     _follower = None
     count = num_threads if num_threads is not None else available_cpus()
     cpus = _affinity()
-    meter = load_meter(cpus) if num_threads is None and count > 1 and cpus else None
+    meter = load_meter(cpus) if num_threads is None and count > 1 and cpus and float32 else None
     if meter is not None and not gemm_independent_of_threads():
+        why = (
+            "MKL's strict reproducibility mode (MKL_CBWR=AUTO,STRICT) is not in effect: MKL ran before pbrl was "
+            "imported, or MKL_CBWR says otherwise"
+            if torch.backends.mkl.is_available()
+            else "this torch has no oneMKL, whose strict reproducibility mode pbrl relies on"
+        )
         warnings.warn(
-            f"torch's thread count stays at {count}: this process's matrix products may change with the thread count "
-            "(MKL's strict reproducibility mode, MKL_CBWR=AUTO,STRICT, is not in effect: MKL ran before pbrl was "
-            "imported, or MKL_CBWR says otherwise), so following the load could change results",
+            f"torch's thread count stays at {count}, the CPUs this process owns: its matrix products may change with "
+            f"the thread count ({why}), so following the load could change results",
             stacklevel=2,
         )
         meter = None

@@ -21,6 +21,15 @@ from pbrl.models.lora import LoraSettings
 from pbrl.models.placement import normalize_max_memory, placement_spec
 from pbrl.models.policies import AgentTraining, PolicySource
 from pbrl.models.precision import AUTO, PrecisionChoice, resolve_precision
+from pbrl.models.threads import configure_threads
+
+
+def configure_job_threads(job: JobConfig) -> int:
+    """torch's threads in a process that runs ``job``'s stages (:func:`pbrl.models.threads.configure_threads`):
+    ``num_threads``, else the CPUs the process owns, following the load where the job computes in float32 only
+    (``torch_dtype`` float32 and ``mixed_precision`` no, as resolved for this machine). Returns the count in use."""
+    job, _ = concrete_precision(job)
+    return configure_threads(job.num_threads, float32=job.torch_dtype == "float32" and job.mixed_precision == "no")
 
 
 def policy_source(job: JobConfig) -> PolicySource:
