@@ -77,9 +77,7 @@ def main() -> None:
     if args.every_phase_one:  # phase 1 before it was pruned: every agent with a pair whose sides differ
         from pbrl.learning import madpo
 
-        madpo.phase_one_agents = lambda batch: [
-            not madpo.identical_sides(w, lo) for w, lo in zip(batch.winner_ids, batch.loser_ids, strict=True)
-        ]
+        madpo.phase_one_agents = lambda differs: [any(row) for row in differs]
     # The targets are the demo's, on SmolLM2: a run with other options is information only.
     levers_off = args.dynamic_cache or args.full_vocab_sampler or args.every_phase_one
     applies = args.model == "smollm2-135m-instruct" and not args.overrides and not levers_off and args.config == DEMO

@@ -281,14 +281,16 @@ def test_agents_whose_margins_nobody_needs_skip_phase_one_and_the_step_is_unchan
 
 def test_phase_one_agents_by_hand():
     """Hand-worked: which agents' detached margins another agent's gradient needs."""
-    from pbrl.learning.madpo import phase_one_agents
+    from pbrl.learning.madpo import changed_pairs, phase_one_agents
 
-    def batch(changes: list[set[int]], agents: int) -> PairBatch:  # pair j changes the agents in changes[j]
-        return PairBatch(
+    def batch(changes: list[set[int]], agents: int) -> list[list[bool]]:  # pair j changes the agents in changes[j]
+        pairs = PairBatch(
             prompt_ids=[[[1]] * len(changes)] * agents,
             winner_ids=[[[5]] * len(changes)] * agents,
             loser_ids=[[[6] if i in c else [5] for c in changes] for i in range(agents)],
         )
+        assert changed_pairs(pairs) == [[i in c for c in changes] for i in range(agents)]
+        return changed_pairs(pairs)
 
     assert phase_one_agents(batch([{0}, {1}], 2)) == [False, False]  # counterfactual pairs
     assert phase_one_agents(batch([{0, 1}], 2)) == [True, True]

@@ -67,15 +67,15 @@ def changed_pairs(batch: PairBatch) -> list[list[bool]]:
     ]
 
 
-def phase_one_agents(batch: PairBatch) -> list[bool]:
-    """Per agent: whether the others need its detached margins (phase 1 of :func:`madpo_agents_step`).
+def phase_one_agents(differs: list[list[bool]]) -> list[bool]:
+    """Per agent: whether the others need its detached margins (phase 1 of :func:`madpo_agents_step`); ``differs``
+    is :func:`changed_pairs` of the batch, (a, b).
 
     Agent i's margin on pair r enters agent j's loss through the others term, and agent j's gradient there is
     −β σ(−βΔ_r) ∇Δ_{j,r}: it moves θ_j only where j's own sides differ on r (elsewhere Δ_{j,r} ≡ 0 without a
     graph, and the step leaves the others term out). So agent i's detached margins are needed only when some pair
     has different sides for i *and* for another agent. Counterfactual pairs (``pair_selection: counterfactual``),
     which change one agent each, need none: every agent's training forward alone gives all its margins."""
-    differs = changed_pairs(batch)  # (a, b)
     shared = [sum(column) >= 2 for column in zip(*differs, strict=True)]  # (b,): pairs that change two agents or more
     return [any(d and s for d, s in zip(row, shared, strict=True)) for row in differs]
 
@@ -326,12 +326,13 @@ def madpo_agents_step(
     args = [(batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i]) for i in range(n)]
     # An agent whose sides are identical in every pair has margins ≡ 0 and no gradient: it is not asked at all (no
     # forward, no backward, no optimizer step, no round trip to a remote agent); its margins column stays 0.
-    idle = [identical_sides(batch.winner_ids[i], batch.loser_ids[i]) for i in range(n)]
-    needed = phase_one_agents(batch)  # a subset of the agents that are not idle
+    differs = changed_pairs(batch)  # (a, b)
+    idle = [not any(row) for row in differs]  # identical_sides of each agent's pairs
+    needed = phase_one_agents(differs)  # a subset of the agents that are not idle
     # Agent i's others term only where a pair changes i: elsewhere its loss has no gradient, and a term there (a
     # NaN margin of another agent on a pair that changes only that agent) would skip i's step for nothing, in one
     # mode and not the other (phase 1 is not asked for those margins).
-    changes = torch.tensor(changed_pairs(batch)).T  # (b, a)
+    changes = torch.tensor(differs).T  # (b, a)
 
     def detached(ids: list[int]) -> None:  # phase 1 for agents ``ids``: their columns of ``margins``
         ids = [i for i in ids if needed[i]]
