@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +183,17 @@ def madpo_step(policies: Sequence[Any], batch: Any, **kwargs: Any) -> Any:
     from pbrl.learning.madpo import LocalAgent, madpo_agents_step
 
     return madpo_agents_step([LocalAgent(p) for p in policies], batch, **kwargs)
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@contextmanager
+def benchmark_script(name: str) -> Iterator[Any]:
+    """The module of ``benchmarks/<name>.py``, importable while the block runs (the scripts import their helper
+    module ``benchkit`` from their own folder)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))

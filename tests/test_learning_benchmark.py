@@ -10,11 +10,9 @@ margin of the round's policy against round 0's (computed here one row at a time 
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -27,18 +25,13 @@ from pbrl.generation.sampling import encode_prompt
 from pbrl.models.policies import load_agent, policy_checkpoint
 from pbrl.run.folder import open_job
 from pbrl.run.settings import policy_source
-from tests.helpers import logprob_alone
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.helpers import benchmark_script, logprob_alone
 
 
 @pytest.fixture(scope="module")
 def learning():
-    sys.path.insert(0, str(BENCHMARKS))  # the benchmark scripts import their helper module `benchkit`
-    try:
-        yield importlib.import_module("learning")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_script("learning") as module:
+        yield module
 
 
 @pytest.mark.parametrize("trainer", ["madpo_iter", "marlhf_iter"])

@@ -4,10 +4,7 @@ by hand."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,9 +13,9 @@ from pbrl.config import load_job
 from pbrl.data.storage import RunPaths
 from pbrl.learning.feature_store import features_path
 from pbrl.learning.reward_model import JointRewardModel
+from tests.helpers import benchmark_script
 from tests.test_marlhf_flow import ITER_YAML
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SETTINGS = [
     "reward_freeze_backbone=true",
     "reward_pooling=segments",
@@ -29,11 +26,8 @@ SETTINGS = [
 
 @pytest.fixture(scope="module")
 def reward_head():
-    sys.path.insert(0, str(BENCHMARKS))  # the benchmark scripts import their helper module `benchkit`
-    try:
-        yield importlib.import_module("reward_head")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_script("reward_head") as module:
+        yield module
 
 
 def _row(round_index, split, components, squares, accuracy):

@@ -158,6 +158,7 @@ def load_meter(cpus: Collection[int]) -> LoadMeter | None:
     return meter if meter.capacity >= 2 and meter.busy() is not None else None
 
 
+STRICT_MKL_CBWR = "AUTO,STRICT"  # the MKL_CBWR value `import pbrl` sets when the environment sets none
 _MKL_CBWR_ALL, _MKL_CBWR_STRICT = -1, 0x10000  # oneMKL's mkl_service.h: every setting; the strict-mode bit
 
 
@@ -179,6 +180,22 @@ def gemm_independent_of_threads() -> bool:
         get.argtypes, get.restype = [ctypes.c_int], ctypes.c_int
         return bool(get(_MKL_CBWR_ALL) & _MKL_CBWR_STRICT)
     return False
+
+
+def mkl_mode_note() -> str | None:
+    """What a run's float32 results owe to a mode other than MKL's strict one, for its manifests; None when the mode is
+    strict (:func:`gemm_independent_of_threads`) or torch has no oneMKL. Outside strict mode MKL picks its kernels by
+    CPU and thread count, so the bits differ from a run in strict mode on the same inputs."""
+    if not torch.backends.mkl.is_available() or gemm_independent_of_threads():
+        return None
+    setting = os.environ.get("MKL_CBWR")
+    cause = (
+        "MKL ran before pbrl was imported" if setting == STRICT_MKL_CBWR else f"the environment sets MKL_CBWR={setting}"
+    )
+    return (
+        f"float32 matrix products ran outside oneMKL's strict reproducibility mode ({cause}): their last bits can "
+        "differ from a run in strict mode and with the thread count"
+    )
 
 
 @contextmanager

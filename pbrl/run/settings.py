@@ -24,12 +24,18 @@ from pbrl.models.precision import AUTO, PrecisionChoice, resolve_precision
 from pbrl.models.threads import configure_threads
 
 
+def float32_job(job: JobConfig) -> bool:
+    """Whether ``job`` computes in float32 only: ``torch_dtype`` float32 and ``mixed_precision`` no, as resolved for
+    this machine."""
+    job, _ = concrete_precision(job)
+    return job.torch_dtype == "float32" and job.mixed_precision == "no"
+
+
 def configure_job_threads(job: JobConfig) -> int:
     """torch's threads in a process that runs ``job``'s stages (:func:`pbrl.models.threads.configure_threads`):
     ``num_threads``, else the CPUs the process owns, following the load where the job computes in float32 only
-    (``torch_dtype`` float32 and ``mixed_precision`` no, as resolved for this machine). Returns the count in use."""
-    job, _ = concrete_precision(job)
-    return configure_threads(job.num_threads, float32=job.torch_dtype == "float32" and job.mixed_precision == "no")
+    (:func:`float32_job`). Returns the count in use."""
+    return configure_threads(job.num_threads, float32=float32_job(job))
 
 
 def policy_source(job: JobConfig) -> PolicySource:

@@ -20,8 +20,9 @@ from typing import Any
 
 from pbrl.config import JobConfig, stage_config_hash
 from pbrl.data.storage import RunPaths, StageManifest, hash_files, write_manifest
-from pbrl.models.threads import thread_usage
+from pbrl.models.threads import mkl_mode_note, thread_usage
 from pbrl.run.progress import Event, Progress, publish
+from pbrl.run.settings import agent_device, float32_job
 
 log = logging.getLogger("pbrl.stages")
 PEAK_RSS_METRIC = "resource/peak_rss_mb"
@@ -99,7 +100,9 @@ class StageRecord:
         self.messages.append(message)
 
     def finish(self, inputs: Iterable[Path], outputs: Iterable[Path]) -> StageManifest:
-        """Write the manifest; adds ``resource/peak_rss_mb`` (:func:`peak_rss_mb` when the stage ends)."""
+        """Write the manifest; adds ``resource/peak_rss_mb`` (:func:`peak_rss_mb` when the stage ends), the thread
+        counts, and a message when a float32 job's CPU matrix products ran outside MKL's strict mode
+        (:func:`pbrl.models.threads.mkl_mode_note`)."""
         self.metrics.setdefault(PEAK_RSS_METRIC, peak_rss_mb())
         mean, lowest, changes = thread_usage(self._thread_clock)
         self.metrics.setdefault(THREADS_METRIC, round(mean, 2))
@@ -109,6 +112,8 @@ class StageRecord:
                 f"torch's threads followed the other processes' load: {changes} change(s), {mean:.2f} on average, "
                 f"{lowest} at the fewest (num_threads fixes the count)"
             )
+        if float32_job(self.job) and agent_device(self.job).startswith("cpu") and (note := mkl_mode_note()):
+            self.say(note)
         undefined = sorted(k for k, v in self.metrics.items() if not math.isfinite(v))
         if undefined:
             self.say(f"metrics without a finite value (left out): {', '.join(undefined)}")
