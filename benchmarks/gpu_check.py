@@ -137,7 +137,13 @@ def resume_is_bitwise(device: str, out: Path) -> dict:
     whole = train_flow(load_job(config, [*base, "run_name=whole"]))["run_dir"]
     train_flow(load_job(config, [*base, "run_name=resumed", "num_iterations=1"]))  # "killed" after round 1
     resumed = train_flow(load_job(config, [*base, "run_name=resumed"]), resume=True)["run_dir"]
-    differ, compared = differing_files(Path(whole), Path(resumed)), len(stored_results(Path(whole)))
+    return compare_runs(Path(whole), Path(resumed))
+
+
+def compare_runs(whole: Path, resumed: Path) -> dict:
+    """The resume verdict: how many stored results the uninterrupted run holds, those that differ, and ``bitwise``,
+    true only when some were compared and none differs."""
+    differ, compared = differing_files(whole, resumed), len(stored_results(whole))
     kinds = f"parquet (metrics without {', '.join(MEASUREMENTS)}), safetensors, pt"
     return {"files_compared": compared, "kinds": kinds, "differing": differ, "bitwise": compared > 0 and not differ}
 

@@ -13,7 +13,10 @@ alone decide whether that is reachable. The profiler adds time per operator, so 
 Round 1 trains on ``--train-items`` of the demo's 16 training problems (default 4): summarising the profile of a
 whole 16-problem sampling stage took more than 18 GiB. The stages whose work is per training problem (all of round 1
 but its evaluation) are scaled to the demo's count; the evaluations run at the demo's size. Sampling is linear in
-the problems: unprofiled, 4 problems took 21 s and 16 took 85 s on the same machine.
+the problems: unprofiled, 4 problems took 21 s and 16 took 85 s on the same machine. ``--set`` changes the round
+accounted for (its ``task_options`` too); ``--train-items`` only how much of round 1 is profiled. The floor holds for
+these batch shapes (the job's ``generation_batch_size``, one pair per training forward) and this thread count: other
+shapes run the kernels at other speeds.
 
 Run: ``.venv/bin/python benchmarks/round_kernels.py --model smollm2-135m-instruct`` (about 5 minutes on 2 cores).
 """
@@ -45,10 +48,10 @@ ATTENTION = (
 
 def profiled_stage(name: str, run_dir: Path, round_index: int, job: JobConfig) -> dict:
     """Run one stage under the profiler: wall seconds, every operator's CPU seconds, the kernels' seconds."""
-    start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()  # inside: the profiler's own start and stop are not the stage's
         STAGE_MODULES[name].run(run_dir, round_index, job)
-    wall = time.perf_counter() - start
+        wall = time.perf_counter() - start
     events = prof.key_averages()
     own = {e.key: e.self_cpu_time_total / 1e6 for e in events}
     products = sum(own.get(k, 0.0) for k in PRODUCTS)
@@ -56,10 +59,11 @@ def profiled_stage(name: str, run_dir: Path, round_index: int, job: JobConfig) -
     return {
         "round": round_index,
         "stage": name,
-        "wall_s": round(wall, 2),
-        "operators_s": round(sum(own.values()), 2),
-        "products_s": round(products, 2),
-        "attention_s": round(attention, 2),
+        "wall_s": round(wall, 4),
+        "operators_s": round(sum(own.values()), 4),
+        "products_s": round(products, 4),
+        "attention_s": round(attention, 4),
+        "attention_backward_s": round(own.get(ATTENTION[1], 0.0), 4),  # part of attention_s
         "kernels_share_of_wall": round((products + attention) / wall, 3) if wall else 0.0,
     }
 
@@ -71,15 +75,16 @@ def main() -> None:
     parser.add_argument("--train-items", type=int, default=4, help="training problems profiled (scaled to the demo's)")
     parser.add_argument("--result", default="round-kernels", help="result file name")
     args = parser.parse_args()
-    demo = load_job(DEMO).task_options
-    scale = demo["num_train_items"] / args.train_items
+    demo = load_job(DEMO, args.overrides).task_options  # the round to account for, the user's overrides included
+    items = f"task_options={{num_train_items: {args.train_items}, num_eval_items: {demo['num_eval_items']}}}"
     with tempfile.TemporaryDirectory() as out:
-        items = f"task_options={{num_train_items: {args.train_items}, num_eval_items: {demo['num_eval_items']}}}"
         job = load_job(
             DEMO,
-            [items, *args.overrides, f"output_dir={out}", "run_name=kernels", "num_iterations=1",
+            [*args.overrides, items, f"output_dir={out}", "run_name=kernels", "num_iterations=1",
              f"agent_model={args.model}"],
         )  # fmt: skip
+        profiled = job.task_options["num_train_items"]
+        scale = demo["num_train_items"] / profiled
         run_dir = prepare_run(job, resume=False)
         job = open_job(run_dir)  # 'auto' precision made concrete for this machine
         configure_job_threads(job)
@@ -103,12 +108,12 @@ def main() -> None:
         args.result,
         args.model,
         {
-            "workload": {"config": "flows/configs/demo.yaml", "overrides": ["num_iterations=1", *args.overrides],
+            "workload": {"config": "flows/configs/demo.yaml", "overrides": ["num_iterations=1", *args.overrides, items],
                          "torch_dtype": job.torch_dtype, "mixed_precision": job.mixed_precision},
             "stages": stages,
             "round_1_kernels_s": round(floor, 1),
             "round_1_profiled_wall_s": round(sum(s["wall_s"] * s["scale"] for s in round_1), 1),
-            "train_items": {"profiled": args.train_items, "demo": demo["num_train_items"]},
+            "train_items": {"profiled": profiled, "demo": demo["num_train_items"]},
             "method": "One run; each stage under torch.profiler (CPU); operators' self CPU seconds on the calling "
             "thread (an intra-op parallel kernel counts its wall time there, not its threads' sum); round 1's stages "
             "but its evaluation are multiplied by 'scale', the demo's training problems over those profiled.",

@@ -61,6 +61,33 @@ def test_the_resume_comparison_ignores_only_the_machines_measurements(gpu_check,
     ]
 
 
+def test_a_resume_is_bitwise_only_when_some_files_were_compared_and_none_differs(gpu_check, tmp_path):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    whole.mkdir(), resumed.mkdir()
+    assert gpu_check.compare_runs(whole, resumed)["bitwise"] is False  # nothing stored: nothing shown
+    _metrics(whole, [(1, "update-policies", "madpo/loss", 0.69)])
+    _metrics(resumed, [(1, "update-policies", "madpo/loss", 0.69)])
+    assert gpu_check.compare_runs(whole, resumed) | {"kinds": None} == {
+        "files_compared": 1, "kinds": None, "differing": [], "bitwise": True,
+    }  # fmt: skip
+    _metrics(resumed, [(1, "update-policies", "madpo/loss", 0.70)])
+    assert gpu_check.compare_runs(whole, resumed)["differing"] == ["metrics.parquet"]
+
+
+def test_the_check_exits_1_and_names_the_files_when_the_resume_differs(gpu_check, tmp_path, monkeypatch, capsys):
+    import benchkit
+
+    monkeypatch.setattr(benchkit, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--device", "cpu", "--models", "tiny-random"])
+    monkeypatch.setattr(gpu_check, "one_round", lambda *args: {"stages": []})
+    monkeypatch.setattr(gpu_check, "ray_actors", lambda device, out: {"skipped": "test"})
+    differs = {"files_compared": 21, "kinds": "", "differing": ["metrics.parquet"], "bitwise": False}
+    monkeypatch.setattr(gpu_check, "resume_is_bitwise", lambda device, out: differs)
+    assert gpu_check.main() == 1
+    assert "differs from the uninterrupted one in: metrics.parquet (21 files compared)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "gpu-check-cpu.json").read_text())["resume"] == differs
+
+
 def test_the_marlhf_config_is_fitted_to_a_reward_backbone_with_fewer_layers(gpu_check, tiny_model_dir, tmp_path):
     marlhf = BENCHMARKS.parent / "flows" / "configs" / "marlhf-docs.yaml"  # reads layer 10
     deep = tmp_path / "deep"  # only its config is read: 30 layers, as SmolLM2's

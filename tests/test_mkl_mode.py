@@ -38,7 +38,7 @@ def test_a_float32_cpu_stage_outside_mkls_strict_mode_says_so_in_its_manifest(
     """The mode is an input to float32 results (a matmul before ``import pbrl``, or the user's own ``MKL_CBWR``, leaves
     MKL in its default mode): a manifest whose bits owe something to it says so."""
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
-    monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: strict)
+    monkeypatch.setattr(threads, "mkl_cbwr_mode", lambda: 0x10000 | 2 if strict else 2)  # AUTO, strict bit or not
     monkeypatch.setenv("MKL_CBWR", "AUTO")
     job = tiny_job(tiny_model_dir, tmp_path, torch_dtype=torch_dtype, agent_devices=devices)
     note = NOTE.format(cause="the environment sets MKL_CBWR=AUTO")
@@ -46,22 +46,38 @@ def test_a_float32_cpu_stage_outside_mkls_strict_mode_says_so_in_its_manifest(
 
 
 @pytest.mark.parametrize(
-    ("setting", "cause"),
-    [("AUTO,STRICT", "MKL ran before pbrl was imported"), ("COMPATIBLE", "the environment sets MKL_CBWR=COMPATIBLE")],
+    ("setting", "mode", "cause"),
+    [
+        ("AUTO,STRICT", 2, "MKL ran before pbrl was imported"),
+        ("COMPATIBLE", 1, "the environment sets MKL_CBWR=COMPATIBLE"),
+        (None, 2, "MKL_CBWR is unset"),
+        ("", 2, "MKL_CBWR is unset"),
+        ("AUTO,STRICT", None, "pbrl could not read the mode of torch's MKL"),
+    ],
 )
-def test_the_note_names_the_users_setting_only_when_it_is_not_pbrls(monkeypatch, setting, cause):
+def test_the_note_names_its_cause(monkeypatch, setting, mode, cause):
     """``import pbrl`` asks for AUTO,STRICT: when that is the setting and the mode is still not strict, MKL had already
-    started (a matrix product before the import), and the note says that rather than blame the setting."""
+    started (a matrix product before the import), and the note says that rather than blame the setting; a mode that
+    cannot be read is not blamed on anything."""
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
-    monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: False)
-    monkeypatch.setenv("MKL_CBWR", setting)
+    monkeypatch.setattr(threads, "mkl_cbwr_mode", lambda: mode)  # 2: AUTO without the strict bit
+    if setting is None:
+        monkeypatch.delenv("MKL_CBWR", raising=False)
+    else:
+        monkeypatch.setenv("MKL_CBWR", setting)
     assert threads.mkl_mode_note() == NOTE.format(cause=cause)
 
 
+def test_products_are_thread_independent_only_with_the_strict_bit(monkeypatch):
+    for mode, strict in [(None, False), (2, False), (0x10000 | 2, True)]:
+        monkeypatch.setattr(threads, "mkl_cbwr_mode", lambda mode=mode: mode)
+        assert threads.gemm_independent_of_threads() is strict
+
+
 def test_no_note_in_strict_mode_or_without_mkl(monkeypatch):
-    monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: True)
+    monkeypatch.setattr(threads, "mkl_cbwr_mode", lambda: 0x10000 | 2)
     assert threads.mkl_mode_note() is None
-    monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: False)
+    monkeypatch.setattr(threads, "mkl_cbwr_mode", lambda: 2)
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: False)
     assert threads.mkl_mode_note() is None
 

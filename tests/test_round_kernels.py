@@ -25,7 +25,17 @@ def test_the_floor_is_the_round_stages_kernel_seconds(round_kernels, tmp_path, m
     monkeypatch.setattr(
         sys,
         "argv",
-        ["round_kernels.py", "--model", "tiny-random", "--train-items", "2"],
+        [
+            "round_kernels.py",
+            "--model",
+            "tiny-random",
+            "--train-items",
+            "2",
+            "--set",
+            "task_options={num_train_items: 16, num_eval_items: 2}",
+            "--set",
+            "eval_num_samples=2",
+        ],
     )
     round_kernels.main()
     result = json.loads((tmp_path / "round-kernels-tiny-random.json").read_text())
@@ -39,7 +49,9 @@ def test_the_floor_is_the_round_stages_kernel_seconds(round_kernels, tmp_path, m
         assert 0 <= s["products_s"] + s["attention_s"] <= s["operators_s"] <= s["wall_s"] * 1.05, s
     sampled = next(s for s in result["stages"] if s["stage"] == "sample-candidates")
     assert sampled["products_s"] > 0 and sampled["attention_s"] > 0  # the model ran, and was seen
-    # round 1's stages but its evaluation ran on 2 of the demo's 16 training problems: counted 8 times
+    update = next(s for s in result["stages"] if s["stage"] == "update-policies")
+    assert 0 < update["attention_backward_s"] < update["attention_s"]  # attention's backward is counted too
+    # round 1's stages but its evaluation ran on 2 of the round's 16 training problems (--set): counted 8 times
     assert [s["scale"] for s in result["stages"]] == [1.0, 8.0, 8.0, 8.0, 8.0, 8.0, 8.0, 1.0]
     assert result["train_items"] == {"profiled": 2, "demo": 16}
     floor = sum((s["products_s"] + s["attention_s"]) * s["scale"] for s in result["stages"] if s["round"] == 1)

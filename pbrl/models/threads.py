@@ -162,15 +162,10 @@ STRICT_MKL_CBWR = "AUTO,STRICT"  # the MKL_CBWR value `import pbrl` sets when th
 _MKL_CBWR_ALL, _MKL_CBWR_STRICT = -1, 0x10000  # oneMKL's mkl_service.h: every setting; the strict-mode bit
 
 
-def gemm_independent_of_threads() -> bool:
-    """Whether torch's float32 matrix products give the same bits whatever the thread count: oneMKL in its strict
-    conditional numerical reproducibility mode (Intel's oneMKL guide, "Obtaining Numerically Reproducible Results":
-    strict CNR makes ?gemm's results independent of the number of threads). The mode is fixed when MKL first runs;
-    ``import pbrl`` asks for it through ``MKL_CBWR``. False without MKL in torch or when another mode is in effect.
-
-    Asks the MKL linked into torch's own library (``mkl_serv_cbwr_get``, through ctypes): the ``mkl-service``
-    package would load a second MKL runtime, not the one whose mode matters.
-    """
+def mkl_cbwr_mode() -> int | None:
+    """The conditional numerical reproducibility mode of the oneMKL linked into torch's own library
+    (``mkl_serv_cbwr_get``, through ctypes: the ``mkl-service`` package would load a second MKL runtime, not the one
+    whose mode matters), or None where it cannot be asked (no MKL in torch, or the symbol not exported)."""
     lib = Path(torch.__file__).parent / "lib"
     for library in sorted([*lib.glob("libtorch_cpu.*"), *lib.glob("torch_cpu.dll")]):
         try:
@@ -178,20 +173,37 @@ def gemm_independent_of_threads() -> bool:
         except (OSError, AttributeError):
             continue
         get.argtypes, get.restype = [ctypes.c_int], ctypes.c_int
-        return bool(get(_MKL_CBWR_ALL) & _MKL_CBWR_STRICT)
-    return False
+        return int(get(_MKL_CBWR_ALL))
+    return None
+
+
+def gemm_independent_of_threads() -> bool:
+    """Whether torch's float32 matrix products give the same bits whatever the thread count: oneMKL in its strict
+    conditional numerical reproducibility mode (Intel's oneMKL guide, "Obtaining Numerically Reproducible Results":
+    strict CNR makes ?gemm's results independent of the number of threads). The mode is fixed when MKL first runs;
+    ``import pbrl`` asks for it through ``MKL_CBWR``. False without MKL in torch, where its mode cannot be asked
+    (:func:`mkl_cbwr_mode`), or when another mode is in effect."""
+    mode = mkl_cbwr_mode()
+    return mode is not None and bool(mode & _MKL_CBWR_STRICT)
 
 
 def mkl_mode_note() -> str | None:
     """What a run's float32 results owe to a mode other than MKL's strict one, for its manifests; None when the mode is
     strict (:func:`gemm_independent_of_threads`) or torch has no oneMKL. Outside strict mode MKL picks its kernels by
-    CPU and thread count, so the bits differ from a run in strict mode on the same inputs."""
+    CPU and thread count, so the bits differ from a run in strict mode on the same inputs. The note names the cause:
+    the mode could not be read, ``MKL_CBWR`` is unset or the user's own, or (pbrl's value set) MKL had already
+    started when pbrl was imported."""
     if not torch.backends.mkl.is_available() or gemm_independent_of_threads():
         return None
     setting = os.environ.get("MKL_CBWR")
-    cause = (
-        "MKL ran before pbrl was imported" if setting == STRICT_MKL_CBWR else f"the environment sets MKL_CBWR={setting}"
-    )
+    if mkl_cbwr_mode() is None:
+        cause = "pbrl could not read the mode of torch's MKL"
+    elif setting == STRICT_MKL_CBWR:
+        cause = "MKL ran before pbrl was imported"
+    elif not setting:
+        cause = "MKL_CBWR is unset"
+    else:
+        cause = f"the environment sets MKL_CBWR={setting}"
     return (
         f"float32 matrix products ran outside oneMKL's strict reproducibility mode ({cause}): their last bits can "
         "differ from a run in strict mode and with the thread count"
