@@ -144,7 +144,9 @@ def compare_runs(whole: Path, resumed: Path) -> dict:
     """The resume verdict: how many stored results the uninterrupted run holds, those that differ, and ``bitwise``,
     true only when some were compared and none differs."""
     differ, compared = differing_files(whole, resumed), len(stored_results(whole))
-    kinds = f"parquet (metrics without {', '.join(MEASUREMENTS)}), safetensors, pt"
+    kinds = ", ".join(s.lstrip(".") for s in RESULT_SUFFIXES).replace(
+        "parquet", f"parquet (metrics without {', '.join(MEASUREMENTS)})"
+    )
     return {"files_compared": compared, "kinds": kinds, "differing": differ, "bitwise": compared > 0 and not differ}
 
 
@@ -154,9 +156,7 @@ def stored_results(run: Path) -> set[str]:
     return {
         f.relative_to(run).as_posix()
         for f in run.rglob("*")
-        if f.is_file()
-        and f.suffix in (".parquet", ".safetensors", ".pt")
-        and ".prefect" not in f.relative_to(run).parts
+        if f.is_file() and f.suffix in RESULT_SUFFIXES and ".prefect" not in f.relative_to(run).parts
     }
 
 

@@ -10,7 +10,8 @@ import os
 
 # oneMKL's strict reproducibility mode: matrix products whose bits do not depend on the thread count, which the load
 # follower changes (pbrl/models/threads.py). MKL reads it when it first runs, so it is set before anything else.
+STRICT_MKL_CBWR = "AUTO,STRICT"
 if not os.environ.get("MKL_CBWR"):  # unset or empty (MKL reads an empty value as unset)
-    os.environ["MKL_CBWR"] = "AUTO,STRICT"
+    os.environ["MKL_CBWR"] = STRICT_MKL_CBWR
 
 __version__ = "0.1.0"

@@ -50,6 +50,8 @@ from pathlib import Path
 
 import torch
 
+from pbrl import STRICT_MKL_CBWR  # the value `import pbrl` sets when the environment sets none
+
 _CGROUP_V2 = Path("/sys/fs/cgroup/cpu.max")
 _CGROUP_V1 = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
 _CGROUP_V2_USAGE = Path("/sys/fs/cgroup/cpu.stat")  # usage_usec: CPU microseconds of the cgroup's processes
@@ -158,7 +160,6 @@ def load_meter(cpus: Collection[int]) -> LoadMeter | None:
     return meter if meter.capacity >= 2 and meter.busy() is not None else None
 
 
-STRICT_MKL_CBWR = "AUTO,STRICT"  # the MKL_CBWR value `import pbrl` sets when the environment sets none
 _MKL_CBWR_ALL, _MKL_CBWR_STRICT = -1, 0x10000  # oneMKL's mkl_service.h: every setting; the strict-mode bit
 
 
@@ -193,10 +194,11 @@ def mkl_mode_note() -> str | None:
     CPU and thread count, so the bits differ from a run in strict mode on the same inputs. The note names the cause:
     the mode could not be read, ``MKL_CBWR`` is unset or the user's own, or (pbrl's value set) MKL had already
     started when pbrl was imported."""
-    if not torch.backends.mkl.is_available() or gemm_independent_of_threads():
+    mode = mkl_cbwr_mode()  # read once: gemm_independent_of_threads would read it again
+    if not torch.backends.mkl.is_available() or (mode is not None and mode & _MKL_CBWR_STRICT):
         return None
     setting = os.environ.get("MKL_CBWR")
-    if mkl_cbwr_mode() is None:
+    if mode is None:
         cause = "pbrl could not read the mode of torch's MKL"
     elif setting == STRICT_MKL_CBWR:
         cause = "MKL ran before pbrl was imported"
