@@ -154,6 +154,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-random", help="packaged alias or model folder")
     parser.add_argument("--torch-dtype", default="float32", choices=["float32", "bfloat16"], help="frozen base dtype")
+    parser.add_argument(
+        "--result", default=None, help="result name (default peer_trl, or peer_trl-<dtype>; one per machine kind)"
+    )
     args = parser.parse_args()
     size = sizes_for(args.model)
     tokenizer = load_tokenizer(args.model)
@@ -185,7 +188,7 @@ def main() -> None:
         check("peer: MADPO / TRL DPOTrainer pairs per second", speed, TARGET_SPEED),
     ]
     path = write_result(
-        "peer_trl" if float32 else f"peer_trl-{args.torch_dtype}",
+        args.result or ("peer_trl" if float32 else f"peer_trl-{args.torch_dtype}"),
         args.model,
         {
             "workload": {
