@@ -128,11 +128,12 @@ def ray_actors(device: str, out: Path) -> dict:
     return {"seconds": round(time.perf_counter() - start, 2), "round": result}
 
 
-def resume_is_bitwise(device: str, out: Path) -> dict:
-    """Two rounds uninterrupted against two rounds killed after round 1 and resumed: equal stored files."""
+def resume_is_bitwise(device: str, out: Path, extra: tuple[str, ...] = ()) -> dict:
+    """Two rounds uninterrupted against two rounds killed after round 1 and resumed: equal stored files. ``extra``:
+    config overrides of both runs (e.g. the demo's LoRA and cross pairs)."""
     from flows.training import train_flow
 
-    base = ["num_iterations=2", "max_new_tokens=8", f"agent_devices={device}", f"output_dir={out}"]
+    base = ["num_iterations=2", "max_new_tokens=8", f"agent_devices={device}", f"output_dir={out}", *extra]
     config = REPO_ROOT / "flows" / "configs" / "tiny-madpo-iter.yaml"
     whole = train_flow(load_job(config, [*base, "run_name=whole"]))["run_dir"]
     train_flow(load_job(config, [*base, "run_name=resumed", "num_iterations=1"]))  # "killed" after round 1

@@ -11,6 +11,8 @@ per setting, in rounds of all settings, so that a slow period of the machine hit
   before ``pbrl.learning.madpo.phase_one_agents`` (2026-12-04);
 * ``defaults in float32``: today's defaults with ``torch_dtype: float32`` and ``mixed_precision: no``, what ``auto``
   resolves to on a CPU without bfloat16 arithmetic (the float32 figure the bfloat16 defaults are measured beside);
+* ``defaults, bf16 autocast``: today's defaults with ``mixed_precision: bf16`` (autocast over the float32 adapters),
+  which ``auto`` leaves off on CPUs;
 * ``defaults``: today's defaults (``auto`` precision, resolved for this machine; the preallocated cache; the top-k
   sampler; OpenMP's own wait policy, ``OMP_WAIT_POLICY`` removed from the environment).
 
@@ -45,6 +47,7 @@ SETTINGS: dict[str, tuple[list[str], dict[str, str | None]]] = {
     "+bfloat16 weights": (["--set", "torch_dtype=bfloat16", "--set", "mixed_precision=no", *OLD_PATH], SPIN),
     "defaults, phase 1 for every agent": (["--every-phase-one"], {"OMP_WAIT_POLICY": None}),
     "defaults in float32": ([*BEFORE], {"OMP_WAIT_POLICY": None}),
+    "defaults, bf16 autocast": (["--set", "mixed_precision=bf16"], {"OMP_WAIT_POLICY": None}),
     "defaults": ([], {"OMP_WAIT_POLICY": None}),
 }
 

@@ -167,3 +167,24 @@ def test_the_check_runs_on_the_cpu_and_finds_the_resume_bitwise(gpu_check, tmp_p
         "bitwise": True,
     }
     assert "resume bitwise: True" in capsys.readouterr().out
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_api")
+def test_a_resume_in_the_bfloat16_defaults_is_bitwise(gpu_check, tmp_path, monkeypatch):
+    """Issue #33: the new defaults where the CPU computes bfloat16 (``auto`` -> bfloat16 frozen weights, float32
+    LoRA adapters and AdamW), with the demo's LoRA and cross pairs: a run stopped after round 1 and resumed stores
+    the same bytes as one that ran through."""
+    from pbrl.models import precision
+    from pbrl.run.folder import open_job
+
+    monkeypatch.setenv(precision.CPU_BF16_ENV, "1")  # as on a CPU with avx512_bf16, whatever this one has
+    demo_shape = ("lora_r=4", "lora_alpha=8", "joint_mode=cross", "pair_selection=counterfactual")
+    verdict = gpu_check.resume_is_bitwise("cpu", tmp_path, demo_shape)
+    job = open_job(tmp_path / "resumed")
+    assert (job.torch_dtype, job.mixed_precision, job.lora_r, job.joint_mode) == ("bfloat16", "no", 4, "cross")
+    assert verdict["bitwise"] and verdict["differing"] == []
+    adapters = [
+        name for name in gpu_check.stored_results(tmp_path / "whole") if name.endswith("adapter_model.safetensors")
+    ]
+    assert verdict["files_compared"] >= 10 and len(adapters) == 6  # 2 agents x initial, rounds 1 and 2
