@@ -18,7 +18,10 @@ seeds share the held-out items. An interval that holds 0 says that these runs ca
 one that excludes 0 says that A gains more (or less) than B at these sizes.
 
 Per seed it also gives each run's paired gain with its interval (from the evaluate stage's manifest) and whether A's
-gain lies within B's interval, the issue's literal criterion.
+gain lies within B's interval, the issue's literal criterion. The item-level interval covers the evaluation's noise,
+not the training's: two runs that sample other tokens train on other pairs. ``--across-seeds`` pairs runs of
+different seeds, so that one setting against itself (A = seeds 0..n-1, B = seeds 1..n-1, 0) shows how far two
+trainings of the same setting lie apart (the pooled gap of such a cyclic pairing is 0 by construction).
 
 Run: ``.venv/bin/python benchmarks/learning_gap.py --a BF16_SEED0 BF16_SEED1 ... --b F32_SEED0 F32_SEED1 ...
 --names bfloat16 float32 --result learning-gap-bfloat16-float32`` (folders paired by seed). Writes
@@ -103,20 +106,24 @@ def interval_dict(x: Interval) -> dict[str, float]:
     return {"mean": x.mean, "ci_low": x.low, "ci_high": x.high, "items": x.n}
 
 
-def compare(a_dirs: list[Path], b_dirs: list[Path]) -> dict[str, Any]:
+def compare(a_dirs: list[Path], b_dirs: list[Path], *, across_seeds: bool = False) -> dict[str, Any]:
     """Per seed and round, the gap of A's gain over B's, each run's gain and whether A's lies within B's interval;
     per round, the gap pooled over the pairs of folders (draw keys ``pair:sample`` within an item, so that two pairs
     of one seed count twice rather than overwrite each other).
 
+    ``across_seeds``: pair runs of different seeds (one setting against itself, seed 0 against seed 1 and so on):
+    the spread of the gap between two trainings that sample other tokens, the yardstick for a gap between settings.
+
     Raises:
-        ValueError: the lists differ in length, or a pair of folders holds different seeds, naming both.
+        ValueError: the lists differ in length, or (without ``across_seeds``) a pair of folders holds different
+            seeds, naming both.
     """
     if len(a_dirs) != len(b_dirs):
         raise ValueError(f"--a has {len(a_dirs)} run folders and --b {len(b_dirs)}: give one of each per seed")
     seeds, pooled = [], {}
     for index, (a, b) in enumerate(zip(a_dirs, b_dirs, strict=True)):
         seed_a, seed_b = open_job(a).seed, open_job(b).seed
-        if seed_a != seed_b:
+        if seed_a != seed_b and not across_seeds:
             raise ValueError(f"{a} has seed {seed_a} and {b} seed {seed_b}: pair the folders by seed")
         a0, b0 = eval_rewards(a, BASELINE), eval_rewards(b, BASELINE)
         rounds = []
@@ -135,7 +142,7 @@ def compare(a_dirs: list[Path], b_dirs: list[Path]) -> dict[str, Any]:
             for name, values in (("a_now", ar), ("a_base", a0), ("b_now", br), ("b_base", b0)):
                 side = pooled.setdefault(r, {}).setdefault(name, {})
                 side.update({(item, f"{index}:{s}"): v for (item, s), v in values.items()})
-        seeds.append({"seed": seed_a, "a": str(a), "b": str(b), "rounds": rounds})
+        seeds.append({"seed": seed_a, "seed_b": seed_b, "a": str(a), "b": str(b), "rounds": rounds})
     together = [{"round": r, "gap": interval_dict(gain_gap(**sides))} for r, sides in sorted(pooled.items())]
     return {"seeds": seeds, "pooled": together}
 
@@ -146,8 +153,9 @@ def print_report(result: dict[str, Any], names: tuple[str, str]) -> None:
     for row in result["seeds"]:
         for x in row["rounds"]:
             ga, gb, gap = x["gain_a"], x["gain_b"], x["gap"]
+            seed = row["seed"] if row["seed"] == row["seed_b"] else f"{row['seed']}/{row['seed_b']}"
             print(
-                f"  {row['seed']} | {x['round']} | {ga['mean']:+.2f} [{ga['ci_low']:+.2f}, {ga['ci_high']:+.2f}] | "
+                f"  {seed} | {x['round']} | {ga['mean']:+.2f} [{ga['ci_low']:+.2f}, {ga['ci_high']:+.2f}] | "
                 f"{gb['mean']:+.2f} [{gb['ci_low']:+.2f}, {gb['ci_high']:+.2f}] | "
                 f"{'yes' if x['a_within_b_interval'] else 'no'} | "
                 f"{gap['mean']:+.2f} [{gap['ci_low']:+.2f}, {gap['ci_high']:+.2f}]"
@@ -166,8 +174,11 @@ def main() -> None:
     parser.add_argument("--b", nargs="+", type=Path, required=True, help="setting B's run folders, the same seeds")
     parser.add_argument("--names", nargs=2, default=("a", "b"), metavar=("A", "B"), help="the settings' names")
     parser.add_argument("--result", default="learning-gap", help="result name")
+    parser.add_argument(
+        "--across-seeds", action="store_true", help="pair folders of different seeds (a setting against itself)"
+    )
     args = parser.parse_args()
-    result = compare(args.a, args.b)
+    result = compare(args.a, args.b, across_seeds=args.across_seeds)
     print_report(result, tuple(args.names))
     task = open_job(args.a[0]).task or "task"
     path = write_result(

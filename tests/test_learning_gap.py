@@ -105,3 +105,6 @@ def test_folders_of_other_seeds_are_refused(gap, tmp_path):
         gap.compare([dirs[0]], [dirs[1]])
     with pytest.raises(ValueError, match="--a has 1 run folders and --b 2"):
         gap.compare([dirs[0]], dirs)
+    # across seeds the pair is taken, and the next thing missing is the round-0 evaluation these runs never made
+    with pytest.raises(FileNotFoundError, match=r"round 0 was not evaluated .*0000/eval.parquet is missing"):
+        gap.compare([dirs[0]], [dirs[1]], across_seeds=True)
