@@ -89,17 +89,16 @@ def eval_rewards(run_dir: Path, round_index: int) -> dict[SampleKey, float]:
     return rewards_by_draw(read_rows(path, EVAL))
 
 
-def evaluated_rounds(run_dir: Path) -> list[int]:
-    """The rounds from 1 on whose evaluation finished (its manifest written), in order."""
+def evaluated_gains(run_dir: Path, num_iterations: int) -> dict[int, dict[str, float]]:
+    """``{round: paired gain over round 0}`` of the rounds from 1 on whose evaluation finished (its manifest
+    written), as the evaluate stage recorded them, each manifest read once."""
     paths = RunPaths(run_dir)
-    job = open_job(run_dir)
-    return [r for r in range(1, job.num_iterations + 1) if read_manifest(paths, r, "evaluate") is not None]
-
-
-def run_gain(run_dir: Path, round_index: int) -> dict[str, float]:
-    """A run's paired gain over round 0 at ``round_index``, as its evaluate stage recorded it."""
-    metrics = read_manifest(RunPaths(run_dir), round_index, "evaluate").metrics
-    return {k: metrics[f"eval/paired_diff_{k}"] for k in ("mean", "ci_low", "ci_high")}
+    manifests = {r: read_manifest(paths, r, "evaluate") for r in range(1, num_iterations + 1)}
+    return {
+        r: {k: m.metrics[f"eval/paired_diff_{k}"] for k in ("mean", "ci_low", "ci_high")}
+        for r, m in manifests.items()
+        if m is not None
+    }
 
 
 def interval_dict(x: Interval) -> dict[str, float]:
@@ -122,14 +121,16 @@ def compare(a_dirs: list[Path], b_dirs: list[Path], *, across_seeds: bool = Fals
         raise ValueError(f"--a has {len(a_dirs)} run folders and --b {len(b_dirs)}: give one of each per seed")
     seeds, pooled = [], {}
     for index, (a, b) in enumerate(zip(a_dirs, b_dirs, strict=True)):
-        seed_a, seed_b = open_job(a).seed, open_job(b).seed
+        job_a, job_b = open_job(a), open_job(b)
+        seed_a, seed_b = job_a.seed, job_b.seed
         if seed_a != seed_b and not across_seeds:
             raise ValueError(f"{a} has seed {seed_a} and {b} seed {seed_b}: pair the folders by seed")
         a0, b0 = eval_rewards(a, BASELINE), eval_rewards(b, BASELINE)
+        gains_a, gains_b = evaluated_gains(a, job_a.num_iterations), evaluated_gains(b, job_b.num_iterations)
         rounds = []
-        for r in sorted(set(evaluated_rounds(a)) & set(evaluated_rounds(b))):
+        for r in sorted(gains_a.keys() & gains_b.keys()):
             ar, br = eval_rewards(a, r), eval_rewards(b, r)
-            gain_a, gain_b = run_gain(a, r), run_gain(b, r)
+            gain_a, gain_b = gains_a[r], gains_b[r]
             rounds.append(
                 {
                     "round": r,

@@ -99,7 +99,8 @@ def main() -> None:
         for n, m in medians.items()
     }
     for name, row in summary.items():
-        print(f"[levers] {name:22s} median {row['median_round_1_seconds']:7.1f} s  x{row['speedup_vs_before']}")
+        ratio = f"  x{row['speedup_vs_before']} vs before" if row["speedup_vs_before"] else ""
+        print(f"[levers] {name:22s} median {row['median_round_1_seconds']:7.1f} s{ratio}")
     write_result(args.result, args.model, {"summary": summary, "runs": runs, "method": __doc__})
 
 
