@@ -12,7 +12,8 @@ transformers' own KV cache instead of pbrl's preallocated one (the lever of issu
 ``benchmarks/round_levers.py``, which runs this script once per lever setting, interleaved);
 ``--full-vocab-sampler`` warps and draws over the whole vocabulary as before the top-k path
 (``pbrl.generation.seeded_sampler``); ``--every-phase-one`` asks every MADPO agent that is not idle for its detached
-margins, as before ``pbrl.learning.madpo.phase_one_agents`` (which asks only those another agent's gradient needs).
+margins, as before ``pbrl.learning.madpo.phase_one_agents`` (which asks only those another agent's gradient needs);
+``--strided-head`` hands the LM head transformers' strided last-position view, as before ``pbrl.models.head_input``.
 ``--config`` times another job's round with its trainer's stages (``benchmarks/marlhf_cost.py`` times MARLHF's beside
 MADPO's).
 
@@ -59,6 +60,9 @@ def main() -> None:
     parser.add_argument(
         "--every-phase-one", action="store_true", help="detached margins from every MADPO agent that is not idle"
     )
+    parser.add_argument(
+        "--strided-head", action="store_true", help="the LM head as transformers calls it (pbrl.models.head_input off)"
+    )
     parser.add_argument("--result", default=None, help="result file name (default round / round-overrides)")
     args = parser.parse_args()
     if args.full_vocab_sampler:  # the sampler before its top-k path: transformers' warpers over every id
@@ -78,8 +82,12 @@ def main() -> None:
         from pbrl.learning import madpo
 
         madpo.phase_one_agents = lambda differs: [any(row) for row in differs]
+    if args.strided_head:  # before 2026-12-05: a bfloat16 head copied once per row on a strided input
+        from pbrl.models import loading
+
+        loading.contiguous_head_input = lambda model: model
     # The targets are the demo's, on SmolLM2: a run with other options is information only.
-    levers_off = args.dynamic_cache or args.full_vocab_sampler or args.every_phase_one
+    levers_off = args.dynamic_cache or args.full_vocab_sampler or args.every_phase_one or args.strided_head
     applies = args.model == "smollm2-135m-instruct" and not args.overrides and not levers_off and args.config == DEMO
     stages: list[dict] = []
     with tempfile.TemporaryDirectory() as out:
@@ -152,6 +160,7 @@ def main() -> None:
                 "kv_cache": "transformers DynamicCache" if args.dynamic_cache else "pbrl preallocated",
                 "sampler": "full vocabulary" if args.full_vocab_sampler else "top-k subset",
                 "madpo_phase_one": "every agent not idle" if args.every_phase_one else "agents others need",
+                "lm_head_input": "strided (transformers' own)" if args.strided_head else "contiguous in bf16/fp16",
                 "torch_dtype": job.torch_dtype,
                 "mixed_precision": job.mixed_precision,
             },

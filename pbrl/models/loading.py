@@ -31,6 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from pbrl.data.storage import atomic_dir
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.cast_load import load_cast
+from pbrl.models.head_input import contiguous_head_input
 from pbrl.models.lora import LoraSettings, lora_module_names, save_pretrained_stably, with_lora
 from pbrl.models.packaged import PACKAGED_MODELS, prepare_packaged_model
 from pbrl.models.placement import AUTO, auto_device_map
@@ -195,6 +196,7 @@ def load_model(
         if param.requires_grad and param.dtype != torch.float32:
             param.data = param.data.float()  # float32 master weights for whatever trains
     model.train(trainable)
+    contiguous_head_input(model)  # a strided bfloat16 head input on the CPU copies the head per row
     return model if device == AUTO else model.to(device)
 
 

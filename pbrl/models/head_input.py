@@ -1,0 +1,40 @@
+"""The LM head's input made contiguous where PyTorch's CPU matmul would copy the head once per row.
+
+A causal LM asked for the last position's logits only (``logits_to_keep=1``: every prefill of sampling, and the
+prompt pass of :func:`pbrl.learning.logprobs.shared_prompt_logprobs`) hands its head a strided view,
+``hidden_states[:, -1:, :]`` (b, 1, h). In bfloat16 and float16 on the CPU, torch 2.13's matmul then runs a batched
+product that copies the broadcast head weight for every row (pytorch/pytorch#151934; a fix is proposed in
+pytorch/pytorch#197851): for SmolLM2-135M (a 49,152 x 576 head) a 16-row prefill allocated 864 MiB more and took
+0.95 s instead of 6 ms, and this transient set the peak memory of the demo's bfloat16 evaluation
+(docs/results/benchmarks.md#the-lm-heads-strided-input-in-bfloat16). A contiguous copy of the (b, 1, h) input is
+a few KiB and gives the same logits bit for bit (tested). float32 is left alone: its strided product costs no
+memory, and a contiguous one rounds differently (up to 6e-5), which would change the tokens of runs sampled before.
+A forward pre-hook, because the slicing happens inside transformers' ``forward`` of every causal LM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_NARROW = (torch.bfloat16, torch.float16)  # the dtypes whose strided CPU product copies the weight per row
+
+
+def _contiguous_input(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or x.is_contiguous() or x.dtype not in _NARROW or x.device.type != "cpu":
+        return None
+    return (x.contiguous(), *args[1:])
+
+
+def contiguous_head_input(model: Any) -> Any:
+    """Register on ``model``'s output embedding (its LM head) a pre-hook that makes a strided bfloat16/float16 CPU
+    input contiguous (see the module docstring); every other input passes untouched. Returns ``model``; a model
+    without an output embedding is returned as it is. Registering twice registers once."""
+    head = model.get_output_embeddings()
+    if head is None or getattr(head, "_pbrl_contiguous_input", False):
+        return model
+    head.register_forward_pre_hook(_contiguous_input)
+    head._pbrl_contiguous_input = True
+    return model
