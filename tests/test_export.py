@@ -78,6 +78,9 @@ def test_full_weights_export_keeps_float32_on_a_bfloat16_host(tiny_model_dir, tm
     lora_run, _ = new_run(tiny_model_dir, tmp_path / "lora", num_iterations=1, lora_r=4)
     (adapter, _) = load_trained_agents(lora_run, device="cpu")
     assert adapter.model.get_base_model().model.embed_tokens.weight.dtype == torch.bfloat16
+    # a user sampling from that bfloat16 base gets the head's input made contiguous, as pbrl's own policies do
+    # (pbrl.models.head_input: torch copied a frozen bfloat16 head once per row)
+    assert adapter.model.get_output_embeddings()._pbrl_contiguous_input
     (merged, _) = load_trained_agents(lora_run, merge_lora=True, device="cpu")
     assert all(p.dtype == torch.float32 for p in merged.model.parameters())
 

@@ -87,6 +87,9 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         PREFECT_RUNNER_POLL_FREQUENCY="1",
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_LOGGING_LEVEL="INFO",
+        # the log goes to the server every 0.25 s instead of 2 s: a tiny round takes about 2 s, and the progress
+        # test checks that a round's lines arrived before the run ended
+        PREFECT_LOGGING_TO_API_BATCH_INTERVAL="0.25",
         DO_NOT_TRACK="1",
     )
     procs = [
@@ -343,8 +346,8 @@ def test_a_run_from_the_form_shows_progress_while_it_runs_and_its_results_then_c
         (r, stage): next(log for log in ours if log["message"] == f"round {r} {stage}: started")
         for r, stage in [(0, "evaluate"), *((r, s) for r in (1, 2) for s in (*STAGES, "evaluate"))]
     }
-    # the lines reached the server while the run went on: Prefect sends its log in batches every 2 s, so only the
-    # last batch may arrive with the run's end (round 2's lines did, in one CI run); rounds 0 and 1 arrive before it
+    # the lines reached the server while the run went on: Prefect sends its log in batches (every 0.25 s here), so
+    # only the last batch may arrive with the run's end (round 2's lines did, in one CI run); rounds 0 and 1 before
     for (r, stage), line in started.items():
         assert r == 2 or line["created"] < run["end_time"], (r, stage)
     assert started[0, "evaluate"]["created"] < started[2, "evaluate"]["timestamp"]

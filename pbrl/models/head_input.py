@@ -6,8 +6,12 @@ prompt pass of :func:`pbrl.learning.logprobs.shared_prompt_logprobs`) hands its 
 product that copies the broadcast head weight for every row (pytorch/pytorch#151934; a fix is proposed in
 pytorch/pytorch#197851): for SmolLM2-135M (a 49,152 x 576 head) a 16-row prefill allocated 864 MiB more and took
 0.95 s instead of 6 ms, and this transient set the peak memory of the demo's bfloat16 evaluation
-(docs/results/benchmarks.md#the-lm-heads-strided-input-in-bfloat16). A contiguous copy of the (b, 1, h) input is
-a few KiB and gives the same logits bit for bit (tested). float32 is left alone: its strided product costs no
+(docs/results/benchmarks.md#the-lm-heads-strided-input-in-bfloat16). The same happens in training, where the prompt
+pass of shared-prompt scoring asks for one position per distinct prompt. A contiguous copy of the (b, 1, h) input
+is a few KiB. On CPUs with bfloat16 arithmetic (``avx512_bf16``, the CPUs where ``torch_dtype: auto`` picks
+bfloat16) it gives the same logits bit for bit (tested); elsewhere, and in the gradient of the head's input, the two
+products may round 1 ulp apart. float16 is included as torch's issue reports it too (on the CPU measured it did
+not copy, and the contiguous input gave the same bits). float32 is left alone: its strided product costs no
 memory, and a contiguous one rounds differently (up to 6e-5), which would change the tokens of runs sampled before.
 A forward pre-hook, because the slicing happens inside transformers' ``forward`` of every causal LM.
 """

@@ -32,6 +32,7 @@ import torch
 from pbrl.config import JobConfig, is_centralized, parse_job
 from pbrl.data.storage import RunPaths, atomic_dir, existing_rounds, read_json, read_manifest, write_json
 from pbrl.errors import ArtifactError, ConfigError, Problem
+from pbrl.models.head_input import contiguous_head_input
 from pbrl.models.loading import DTYPES, load_tokenizer, resolve_devices, resolve_model_source
 from pbrl.models.lora import quiet_peft_wrapping, save_pretrained_stably
 from pbrl.models.packaged import PACKAGED_MODELS
@@ -184,6 +185,7 @@ def _load_agent(source: PolicySource, agent: int, checkpoint: Path, merge_lora: 
     for config in (model.config, model.generation_config):  # as the run's loader fills them (pad = EOS when none)
         if getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = tokenizer.pad_token_id
+    contiguous_head_input(model)  # a user sampling from a bfloat16 base on the CPU: no copy of the head per row
     return TrainedAgent(model.eval(), tokenizer)
 
 
