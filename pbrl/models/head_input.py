@@ -4,8 +4,9 @@ A causal LM asked for the last position's logits only (``logits_to_keep=1``: eve
 prompt pass of :func:`pbrl.learning.logprobs.shared_prompt_logprobs`) hands its head a strided view,
 ``hidden_states[:, -1:, :]`` (b, 1, h). In bfloat16 and float16 on the CPU, torch 2.13's matmul then runs a batched
 product that copies the broadcast head weight for every row (pytorch/pytorch#151934; a fix is proposed in
-pytorch/pytorch#197851): for SmolLM2-135M (a 49,152 x 576 head) a 16-row prefill allocated 864 MiB more and took
-0.95 s instead of 6 ms, and this transient set the peak memory of the demo's bfloat16 evaluation
+pytorch/pytorch#197851): for SmolLM2-135M's head (49,152 x 576) and 16 rows the product allocated 864 MiB and took
+0.85 s against 1.5 MiB and 7 ms for the same rows contiguous (``benchmarks/head_input.py``), and this transient set
+the peak memory of the demo's bfloat16 evaluation
 (docs/results/benchmarks.md#the-lm-heads-strided-input-in-bfloat16). The same happens in training, where the prompt
 pass of shared-prompt scoring asks for one position per distinct prompt. A contiguous copy of the (b, 1, h) input
 is a few KiB. On CPUs with bfloat16 arithmetic (``avx512_bf16``, the CPUs where ``torch_dtype: auto`` picks
@@ -35,7 +36,8 @@ def _contiguous_input(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[A
 def contiguous_head_input(model: Any) -> Any:
     """Register on ``model``'s output embedding (its LM head) a pre-hook that makes a strided bfloat16/float16 CPU
     input contiguous (see the module docstring); every other input passes untouched. Returns ``model``; a model
-    without an output embedding is returned as it is. Registering twice registers once."""
+    without an output embedding is returned as it is. Registering twice registers once. Raises nothing of its own
+    (``model`` must have transformers' ``get_output_embeddings``)."""
     head = model.get_output_embeddings()
     if head is None or getattr(head, "_pbrl_contiguous_input", False):
         return model
