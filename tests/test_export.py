@@ -17,6 +17,7 @@ from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest, write_manifest
 from pbrl.errors import ConfigError
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.models.head_input import has_contiguous_head_input
 from pbrl.models.loading import load_tokenizer
 from pbrl.models.lora import quiet_peft_wrapping
 from pbrl.run.export import EXPORT_FILE, export_agents, load_trained_agents, trained_round
@@ -80,7 +81,7 @@ def test_full_weights_export_keeps_float32_on_a_bfloat16_host(tiny_model_dir, tm
     assert adapter.model.get_base_model().model.embed_tokens.weight.dtype == torch.bfloat16
     # a user sampling from that bfloat16 base gets the head's input made contiguous, as pbrl's own policies do
     # (pbrl.models.head_input: torch copied a frozen bfloat16 head once per row)
-    assert adapter.model.get_output_embeddings()._pbrl_contiguous_input
+    assert has_contiguous_head_input(adapter.model)
     (merged, _) = load_trained_agents(lora_run, merge_lora=True, device="cpu")
     assert all(p.dtype == torch.float32 for p in merged.model.parameters())
 

@@ -10,7 +10,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pbrl.models.head_input import _contiguous_input, contiguous_head_input
+from pbrl.models.head_input import _contiguous_input, contiguous_head_input, has_contiguous_head_input
 from pbrl.models.loading import load_model
 from pbrl.models.lora import LoraSettings
 from pbrl.models.precision import BF16_CPU_FLAGS, cpu_flags
@@ -93,7 +93,7 @@ def test_a_model_without_an_output_embedding_is_returned_as_it_is():
     model = _model(torch.bfloat16)
     backbone = model.model  # LlamaModel: no LM head
     assert backbone.get_output_embeddings() is None
-    assert contiguous_head_input(backbone) is backbone
+    assert contiguous_head_input(backbone) is backbone and not has_contiguous_head_input(backbone)
 
 
 @pytest.mark.parametrize("lora", [None, LoraSettings(r=2)], ids=["full", "lora"])
@@ -104,7 +104,7 @@ def test_every_loaded_policy_has_the_hook(tiny_model_dir, lora):
     ]
     for model in models:
         head = model.get_output_embeddings()
-        assert head._pbrl_contiguous_input and len(head._forward_pre_hooks) == 1
+        assert has_contiguous_head_input(model) and len(head._forward_pre_hooks) == 1
 
 
 def test_the_benchmark_measures_both_products_of_every_dtype(tmp_path, monkeypatch, capsys):

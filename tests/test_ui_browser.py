@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -348,9 +349,10 @@ def test_a_run_from_the_form_shows_progress_while_it_runs_and_its_results_then_c
     }
     # the lines reached the server while the run went on: Prefect sends its log in batches (every 0.25 s here), so
     # only the last batch may arrive with the run's end (round 2's lines did, in one CI run); rounds 0 and 1 before
+    at = datetime.fromisoformat  # the API's times as datetimes (its strings drop a zero microsecond part)
     for (r, stage), line in started.items():
-        assert r == 2 or line["created"] < run["end_time"], (r, stage)
-    assert started[0, "evaluate"]["created"] < started[2, "evaluate"]["timestamp"]
+        assert r == 2 or at(line["created"]) < at(run["end_time"]), (r, stage)
+    assert at(started[0, "evaluate"]["created"]) < at(started[2, "evaluate"]["timestamp"])
     assert any("update-policies step 1: madpo/loss" in log["message"] for log in ours)
 
     page = _run_page(browser, ui, run_id)

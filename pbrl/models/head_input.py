@@ -39,8 +39,12 @@ def contiguous_head_input(model: Any) -> Any:
     without an output embedding is returned as it is. Registering twice registers once. Raises nothing of its own
     (``model`` must have transformers' ``get_output_embeddings``)."""
     head = model.get_output_embeddings()
-    if head is None or getattr(head, "_pbrl_contiguous_input", False):
-        return model
-    head.register_forward_pre_hook(_contiguous_input)
-    head._pbrl_contiguous_input = True
+    if head is not None and not has_contiguous_head_input(model):
+        head.register_forward_pre_hook(_contiguous_input)
     return model
+
+
+def has_contiguous_head_input(model: Any) -> bool:
+    """Whether ``model``'s output embedding has the pre-hook of :func:`contiguous_head_input` (False without one)."""
+    head = model.get_output_embeddings()
+    return head is not None and _contiguous_input in head._forward_pre_hooks.values()
