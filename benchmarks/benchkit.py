@@ -131,12 +131,13 @@ def summary(samples: Sequence[float]) -> dict[str, Any]:
 
 
 def machine_facts() -> dict[str, Any]:
-    """CPU model and its bfloat16 flags (what ``auto`` precision decides on), CPU count (logical and usable), torch
-    threads and versions, Python, platform, UTC date."""
+    """CPU model and its bfloat16 flags, what ``torch_dtype: auto`` resolves to here (the precision of a run that
+    does not choose; a result compares only with one of the same CPU and precision), CPU count (logical and
+    usable), torch threads and versions, Python, platform, UTC date."""
     import torch
     import transformers
 
-    from pbrl.models.precision import BF16_CPU_FLAGS, cpu_flags, cpu_model
+    from pbrl.models.precision import BF16_CPU_FLAGS, CPU_BF16_ENV, cpu_flags, cpu_model, resolve_precision
 
     facts: dict[str, Any] = {
         "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -151,7 +152,10 @@ def machine_facts() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
         "cpu_bf16_flags": sorted(cpu_flags().intersection(BF16_CPU_FLAGS)),
+        "torch_dtype_auto": resolve_precision("auto", "auto", "cpu").torch_dtype,
     }
+    if os.environ.get(CPU_BF16_ENV):
+        facts[CPU_BF16_ENV] = os.environ[CPU_BF16_ENV]  # auto decided as on another kind of CPU
     if "prefect" in sys.modules:
         facts["prefect_version"] = sys.modules["prefect"].__version__
     try:

@@ -13,7 +13,9 @@ transformers' own KV cache instead of pbrl's preallocated one (the lever of issu
 ``--full-vocab-sampler`` warps and draws over the whole vocabulary as before the top-k path
 (``pbrl.generation.seeded_sampler``); ``--every-phase-one`` asks every MADPO agent that is not idle for its detached
 margins, as before ``pbrl.learning.madpo.phase_one_agents`` (which asks only those another agent's gradient needs);
-``--strided-head`` hands the LM head transformers' strided last-position view, as before ``pbrl.models.head_input``.
+``--strided-head`` hands the LM head transformers' strided last-position view, as before ``pbrl.models.head_input``;
+``--batched-rows`` samples bfloat16 rows in padded batches whose bits depend on the batch, as before
+``pbrl.models.row_invariance`` (issue #50).
 ``--config`` times another job's round with its trainer's stages (``benchmarks/marlhf_cost.py`` times MARLHF's beside
 MADPO's).
 
@@ -63,6 +65,11 @@ def main() -> None:
     parser.add_argument(
         "--strided-head", action="store_true", help="the LM head as transformers calls it (pbrl.models.head_input off)"
     )
+    parser.add_argument(
+        "--batched-rows",
+        action="store_true",
+        help="bfloat16 rows sampled in padded batches, as before row-invariant forwards (issue #50)",
+    )
     parser.add_argument("--result", default=None, help="result file name (default round / round-overrides)")
     args = parser.parse_args()
     if args.full_vocab_sampler:  # the sampler before its top-k path: transformers' warpers over every id
@@ -86,8 +93,14 @@ def main() -> None:
         from pbrl.models import loading
 
         loading.contiguous_head_input = lambda model: model
+    if args.batched_rows:  # before 2026-12-06: low-precision rows batched, their bits depending on the batch
+        from pbrl.models import row_invariance
+
+        row_invariance.applies = lambda model: False
     # The targets are the demo's, on SmolLM2: a run with other options is information only.
-    levers_off = args.dynamic_cache or args.full_vocab_sampler or args.every_phase_one or args.strided_head
+    levers_off = (
+        args.dynamic_cache or args.full_vocab_sampler or args.every_phase_one or args.strided_head or args.batched_rows
+    )
     applies = args.model == "smollm2-135m-instruct" and not args.overrides and not levers_off and args.config == DEMO
     stages: list[dict] = []
     with tempfile.TemporaryDirectory() as out:

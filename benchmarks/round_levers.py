@@ -11,6 +11,8 @@ per setting, in rounds of all settings, so that a slow period of the machine hit
   before ``pbrl.learning.madpo.phase_one_agents`` (2026-12-04);
 * ``defaults, strided head input``: today's defaults but the LM head gets transformers' strided last-position view,
   as before ``pbrl.models.head_input`` (2026-12-05; in bfloat16 torch's CPU matmul copies the head once per row);
+* ``defaults, batched bfloat16 rows``: today's defaults but bfloat16 rows sampled in padded batches, as before
+  ``pbrl.models.row_invariance`` (2026-12-06; a row's tokens then depended on its batch): the cost of row invariance;
 * ``defaults in float32``: today's defaults with ``torch_dtype: float32`` and ``mixed_precision: no``, what ``auto``
   resolves to on a CPU without bfloat16 arithmetic (the float32 figure the bfloat16 defaults are measured beside);
 * ``defaults, bf16 autocast``: today's defaults with ``mixed_precision: bf16`` (autocast over the float32 adapters),
@@ -49,6 +51,7 @@ SETTINGS: dict[str, tuple[list[str], dict[str, str | None]]] = {
     "+bfloat16 weights": (["--set", "torch_dtype=bfloat16", "--set", "mixed_precision=no", *OLD_PATH], SPIN),
     "defaults, phase 1 for every agent": (["--every-phase-one"], {"OMP_WAIT_POLICY": None}),
     "defaults, strided head input": (["--strided-head"], {"OMP_WAIT_POLICY": None}),
+    "defaults, batched bfloat16 rows": (["--batched-rows"], {"OMP_WAIT_POLICY": None}),
     "defaults in float32": ([*BEFORE], {"OMP_WAIT_POLICY": None}),
     "defaults, bf16 autocast": (["--set", "mixed_precision=bf16"], {"OMP_WAIT_POLICY": None}),
     "defaults": ([], {"OMP_WAIT_POLICY": None}),

@@ -2,8 +2,12 @@
 runs the ``flow`` tests (Prefect test harness, one per session) and the ``slow`` ones (real SmolLM2).
 
 Prefect reads its settings at import, so they are set here, before anything imports it: an isolated
-PREFECT_HOME, no telemetry, no user profile or server; and the CPU is taken as one without bfloat16 arithmetic
-(``PBRL_CPU_BF16=0``).
+PREFECT_HOME, no telemetry, no user profile or server.
+
+The suite runs in the precision ``torch_dtype: auto`` picks on this machine, as a user's run does: bfloat16 on a CPU
+with bfloat16 arithmetic, float32 elsewhere (``PBRL_CPU_BF16=1`` or ``0`` in the environment runs it as on the other
+kind of CPU). A test that needs float32's hand-worked values asks for float32 itself; a pinned result that differs
+by precision is pinned for both (docs/design/architecture.md#what-is-bitwise).
 """
 
 from __future__ import annotations
@@ -27,10 +31,6 @@ os.environ.update(
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        # Every test, and every process a test starts, sees a CPU without bfloat16 arithmetic whatever CPU runs
-        # the suite: torch_dtype 'auto' is float32, as the hand-worked values assume. Tests of a bfloat16 host
-        # set it to 1 or unset it (tests/test_precision.py, tests/test_export.py).
-        "PBRL_CPU_BF16": "0",
     }
 )
 

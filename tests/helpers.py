@@ -123,11 +123,17 @@ def lora_dropout_policy(model_dir: Path, tmp_path: Path, seed: int = 0):
 def logprob_alone(model, prompt: list[int], completion: list[int]) -> float:
     """log π(completion | prompt) by brute force: one unpadded forward pass of the one row, float64
     ``log_softmax``, the sum of every completion token's log-prob (nats). The reference the scoring code is
-    checked against, so it shares none of that code."""
+    checked against, so it shares none of that code. A bfloat16 model computes the row as its row-invariant
+    forwards do (pbrl/models/row_invariance.py), the arithmetic that ``rows_alone`` scoring promises."""
+    import contextlib
+
     import torch
 
+    from pbrl.models import row_invariance
+
     ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
+    alone = row_invariance.row_invariant(model) if row_invariance.applies(model) else contextlib.nullcontext()
+    with torch.no_grad(), alone:
         logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)  # (t, v)
     return sum(float(logp[len(prompt) - 1 + j, tok]) for j, tok in enumerate(completion))
 

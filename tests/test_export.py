@@ -1,6 +1,7 @@
 """Trained agents out of a run (issue #32): ``result.agents()`` / ``load_trained_agents`` and ``export_agents``
 (``pbrl export``) write standard Hugging Face folders that ``from_pretrained`` loads and that sample the run's own
-tokens with the run's seeds; merged and unmerged LoRA exports give the same tokens."""
+tokens with the run's seeds (an adapter over its base in the run's torch_dtype); merged and unmerged LoRA exports give
+the same tokens in float32."""
 
 from __future__ import annotations
 
@@ -98,9 +99,10 @@ def test_a_round_without_pairs_keeps_the_previous_policy(tiny_model_dir, tmp_pat
     assert trained_round(run_dir) == 1
     agents = load_trained_agents(run_dir, device="cpu")
     assert len(agents) == 2 and isinstance(agents[0].model, PeftModel)
+    base_dtype = getattr(torch, open_job(run_dir).torch_dtype)  # the frozen base in the run's precision
     with quiet_peft_wrapping():  # peft reads a property transformers 5 deprecated
         initial = PeftModel.from_pretrained(
-            AutoModelForCausalLM.from_pretrained(tiny_model_dir), paths.initial / "agent_0"
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=base_dtype), paths.initial / "agent_0"
         )
     assert same_weights(agents[0].model, initial)
     merged = load_trained_agents(run_dir, 1, merge_lora=True, device="cpu")
@@ -149,19 +151,23 @@ def test_exported_agents_load_with_from_pretrained_and_sample_the_runs_tokens(lo
     assert f"{evaluation['eval/reward_mean']:.4g} [" in card
 
     compared = 0
+    run_dtype = getattr(torch, open_job(paths.root).torch_dtype)  # bfloat16 on a CPU with bfloat16 arithmetic
     for agent in range(job.num_agents):
         prompt, ids, seed = run_draw(job, paths, 2, 0, agent)
         tokenizer = AutoTokenizer.from_pretrained(adapters[agent])
-        unmerged = AutoPeftModelForCausalLM.from_pretrained(adapters[agent])
+        unmerged = AutoPeftModelForCausalLM.from_pretrained(adapters[agent], dtype=run_dtype)
+        assert sample(unmerged, tokenizer, job, prompt, seed) == ids  # the run's exact tokens, in its precision
+        # merged weights are float32 (as they trained): they sample what the adapter samples over a float32 base
         full = AutoModelForCausalLM.from_pretrained(merged[agent])
-        assert sample(unmerged, tokenizer, job, prompt, seed) == ids  # the run's exact tokens
-        assert (
-            sample(full, AutoTokenizer.from_pretrained(merged[agent]), job, prompt, seed) == ids
-        )  # merged == unmerged
+        in_float32 = AutoPeftModelForCausalLM.from_pretrained(adapters[agent], dtype=torch.float32)
+        merged_ids = sample(full, AutoTokenizer.from_pretrained(merged[agent]), job, prompt, seed)
+        assert merged_ids == sample(in_float32, tokenizer, job, prompt, seed)  # merged == unmerged
+        if run_dtype == torch.float32:
+            assert merged_ids == ids
         compared += len(ids)
     assert compared > 0
     reproduce = docs_module("reproduce.py", tmp_path)  # the guide's own check, on both exports
-    for folder in (adapters[1], merged[1]):
+    for folder in (adapters[1], merged[1]) if run_dtype == torch.float32 else (adapters[1],):
         ran, again = reproduce.run_tokens_again(paths.root, folder, 1, 2, row=1)
         assert ran == again and ran
     # the trained adapters differ from the initial ones (the round's weights, not round 0's, were exported)

@@ -153,7 +153,7 @@ def test_a_run_of_the_script_on_the_tiny_model_reports_its_runs_numbers(learning
                 ratio = logprob_alone(new.model, prompt, completion) - logprob_alone(old.model, prompt, completion)
                 margins[k] += sign * ratio
     assert all(math.isfinite(m) and abs(m) > 1e-9 for m in margins)  # the update moved every pair's margin
-    scripted = learning.pair_margins(paths, job, 1, pairs)  # float32 batched scoring: equal within rounding
+    scripted = learning.pair_margins(paths, job, 1, pairs)  # rows scored alone: equal within float32 rounding
     assert scripted == pytest.approx(margins, abs=1e-4)
     assert later["heldout_pair_accuracy"] == pytest.approx(sum(m > 0 for m in scripted) / len(scripted), abs=1e-12)
     clear = [(m > 0, s > 0) for m, s in zip(margins, scripted, strict=True) if abs(m) > 1e-3]
@@ -169,7 +169,7 @@ def test_a_run_of_the_script_on_the_tiny_model_reports_its_runs_numbers(learning
     assert again["results"][0]["rounds"] == seed["rounds"]
 
 
-def test_every_result_names_the_cpu_and_its_bfloat16_flags(learning, tmp_path, monkeypatch):
+def test_every_result_names_the_cpu_its_bfloat16_flags_and_auto_precision(learning, tmp_path, monkeypatch):
     """The machine facts that decide ``auto`` precision travel with every benchmark result: machines of one name
     differ between sessions (with and without AVX-512), and a timing means nothing without them."""
     import benchkit
@@ -178,12 +178,16 @@ def test_every_result_names_the_cpu_and_its_bfloat16_flags(learning, tmp_path, m
     cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
     real_open = open
     monkeypatch.setattr("builtins.open", lambda f, *a, **k: real_open(cpuinfo if f == "/proc/cpuinfo" else f, *a, **k))
+    monkeypatch.delenv("PBRL_CPU_BF16", raising=False)
     facts = benchkit.machine_facts()
     assert facts["cpu_model"] == "AMD EPYC 9R14"
-    assert facts["cpu_bf16_flags"] == ["avx512_bf16"]
+    assert facts["cpu_bf16_flags"] == ["avx512_bf16"] and facts["torch_dtype_auto"] == "bfloat16"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2\n")  # no model name, no bfloat16 arithmetic
     facts = benchkit.machine_facts()
-    assert facts["cpu_model"] is None and facts["cpu_bf16_flags"] == []
+    assert facts["cpu_model"] is None and facts["cpu_bf16_flags"] == [] and facts["torch_dtype_auto"] == "float32"
+    monkeypatch.setenv("PBRL_CPU_BF16", "1")  # auto decided as on another kind of CPU: the result says so
+    facts = benchkit.machine_facts()
+    assert facts["torch_dtype_auto"] == "bfloat16" and facts["PBRL_CPU_BF16"] == "1"
 
 
 def test_drift_panel_draws_coinciding_seeds_as_one_labelled_line(learning):

@@ -111,7 +111,7 @@ def test_rerun_of_a_round_with_zero_pairs_uses_the_previous_policy_everywhere(ti
 # --- PolicySource: plain values from the job ----------------------------------------------------------------
 
 
-def test_policy_source_from_job_reads_the_agent_fields():
+def test_policy_source_from_job_reads_the_agent_fields(monkeypatch):
     job = parse_job(
         {
             "trainer": "madpo_iter",
@@ -133,7 +133,9 @@ def test_policy_source_from_job_reads_the_agent_fields():
         devices="cpu",
     )  # parallel_training 'none' (default): every agent on the first device
     job = parse_job({"trainer": "madpo", "task": "toy", "agent_model": "m", "num_agents": 2})
-    assert policy_source(job) == PolicySource(models=("m", "m"), lora=None, dtype="float32", devices=None)
+    for bf16_cpu, dtype in (("0", "float32"), ("1", "bfloat16")):  # torch_dtype auto: what the CPU computes
+        monkeypatch.setenv("PBRL_CPU_BF16", bf16_cpu)
+        assert policy_source(job) == PolicySource(models=("m", "m"), lora=None, dtype=dtype, devices=None)
 
 
 def test_load_agent_initial_is_the_base_and_a_round_checkpoint_its_weights(tiny_model_dir, tmp_path):

@@ -201,7 +201,7 @@ def test_mixed_precision_through_update_policies_writes_the_scaler_and_float32_w
 def test_auto_is_bfloat16_exactly_where_the_cpu_computes_it(monkeypatch):
     from pbrl.models import precision
 
-    monkeypatch.delenv(precision.CPU_BF16_ENV)  # the suite's pin (tests/conftest.py): the flags decide
+    monkeypatch.delenv(precision.CPU_BF16_ENV, raising=False)  # a user's override: the flags decide
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
     choice = precision.resolve_precision("auto", "auto", "cpu")
     assert (choice.torch_dtype, choice.mixed_precision) == ("bfloat16", "no")
@@ -250,7 +250,7 @@ def test_a_run_records_what_auto_resolved_to_and_keeps_it_on_resume(tiny_model_d
     from pbrl.run.folder import check_resumable, open_job, prepare_run
     from tests.helpers import new_run, tiny_job
 
-    monkeypatch.delenv(precision.CPU_BF16_ENV)
+    monkeypatch.delenv(precision.CPU_BF16_ENV, raising=False)
     monkeypatch.setattr(precision, "cpu_flags", lambda: set())
     job = tiny_job(tiny_model_dir, tmp_path)
     assert (job.torch_dtype, job.mixed_precision) == ("auto", "auto")

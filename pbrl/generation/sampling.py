@@ -7,6 +7,13 @@ and Flood 2014, "Fast splittable pseudorandom number generators"), computed vect
 The sampler (:mod:`pbrl.generation.seeded_sampler`) forces the drawn token, so ``generate(do_sample=False)``
 (left padding, KV cache) emits exactly the drawn tokens. No global RNG is read.
 
+What a row's tokens may depend on besides its prompt, seed and settings is the arithmetic of its logits. A
+bfloat16 or float16 model on the CPU computes every row as it computes the row alone (each prompt prefilled
+alone, each row attending to its own keys, linear layers in row blocks whose bits do not depend on the other rows
+or the thread count: :mod:`pbrl.models.row_invariance`), so its tokens are bitwise those of the row sampled
+alone. A float32 model batches the padded rows; its logits then differ between batch layouts in the last float32
+bits, which changes a token only when the row's uniform falls within that rounding of a CDF boundary.
+
 A row stops at any of its stop ids (the tokenizer's EOS and every ``generation_config.eos_token_id``), as HF
 ``generate`` does, and the sampler refuses non-finite logits (HF's ``multinomial`` raises on them; an
 inverse-CDF draw would silently return the last vocabulary id).
@@ -16,6 +23,7 @@ Shape legend: b batch (rows), t tokens, v vocab.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +39,7 @@ from transformers import (
 )
 
 from pbrl.generation.kv_cache import preallocated_cache
+from pbrl.generation.prefill import prefill
 from pbrl.generation.seeded_sampler import (
     MAX_TEMPERATURE,
     MIN_TEMPERATURE,
@@ -38,6 +47,7 @@ from pbrl.generation.seeded_sampler import (
     SeededSampler,
     build_warpers,
 )
+from pbrl.models import row_invariance
 from pbrl.models.forward import distinct_prompts, eval_mode
 
 
@@ -256,34 +266,6 @@ def _cut(
     return new_tokens, "length", None
 
 
-def _shared_prefill(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device: torch.device, cache: Any
-) -> tuple[Any, int] | None:
-    """The KV cache of a left-padded chunk's prompts, each distinct prompt prefilled once, expanded to the rows.
-
-    Covers every column but the last (``generate`` needs one uncached token to produce the first logits), with
-    ``generate``'s own position ids (``cumsum(mask) − 1``, 0 on padding), in ``cache`` (empty). Returns (cache,
-    distinct prompts), or None when no two rows of the chunk share a prompt or the prompts are one column wide
-    (nothing to share).
-    """
-    distinct, which = distinct_prompts([tuple(r) for r in torch.cat([input_ids, attention_mask], dim=1).tolist()])
-    if len(distinct) == len(which) or input_ids.shape[1] < 2:
-        return None
-    first_rows = [which.index(d) for d in range(len(distinct))]  # one row per distinct (padded) prompt
-    ids, mask = input_ids[first_rows, :-1], attention_mask[first_rows, :-1]  # (d, t-1)
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (d, t-1)
-    model(
-        input_ids=ids.to(device),
-        attention_mask=mask.to(device),
-        position_ids=positions.to(device),
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache.batch_select_indices(torch.tensor(which, dtype=torch.long))  # (d, …) → (b, …); CPU ids: any device
-    return cache, len(distinct)
-
-
 def prompt_grouped_order(prompt_ids: Sequence[Sequence[int]]) -> list[int]:
     """Row indices with the rows of one prompt adjacent (prompts in first-seen order, rows in order within one),
     so that a prompt's rows share a generate chunk and its prefill."""
@@ -314,8 +296,11 @@ def generate(
     and the tokens equal those of ``share_prompts=False`` up to the float32 rounding of a different batch shape
     (see below; tests/test_shared_prompt.py). A
     row's tokens depend only on its prompt, its seed and the sampling settings, never on the batch it lands
-    in or on global random state (see the module docstring); different batch layouts can differ only where
-    floating-point differences in the logits move a CDF boundary across the row's uniform number.
+    in or on global random state (see the module docstring). A bfloat16/float16 model on the CPU samples every
+    row bitwise as it samples the row alone, whatever the chunking, padding, ``share_prompts`` or thread count
+    (rows of one prompt length are chunked together there: fewer attention groups); in float32 different batch
+    layouts can differ only where the last float32 bits of the logits move a CDF boundary across the row's
+    uniform number.
     A row stops at the first of :func:`stop_token_ids` (the tokenizer's EOS and every id of the model's
     ``generation_config.eos_token_id``, the union HF ``generate`` would stop at); the tokenizer's pad id
     (the first stop id when it has none) fills padding.
@@ -350,9 +335,15 @@ def generate(
     config = _generation_config(model, settings.max_new_tokens, pad_id, stop_ids)
     warpers = build_warpers(settings.temperature, settings.top_p, settings.top_k)
     device = next(model.parameters()).device
-    order = prompt_grouped_order(prompt_ids) if share_prompts else list(range(len(prompt_ids)))
+    invariant = row_invariance.applies(model)  # bfloat16/float16 on the CPU: each row computed as if alone
+    if invariant:  # rows of one prompt length together: fewer attention groups (the bits do not depend on it)
+        _, which = distinct_prompts(prompt_ids)
+        order = sorted(range(len(prompt_ids)), key=lambda r: (len(prompt_ids[r]), which[r]))
+    else:
+        order = prompt_grouped_order(prompt_ids) if share_prompts else list(range(len(prompt_ids)))
     results: dict[int, Generation] = {}
-    with eval_mode(model), torch.inference_mode():
+    rows_alone = row_invariance.row_invariant(model) if invariant else contextlib.nullcontext()
+    with eval_mode(model), torch.inference_mode(), rows_alone:
         for start in range(0, len(order), settings.batch_size):
             chunk = order[start : start + settings.batch_size]
             row_seeds = [int(seeds[r]) for r in chunk]
@@ -367,14 +358,13 @@ def generate(
             )
             capacity = input_ids.shape[1] + settings.max_new_tokens
             cache = preallocated_cache(model, capacity) if preallocate else DynamicCache(config=model.config)
-            if share_prompts:  # fills cache with the chunk's distinct prompts, each once
-                _shared_prefill(model, input_ids, attention_mask, device, cache)
+            prefill(model, input_ids, attention_mask, device, cache, invariant=invariant, share=share_prompts)
             sequences = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([sampler]),
-                cache=cache,  # prefilled by _shared_prefill, else empty: generate fills it
+                cache=cache,  # holds every prompt column but the last (prefill), or none: generate fills it
             )  # (b, t + new)
             for r, row, seed in zip(chunk, sequences[:, input_ids.shape[1] :].tolist(), row_seeds, strict=True):
                 completion, reason, stop_id = _cut(row, stop_ids, settings.max_new_tokens)

@@ -20,7 +20,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from pbrl.models import row_invariance
 from pbrl.models.forward import distinct_prompts, eval_mode
+from pbrl.models.row_invariance import set_row_offsets
 
 
 def _validate(
@@ -53,6 +55,7 @@ def sequence_logprobs(
     pad_token_id: int,
     padding_side: Literal["left", "right"] = "left",
     dropout: bool = False,
+    rows_alone: bool = False,
 ) -> torch.Tensor:
     """Sum of the log-probs of every completion token given the prompt and the earlier completion tokens.
 
@@ -75,6 +78,11 @@ def sequence_logprobs(
         pad_token_id: the id written into padding positions (any valid id; never used to infer masks).
         padding_side: ``"left"`` (all rows end at the last column) or ``"right"``; the values agree.
         dropout: keep the model's own train/eval modes instead of forcing eval mode.
+        rows_alone: give every row the bits it has scored alone, whatever the batch and its padding, also for a
+            bfloat16/float16 model on the CPU (:mod:`pbrl.models.row_invariance`; left padding). For scores
+            compared across batchings (held-out margins, a judge's verdicts). Off, the rows share one batched
+            forward, as training's forwards do: in bfloat16 its values differ from a row alone by about 1e-2 nats
+            (in float32 by about 1e-6).
 
     Returns:
         (b,) float64 tensor on the model's device, in nats (≤ 0): per-token log-probs in float32, summed
@@ -85,7 +93,13 @@ def sequence_logprobs(
             outside the vocabulary; or when ``padding_side`` is not left/right.
     """
     token_logprobs, _ = completion_token_logprobs(
-        model, prompt_ids, completion_ids, pad_token_id=pad_token_id, padding_side=padding_side, dropout=dropout
+        model,
+        prompt_ids,
+        completion_ids,
+        pad_token_id=pad_token_id,
+        padding_side=padding_side,
+        dropout=dropout,
+        rows_alone=rows_alone,
     )
     if token_logprobs.shape[1] == 0:
         return torch.zeros(len(prompt_ids), dtype=torch.float64, device=token_logprobs.device)
@@ -101,6 +115,7 @@ def completion_token_logprobs(
     pad_token_id: int,
     padding_side: Literal["left", "right"] = "left",
     dropout: bool = False,
+    rows_alone: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-token terms of :func:`sequence_logprobs` (same arguments, same padding, masks and errors).
 
@@ -118,6 +133,9 @@ def completion_token_logprobs(
     if max_completion == 0:
         return (torch.zeros((batch, 0), device=device), torch.zeros((batch, 0), dtype=torch.bool, device=device))
 
+    alone = rows_alone and row_invariance.applies(model)
+    if alone:
+        padding_side = "left"  # row-invariant attention reads each row's keys from its offset on
     lengths = prompt_lens + completion_lens
     width = int(lengths.max())
     # First column of each row's tokens: left padding right-aligns the rows.
@@ -138,7 +156,10 @@ def completion_token_logprobs(
     targets = input_ids.gather(1, keep + 1)  # (b, c)
     valid = steps[None, :] < completion_lens[:, None]  # (b, c)
 
-    with contextlib.nullcontext() if dropout else eval_mode(model):
+    rows = row_invariance.row_invariant(model) if alone else contextlib.nullcontext()
+    with contextlib.nullcontext() if dropout else eval_mode(model), rows:
+        if alone:
+            set_row_offsets(offsets.tolist())
         logits = model(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
@@ -161,9 +182,10 @@ def shared_prompt_logprobs(
     *,
     pad_token_id: int,
     dropout: bool = False,
+    rows_alone: bool = False,
 ) -> torch.Tensor:
     """:func:`sequence_logprobs` computing each distinct prompt once: the same values, less compute
-    (the sum of :func:`shared_prompt_token_logprobs`).
+    (the sum of :func:`shared_prompt_token_logprobs`; ``rows_alone`` as there).
 
     Returns:
         (b,) float64 tensor on the model's device, in nats (≤ 0); an empty completion scores exactly 0.0.
@@ -172,7 +194,7 @@ def shared_prompt_logprobs(
         ValueError: as :func:`sequence_logprobs` (rows named).
     """
     token_logprobs, _ = shared_prompt_token_logprobs(
-        model, prompt_ids, completion_ids, pad_token_id=pad_token_id, dropout=dropout
+        model, prompt_ids, completion_ids, pad_token_id=pad_token_id, dropout=dropout, rows_alone=rows_alone
     )
     if token_logprobs.shape[1] == 0:
         return torch.zeros(len(prompt_ids), dtype=torch.float64, device=token_logprobs.device)
@@ -220,6 +242,7 @@ def shared_prompt_token_logprobs(
     *,
     pad_token_id: int,
     dropout: bool = False,
+    rows_alone: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`completion_token_logprobs` computing each distinct prompt once: the same values, less compute.
 
@@ -247,6 +270,9 @@ def shared_prompt_token_logprobs(
         pad_token_id: the id written into padding positions (never used to infer masks).
         dropout: keep the model's own train/eval modes (a training forward) instead of forcing eval mode.
             With dropout on, a shared prompt gets one dropout mask for all its rows.
+        rows_alone: as in :func:`sequence_logprobs`. A bfloat16/float16 model on the CPU then scores the padded
+            whole rows (:func:`completion_token_logprobs`): a continuation over a shared cache is another batch
+            shape per prompt, which is what row-invariant scoring rules out.
 
     Returns:
         (b, c) float32 log-probs of every completion token (0 at padding) and the (b, c) bool mask of real
@@ -256,6 +282,10 @@ def shared_prompt_token_logprobs(
         ValueError: as :func:`sequence_logprobs` (rows named).
     """
 
+    if rows_alone and row_invariance.applies(model):
+        return completion_token_logprobs(
+            model, prompt_ids, completion_ids, pad_token_id=pad_token_id, dropout=dropout, rows_alone=True
+        )
     vocab_size = model.get_input_embeddings().num_embeddings
     _validate(prompt_ids, completion_ids, vocab_size, "left")
     device = next(model.parameters()).device

@@ -337,9 +337,14 @@ def model_card(
             "```",
             "",
             f"The run sampled with temperature {job.temperature}, top_p {job.top_p}, top_k {top_k}, at most "
-            f"{job.max_new_tokens} new tokens, the prompt in the tokenizer's chat template. "
-            "`pbrl.generation.sampling.generate` with a row's seed (`pbrl.data.seeds.derive_seed`) reproduces its "
-            "tokens.",
+            f"{job.max_new_tokens} new tokens, the prompt in the tokenizer's chat template, frozen weights in "
+            f"{job.torch_dtype}. `pbrl.generation.sampling.generate` with a row's seed (`pbrl.data.seeds.derive_seed`) "
+            + (
+                "reproduces its tokens from the run's adapter export (merged weights are float32, the sum that "
+                "the run computed in two precisions rounded into one)."
+                if lora is not None and merge_lora and job.torch_dtype != "float32"
+                else f"reproduces its tokens, the model loaded with `dtype={job.torch_dtype!r}`."
+            ),
             "",
         ]
     )

@@ -1,0 +1,113 @@
+"""How a sampling chunk's prompts get into the KV cache before ``generate`` decodes: every prompt column but the
+last (``generate`` needs one uncached token to produce the first logits), at the columns of the chunk's left-padded
+layout.
+
+Float32 models prefill the chunk's distinct prompts in one padded forward and expand each prompt's keys and values
+to the rows that continue it (a prompt's K candidates, both sides of a comparator with the same weights).
+bfloat16 and float16 models on the CPU (:mod:`pbrl.models.row_invariance`) prefill each distinct prompt alone, with
+no padding, and every row then attends to its own keys only: a row's cache, hence its tokens, has the bits it has
+when the row is sampled alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from pbrl.models.forward import distinct_prompts
+from pbrl.models.row_invariance import set_row_offsets
+
+
+def prefill(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    device: torch.device,
+    cache: Any,
+    *,
+    invariant: bool,
+    share: bool,
+) -> None:
+    """Fill ``cache`` (empty) for the left-padded chunk ``input_ids``/``attention_mask`` (b, t): each distinct
+    prompt alone and every row's key offset declared (``invariant``, inside
+    :func:`pbrl.models.row_invariance.row_invariant`); else the distinct prompts batched (``share``); else nothing
+    (``generate`` prefills the padded rows itself)."""
+    if invariant:
+        _prefill_each_prompt(model, input_ids, attention_mask, device, cache)
+        set_row_offsets((attention_mask == 0).sum(-1).tolist())  # row r attends to its keys from column pad_r on
+    elif share:
+        _shared_prefill(model, input_ids, attention_mask, device, cache)
+
+
+def _shared_prefill(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device: torch.device, cache: Any
+) -> tuple[Any, int] | None:
+    """The KV cache of a left-padded chunk's prompts, each distinct prompt prefilled once, expanded to the rows.
+
+    Covers every column but the last (``generate`` needs one uncached token to produce the first logits), with
+    ``generate``'s own position ids (``cumsum(mask) − 1``, 0 on padding), in ``cache`` (empty). Returns (cache,
+    distinct prompts), or None when no two rows of the chunk share a prompt or the prompts are one column wide
+    (nothing to share).
+    """
+    distinct, which = distinct_prompts([tuple(r) for r in torch.cat([input_ids, attention_mask], dim=1).tolist()])
+    if len(distinct) == len(which) or input_ids.shape[1] < 2:
+        return None
+    first_rows = [which.index(d) for d in range(len(distinct))]  # one row per distinct (padded) prompt
+    ids, mask = input_ids[first_rows, :-1], attention_mask[first_rows, :-1]  # (d, t-1)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (d, t-1)
+    model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache.batch_select_indices(torch.tensor(which, dtype=torch.long))  # (d, …) → (b, …); CPU ids: any device
+    return cache, len(distinct)
+
+
+def _prefill_each_prompt(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device: torch.device, cache: Any
+) -> None:
+    """Fill ``cache`` (empty) with a left-padded chunk's prompts, every column but the last, each distinct prompt
+    prefilled alone (no padding, its own shapes) and its keys and values placed at its rows' offsets; the padding
+    columns hold zeros that no row attends to (:func:`pbrl.models.row_invariance.set_row_offsets`). Inside
+    :func:`pbrl.models.row_invariance.row_invariant`: a row's cache has the bits it has when the row is alone."""
+    width = input_ids.shape[1] - 1
+    if width < 1:
+        return
+    distinct, which = distinct_prompts([tuple(r) for r in torch.cat([input_ids, attention_mask], dim=1).tolist()])
+    lengths = attention_mask.sum(-1).tolist()  # (b,) prompt lengths
+    layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    for d in range(len(distinct)):
+        rows = [r for r, w in enumerate(which) if w == d]
+        length = int(lengths[rows[0]]) - 1  # the prompt without its last token
+        if length < 1:
+            continue
+        ids = input_ids[rows[0] : rows[0] + 1, -length - 1 : -1]  # (1, length)
+        alone = DynamicCache(config=model.config)
+        set_row_offsets([0])
+        model(
+            input_ids=ids.to(device),
+            position_ids=torch.arange(length)[None].to(device),
+            cache=alone,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if layers is None:  # (b, kv_h, width, d) zeros per layer
+            layers = [
+                (
+                    layer.keys.new_zeros((len(which), *layer.keys.shape[1:2], width, layer.keys.shape[-1])),
+                    layer.values.new_zeros((len(which), *layer.values.shape[1:2], width, layer.values.shape[-1])),
+                )
+                for layer in alone.layers
+            ]
+        for (keys, values), layer in zip(layers, alone.layers, strict=True):
+            keys[rows, :, width - length :] = layer.keys[0]
+            values[rows, :, width - length :] = layer.values[0]
+    for index, (keys, values) in enumerate(layers or []):
+        cache.update(keys, values, index)

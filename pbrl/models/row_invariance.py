@@ -1,0 +1,228 @@
+"""Forwards whose every row has the bits it would have alone: the arithmetic of a row never depends on its batch.
+
+On a CPU, oneDNN computes a bfloat16 (or float16) matrix product with a kernel chosen by the product's shape and
+the thread count, and kernels differ in the order they add their terms. So the same row gets other bits in a
+product of 33 rows than alone, or with 1 thread than with 2 (measured on an Intel Xeon with AMX: rows of a 64-row
+product differ from the row alone in 1 of 8,000 outputs; with the AVX-512 kernels of a CPU without AMX, the
+SmolLM2 down-projection differs from 2 rows on). Every value is then rounded to bfloat16's 8 bits, so a last-bit
+difference of the float32 sum becomes a jump of 2^-8, and a sampled token changes where float32 would have kept
+it (1 row in 8 beside a longer prompt, 6 of 128 candidates of a Ray run against the local one). Padding does the
+same through attention: a left-padded row's keys sit at other offsets, and a longer key axis is split and summed
+in another order.
+
+Inside :func:`row_invariant` a model computes each row as if alone:
+
+* **Linear layers** run on blocks of at most :func:`row_block` rows: the largest block (up to
+  :data:`ROW_BLOCK_MAX`) for which every row of the block equals, bit for bit, the row computed alone with one
+  thread. It is measured once per weight shape, dtype and thread count on this CPU, with the layer's own weight
+  (:func:`probe_row_block`), because kernels and their thresholds differ between CPUs. Small float32 layers
+  (LoRA adapters: MKL's float32 products differ from 2 rows on) are computed as a sum of products per output,
+  whose order does not depend on the rows (:func:`_rowwise_small_linear`).
+* **Attention** runs per group of rows with the same key offset (:func:`set_row_offsets`): each group attends
+  to exactly its own keys, with no padding in the key axis, so a row's attention has the shapes it has alone.
+  The model's attention implementation is switched to :data:`ATTENTION` for the block.
+
+Sampling (:mod:`pbrl.generation.sampling`) prefills each distinct prompt alone and decodes every row of a chunk
+at once under this block; float32 models keep their batched path (MKL's strict reproducibility mode makes a
+float32 product independent of the thread count, and its last-bit differences between batch shapes almost never
+move a token). See docs/design/architecture.md#what-is-bitwise.
+
+No library offers this on CPUs: the batch-invariant kernels of vLLM and SGLang are CUDA kernels.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+ROW_BLOCK_MAX = 32  # rows per block of a linear layer, at most: a decode step's batch in one block on AMX CPUs
+ATTENTION = "pbrl_row_groups"  # the attention implementation registered below
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+_SMALL_WEIGHT = 1 << 16  # float32 weights up to this many elements are computed as sums of products per output
+_PROBE_OUTPUTS = 1 << 19  # outputs compared per block size: a kernel's differences show in about 1 of 10^4
+_PROBE_ROWS_MAX = 4096
+
+# (start, stop, key offset) runs of rows; None outside a row-invariant forward
+_GROUPS: ContextVar[tuple[tuple[int, int, int], ...] | None] = ContextVar("pbrl_row_groups", default=None)
+_BLOCKS: dict[tuple[Any, ...], int] = {}
+_LOCK = threading.RLock()  # one row-invariant block at a time: it patches modules shared by agents over one base
+
+
+def applies(model: nn.Module) -> bool:
+    """Whether ``model`` needs row-invariant forwards: it has bfloat16 or float16 weights on the CPU (frozen
+    weights in ``torch_dtype: auto`` on a CPU with bfloat16 arithmetic, or an explicit ``torch_dtype``)."""
+    return any(p.dtype in LOW_PRECISION and p.device.type == "cpu" for p in model.parameters())
+
+
+def _probe_rows(out_features: int, block: int) -> int:
+    rows = max(block, -(-_PROBE_OUTPUTS // out_features))
+    return min(_PROBE_ROWS_MAX, -(-rows // block) * block)
+
+
+def probe_row_block(weight: torch.Tensor, bias: torch.Tensor | None, limit: int = ROW_BLOCK_MAX) -> int:
+    """The largest m ≤ ``limit`` such that ``F.linear`` on any block of 2..m rows gives each row the bits of that
+    row alone computed with one thread, measured on random rows (seeded) with this weight and bias at the current
+    thread count. 1 when even two rows differ (a row alone is always its own reference).
+
+    Each block size is checked on enough rows that about 5 * 10^5 outputs are compared: where two kernels add in
+    another order, about 1 output in 10^4 shows it in bfloat16.
+    """
+    threads = torch.get_num_threads()
+    generator = torch.Generator().manual_seed(0)
+    in_features = weight.shape[1]
+    rows = _probe_rows(weight.shape[0], 2)
+    inputs = torch.randn(max(rows, _probe_rows(weight.shape[0], limit)), in_features, generator=generator)
+    inputs = inputs.to(weight.dtype)  # (n, in)
+    with torch.inference_mode():
+        torch.set_num_threads(1)
+        try:
+            reference = torch.cat([nn.functional.linear(inputs[i : i + 1], weight, bias) for i in range(len(inputs))])
+        finally:
+            torch.set_num_threads(threads)
+        for m in range(1, limit + 1):
+            n = _probe_rows(weight.shape[0], m)
+            blocks = [nn.functional.linear(inputs[i : i + m], weight, bias) for i in range(0, n, m)]
+            if not torch.equal(torch.cat(blocks), reference[:n]):
+                return max(1, m - 1)
+    return limit
+
+
+def row_block(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """:func:`probe_row_block` for this weight's shape, dtype, layout and the current thread count, measured once
+    per process (about 0.3 s for SmolLM2's 49,152 x 576 head)."""
+    key = (tuple(weight.shape), tuple(weight.stride()), weight.dtype, bias is not None, torch.get_num_threads())
+    block = _BLOCKS.get(key)
+    if block is None:
+        block = _BLOCKS[key] = probe_row_block(weight, bias)
+    return block
+
+
+def _rowwise_small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` of a small weight as a sum of products per output: (r, 1, in) * (out, in) summed over ``in``,
+    whose reduction order is the same for every row and thread count (the product is r * out * in elements)."""
+    out = (x.unsqueeze(-2) * weight).sum(-1)  # (r, out)
+    return out + bias if bias is not None else out
+
+
+def linear_rows(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` with each row's bits independent of the other rows of ``x`` (..., in) -> (..., out)."""
+    weight, bias = module.weight, module.bias
+    flat = x.reshape(-1, x.shape[-1])  # (r, in)
+    if weight.dtype not in LOW_PRECISION:
+        if weight.numel() <= _SMALL_WEIGHT:
+            out = _rowwise_small_linear(flat, weight, bias)
+        else:  # a large float32 layer in a low-precision model: one row at a time, the only safe block
+            out = torch.cat([nn.functional.linear(flat[i : i + 1], weight, bias) for i in range(len(flat))])
+        return out.reshape(*x.shape[:-1], -1)
+    block = row_block(weight, bias)
+    if len(flat) <= block:
+        return nn.functional.linear(x, weight, bias)
+    out = torch.cat([nn.functional.linear(flat[i : i + block], weight, bias) for i in range(0, len(flat), block)])
+    return out.reshape(*x.shape[:-1], -1)  # (..., out)
+
+
+def _groups(offsets: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """Runs of consecutive rows with the same key offset: (start, stop, offset)."""
+    runs: list[tuple[int, int, int]] = []
+    for row, offset in enumerate(offsets):
+        if runs and runs[-1][2] == offset and runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], row + 1, offset)
+        else:
+            runs.append((row, row + 1, int(offset)))
+    return tuple(runs)
+
+
+def set_row_offsets(offsets: Sequence[int]) -> None:
+    """Declare, for the forwards that follow inside :func:`row_invariant`, where each row's keys start in the key
+    axis (its left padding): row r attends to keys ``offsets[r]:`` only. All zeros for unpadded rows."""
+    _GROUPS.set(_groups(offsets))
+
+
+def _grouped_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of query (b, h, q, d) over key/value (b, kv_h, k, d), one scaled-dot-product call per group of
+    rows with the same key offset, on the group's own keys only. A query of several tokens (a prompt's prefill)
+    must see every key (no cache before it) and is causal. Returns (b, q, h, d), as transformers expects.
+    Outside :func:`row_invariant` it is transformers' ``sdpa``."""
+    groups = _GROUPS.get()
+    if groups is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    groups = groups or ((0, query.shape[0], 0),)  # none declared: every row unpadded
+    if groups[-1][1] != query.shape[0]:
+        raise RuntimeError(f"row offsets cover {groups[-1][1]} rows, but the batch has {query.shape[0]}")
+    q_len, gqa = query.shape[2], key.shape[1] != query.shape[1]
+    if q_len > 1 and key.shape[2] != q_len:
+        raise RuntimeError("a row-invariant forward of several tokens must not follow a cache (a prefill or a scoring)")
+    outputs = []
+    for start, stop, offset in groups:
+        keys, values = key[start:stop, :, offset:], value[start:stop, :, offset:]  # (g, kv_h, k - offset, d)
+        queries = query[start:stop, :, offset:] if q_len > 1 else query[start:stop]  # (g, h, q', d)
+        attended = nn.functional.scaled_dot_product_attention(
+            queries, keys, values, is_causal=q_len > 1, scale=scaling, enable_gqa=gqa
+        )  # (g, h, q', d)
+        if q_len > 1 and offset:  # the padding's own queries: zeros, read by nothing that counts
+            attended = torch.cat([attended.new_zeros((*attended.shape[:2], offset, attended.shape[-1])), attended], 2)
+        outputs.append(attended)
+    attended = torch.cat(outputs) if len(outputs) > 1 else outputs[0]  # (b, h, q, d)
+    return attended.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """The mask of :data:`ATTENTION`: none, each group's keys are exactly the keys its rows attend to."""
+    return None
+
+
+AttentionInterface.register(ATTENTION, _grouped_attention)
+AttentionMaskInterface.register(ATTENTION, _no_mask)
+
+
+def _base(model: nn.Module) -> Any:
+    get_base = getattr(model, "get_base_model", None)  # a peft model: its transformers model
+    return get_base() if callable(get_base) else model
+
+
+@contextmanager
+def row_invariant(model: nn.Module) -> Iterator[None]:
+    """Inside the block, ``model``'s forwards compute each row as it is computed alone (see the module docstring):
+    its linear layers in row blocks, its attention per group of rows declared by :func:`set_row_offsets` (every
+    row unpadded until then). Only for models that :func:`applies` to; one block at a time per process.
+
+    Raises:
+        ValueError: the model's attention cannot be switched (it does not use transformers' attention interface).
+    """
+    base = _base(model)
+    with _LOCK:
+        before = base.config._attn_implementation
+        if not base._can_set_attn_implementation():
+            raise ValueError(f"{type(base).__name__} does not use transformers' attention interface")
+        linears = [m for m in model.modules() if type(m) is nn.Linear]
+        token = _GROUPS.set(())
+        base.set_attn_implementation(ATTENTION)
+        for module in linears:
+            module.forward = lambda x, module=module: linear_rows(module, x)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            for module in linears:
+                del module.forward
+            base.set_attn_implementation(before)
+            _GROUPS.reset(token)

@@ -1,0 +1,154 @@
+"""Row-invariant forwards of bfloat16 models (pbrl/models/row_invariance.py): a row has the bits it has alone,
+whatever its batch, its padding and the thread count; and the sampling built on them
+(docs/design/architecture.md#what-is-bitwise).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.models import row_invariance
+from pbrl.models.row_invariance import linear_rows, probe_row_block, row_invariant, set_row_offsets
+
+SMOLLM2 = Path(__file__).resolve().parents[1] / "storage" / "models" / "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def bf16_model(tiny_model_dir: Path):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def threads():
+    """Set torch's thread count inside a test; the count of before comes back after it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------------- linear layers
+def test_a_small_float32_layer_is_a_sum_of_products_per_output():
+    layer = nn.Linear(3, 2)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 0.0]]))
+        layer.bias.copy_(torch.tensor([0.25, -1.0]))
+    x = torch.tensor([[1.0, 1.0, 1.0], [2.0, 0.0, -2.0]])
+    # by hand: row 0: (1+2+3) + 0.25, (-1+0.5+0) - 1; row 1: (2-6) + 0.25, (-2+0-0) - 1
+    assert linear_rows(layer, x).tolist() == [[6.25, -1.5], [-3.75, -3.0]]
+
+
+def test_the_probe_finds_the_largest_block_whose_rows_equal_the_rows_alone(monkeypatch):
+    """A kernel that adds in another order from 6 rows on (a last-bit change of every output) is found: blocks
+    of at most 5 rows."""
+    real = nn.functional.linear
+
+    def kernel(x, weight, bias=None):
+        out = real(x, weight, bias)
+        return out * (1 + 2**-7) if x.shape[0] > 5 else out  # another rounding from 6 rows on
+
+    monkeypatch.setattr(row_invariance.nn.functional, "linear", kernel)
+    weight = torch.randn(16, 8).to(torch.bfloat16)
+    assert probe_row_block(weight, None) == 5
+    assert probe_row_block(weight, None, limit=4) == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_every_row_of_a_layer_has_the_bits_it_has_alone(dtype, threads):
+    generator = torch.Generator().manual_seed(0)
+    layer = nn.Linear(96, 200).to(dtype)  # a float32 layer this small is a LoRA adapter's size: sums of products
+    x = torch.randn(70, 96, generator=generator).to(dtype)  # more rows than a block
+    threads(1)
+    alone = torch.cat([linear_rows(layer, x[i : i + 1]) for i in range(len(x))])
+    threads(2)
+    for rows in (2, 7, 33, 70):
+        assert torch.equal(linear_rows(layer, x[:rows]), alone[:rows]), rows
+    assert torch.equal(linear_rows(layer, x.view(7, 10, 96)), alone.view(7, 10, 200))  # (..., in) inputs
+
+
+# ---------------------------------------------------------------------------------------------- whole forwards
+def _padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    width = max(len(r) for r in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), [width - len(r) for r in rows]
+
+
+def test_a_left_padded_row_has_the_logits_it_has_alone(bf16_model, threads):
+    generator = torch.Generator().manual_seed(1)
+    rows = [torch.randint(4, 300, (n,), generator=generator).tolist() for n in (9, 45, 3, 45, 20)]
+    ids, mask, positions, offsets = _padded(rows)
+    with torch.inference_mode(), row_invariant(bf16_model):
+        set_row_offsets(offsets)
+        batched = bf16_model(input_ids=ids, attention_mask=mask, position_ids=positions).logits  # (b, t, v)
+        threads(1)
+        for i, row in enumerate(rows):
+            set_row_offsets([0])
+            alone = bf16_model(input_ids=torch.tensor([row]), position_ids=torch.arange(len(row))[None]).logits
+            assert torch.equal(batched[i, offsets[i] :], alone[0]), i
+
+
+def test_outside_the_block_the_model_is_as_it_was(bf16_model):
+    ids = torch.tensor([[5, 6, 7, 8]])
+    before = bf16_model(input_ids=ids).logits
+    implementation = bf16_model.config._attn_implementation
+    with row_invariant(bf16_model):
+        assert bf16_model.config._attn_implementation == row_invariance.ATTENTION
+    assert bf16_model.config._attn_implementation == implementation
+    assert not any("forward" in vars(m) for m in bf16_model.modules())  # no patched forward left behind
+    assert torch.equal(bf16_model(input_ids=ids).logits, before)
+
+
+def test_only_low_precision_cpu_models_need_it(tiny_model_dir, bf16_model):
+    assert row_invariance.applies(bf16_model)
+    assert not row_invariance.applies(AutoModelForCausalLM.from_pretrained(tiny_model_dir))  # float32
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+def _settings(batch_size: int, max_new_tokens: int = 12) -> SamplingSettings:
+    return SamplingSettings(max_new_tokens=max_new_tokens, temperature=1.0, top_p=0.95, top_k=50, batch_size=batch_size)
+
+
+def test_a_bfloat16_row_samples_the_same_tokens_alone_and_in_any_batch(bf16_model, tokenizer, threads):
+    short = encode_prompt(tokenizer, "the agent says")
+    long = encode_prompt(tokenizer, "a good policy helps the user and the model is not bad " * 10)
+    assert len(long) >= 5 * len(short)
+    seeds = [2**61 + 7 * i for i in range(6)]
+    alone = [generate(bf16_model, tokenizer, [short], [s], _settings(1))[0] for s in seeds]
+    beside = generate(bf16_model, tokenizer, [long, short] * 6, [x for s in seeds for x in (s + 1, s)], _settings(12))
+    threads(1)
+    chunked = generate(bf16_model, tokenizer, [short] * 6, seeds, _settings(4))
+    assert [g.completion_ids for g in beside[1::2]] == [g.completion_ids for g in alone]
+    assert [g.completion_ids for g in chunked] == [g.completion_ids for g in alone]
+    assert len({tuple(g.completion_ids) for g in alone}) > 1  # the rows really sampled
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason="run `pbrl models prepare smollm2-135m-instruct`")
+def test_smollm2_in_bfloat16_samples_a_prompt_alike_alone_and_beside_a_five_times_longer_one():
+    """The real model, where bfloat16 kernels by batch shape changed 8 of 8 rows before (2026-12-06, AMX)."""
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.bfloat16).eval()
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
+    short = encode_prompt(tokenizer, "Write a haiku about the sea.")
+    long = encode_prompt(
+        tokenizer, "Explain how a transformer language model samples its next token, step by step. " * 15
+    )
+    assert len(long) >= 5 * len(short)
+    seeds = list(range(4))
+    settings = SamplingSettings(max_new_tokens=24, temperature=0.8, top_p=0.95, top_k=50, batch_size=8)
+    alone = [generate(model, tokenizer, [short], [s], settings)[0] for s in seeds]
+    beside = generate(model, tokenizer, [long] * 4 + [short] * 4, [100, 101, 102, 103, *seeds], settings)
+    assert [g.completion_ids for g in beside[4:]] == [g.completion_ids for g in alone]
