@@ -19,6 +19,7 @@ from pydantic import Field
 
 from pbrl.config.field_types import DeviceSpec, NonEmptyStr, StrictBool, StrictFloat, StrictInt, _Fields
 from pbrl.config.iterative_fields import _IterativeFields
+from pbrl.config.judge_fields import _JudgeFields
 
 # Generation divides the float32 logits by the temperature. The reference has no greedy mode (it forces
 # do_sample=True), so 0 is no setting there; 0 or a value near it (1e-40) gives inf logits and a NaN softmax.
@@ -284,19 +285,19 @@ def _epochs(default: int) -> Any:
     )
 
 
-class _MADPOFields(_SingleRoundFields, _CommonFields):
+class _MADPOFields(_SingleRoundFields, _JudgeFields, _CommonFields):
     num_train_epochs: StrictInt = _epochs(20)
 
 
-class _MADPOIterFields(_IterativeFields, _CommonFields):
+class _MADPOIterFields(_IterativeFields, _JudgeFields, _CommonFields):
     num_train_epochs: StrictInt = _epochs(1)
 
 
-class _MARLHFFields(_RewardModelFields, _SingleRoundFields, _CommonFields):
+class _MARLHFFields(_RewardModelFields, _SingleRoundFields, _JudgeFields, _CommonFields):
     num_train_epochs: StrictInt = _epochs(1)
 
 
-class _MARLHFIterFields(_RewardModelFields, _IterativeFields, _CommonFields):
+class _MARLHFIterFields(_RewardModelFields, _IterativeFields, _JudgeFields, _CommonFields):
     num_train_epochs: StrictInt = _epochs(2)
     reward_num_train_epochs: StrictInt = Field(2, ge=1, description="Epochs of reward-model fitting per round.")
     preference_scoring_reward: Literal["task", "reward_model"] = Field(

@@ -11,6 +11,7 @@ from pbrl.config.credentials import (
     safe_url,
     url_credential_problems,
 )
+from pbrl.config.judge_rules import JUDGE_ITER_RULES, JUDGE_RULES
 from pbrl.config.replay_rules import REPLAY_RULES
 from pbrl.config.rules import (
     ACTOR_CRITIC,
@@ -383,8 +384,8 @@ def _reward_model_device(v: Values) -> list[Problem]:
 
 
 TRAINER_RULES: dict[str, tuple[Rule, ...]] = {
-    "madpo": tuple(COMMON_RULES),
-    "marlhf": tuple(COMMON_RULES + MARLHF_RULES),
-    "madpo_iter": tuple(COMMON_RULES + ITERATIVE_RULES + REPLAY_RULES),
-    "marlhf_iter": tuple(COMMON_RULES + ITERATIVE_RULES + REPLAY_RULES + MARLHF_RULES),
+    "madpo": tuple(COMMON_RULES + JUDGE_RULES),
+    "marlhf": tuple(COMMON_RULES + JUDGE_RULES + MARLHF_RULES),
+    "madpo_iter": tuple(COMMON_RULES + JUDGE_RULES + ITERATIVE_RULES + REPLAY_RULES),
+    "marlhf_iter": tuple(COMMON_RULES + JUDGE_RULES + ITERATIVE_RULES + REPLAY_RULES + MARLHF_RULES + JUDGE_ITER_RULES),
 }

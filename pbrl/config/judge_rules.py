@@ -1,0 +1,137 @@
+"""The cross-field rules of the judge options (:mod:`pbrl.config.judge_fields`, docs/guides/judges.md): a judge where
+preferences come from a judge and only there, the options of the judge that is used and no other's, orderings
+that a judge can serve, and no credential in the API judge's options."""
+
+from __future__ import annotations
+
+from pbrl.config.credentials import (
+    body_credential_problems,
+    header_credential_problems,
+    key_prefix_problems,
+    safe_url,
+    url_credential_problems,
+)
+from pbrl.config.judge_fields import BUILT_IN_JUDGES
+from pbrl.config.rules import CENTRALIZED, ENV_NAME_PATTERN, HIDDEN, Rule, Values, import_path_problems, only_with, rule
+from pbrl.errors import Problem
+
+JUDGE_RULES: list[Rule] = []
+# Orderings that need a score per joint response: a judge gives preferences between two, never scores.
+SCORE_ORDERINGS = ("reward_gap", "comparator_reward")
+_SIMULATOR_FIELDS = {"judge_label_noise": 0.0, "judge_bt_temperature": None}
+_API_FIELDS = ("judge_api_url", "judge_api_key_env", "judge_api_max_tokens_per_round")
+
+
+@rule(JUDGE_RULES, "preference_source", "judge")
+def _judge_with_its_source(v: Values) -> list[Problem]:
+    if v["preference_source"] == "judge" and v["judge"] is None:
+        return [Problem("judge", None, f"required with preference_source='judge': {', '.join(BUILT_IN_JUDGES)} or "
+                        "a Python judge 'pkg.module:function'")]  # fmt: skip
+    if v["preference_source"] == "reward" and v["judge"] is not None:
+        return [only_with("judge", v["judge"], "preference_source='judge'")]
+    return []
+
+
+@rule(JUDGE_RULES, "judge")
+def _judge_name(v: Values) -> list[Problem]:
+    judge = v["judge"]
+    if judge is None or judge in BUILT_IN_JUDGES:
+        return []
+    if ":" not in judge:
+        allowed = f"allowed: {', '.join(BUILT_IN_JUDGES)}, or an import path 'pkg.module:function'"
+        return [Problem("judge", judge, allowed)]
+    return import_path_problems("judge", judge)
+
+
+@rule(JUDGE_RULES, "judge", "judge_label_noise", "judge_bt_temperature")
+def _simulator_options(v: Values) -> list[Problem]:
+    used = {f: v[f] for f, default in _SIMULATOR_FIELDS.items() if v[f] != default}
+    if v["judge"] != "reward_noisy":
+        return [only_with(f, value, "judge='reward_noisy'") for f, value in used.items()]
+    if len(used) == 2:
+        return [Problem("judge_bt_temperature", v["judge_bt_temperature"],
+                        "give judge_label_noise (flipped labels) or judge_bt_temperature (Bradley–Terry labels), not "
+                        "both")]  # fmt: skip
+    return []
+
+
+@rule(JUDGE_RULES, "judge", "judge_model", "judge_prompt_template", "judge_api_url", "judge_api_key_env",
+      "judge_api_max_tokens_per_round")  # fmt: skip
+def _judge_kind_options(v: Values) -> list[Problem]:
+    judge = v["judge"]
+    api_only = [f for f in _API_FIELDS if v[f] is not None and judge != "api"]
+    problems = [only_with(f, _shown(f, v[f]), "judge='api'") for f in api_only]
+    if judge not in ("api", "local"):
+        problems += [only_with(f, v[f], "judge='api' or 'local'") for f in ("judge_model", "judge_prompt_template")
+                     if v[f] is not None]  # fmt: skip
+    if judge == "api" and v["judge_api_url"] is None:
+        problems.append(Problem("judge_api_url", None, "required with judge='api'"))
+    if judge == "local" and v["judge_model"] is None:
+        problems.append(Problem("judge_model", None, "required with judge='local' (a model folder or packaged alias)"))
+    return problems
+
+
+def _shown(field: str, value: object) -> object:
+    if field == "judge_api_key_env":
+        return HIDDEN
+    return safe_url(str(value)) if field == "judge_api_url" else value
+
+
+@rule(JUDGE_RULES, "preference_source", "pair_selection")
+def _orderings_a_judge_serves(v: Values) -> list[Problem]:
+    if v["preference_source"] != "judge" or v["pair_selection"] not in SCORE_ORDERINGS:
+        return []
+    return [Problem("pair_selection", v["pair_selection"],
+                    "orders pairs by their scores, and a judge gives no scores; with preference_source='judge' use "
+                    "random, all or counterfactual (joint_mode='cross')")]  # fmt: skip
+
+
+@rule(JUDGE_RULES, "preference_source", "collaboration_mode")
+def _decentralized(v: Values) -> list[Problem]:
+    if v["preference_source"] == "judge" and v["collaboration_mode"] == CENTRALIZED:
+        return [Problem("collaboration_mode", CENTRALIZED,
+                        "a judge compares the agents' texts role by role; preference_source='judge' needs "
+                        "collaboration_mode='decentralized'")]  # fmt: skip
+    return []
+
+
+@rule(JUDGE_RULES, "judge_api_url")
+def _judge_api_url(v: Values) -> list[Problem]:
+    url = v["judge_api_url"]
+    if url is None:
+        return []
+    scheme = [] if url.startswith(("http://", "https://")) else [
+        Problem("judge_api_url", safe_url(url), "must be an http:// or https:// URL")
+    ]  # fmt: skip
+    return scheme + url_credential_problems(url, "judge_api_url")
+
+
+@rule(JUDGE_RULES, "judge_api_key_env")
+def _judge_api_key_env(v: Values) -> list[Problem]:
+    name = v["judge_api_key_env"]
+    if name is None or ENV_NAME_PATTERN.match(name):
+        return []
+    return [Problem("judge_api_key_env", HIDDEN, "must be the NAME of an environment variable (letters, digits and "
+                    "'_', e.g. OPENAI_API_KEY), not the key itself")]  # fmt: skip
+
+
+@rule(JUDGE_RULES, "judge_api_headers", "judge_api_extra_body", "judge_api_key_prefix")
+def _judge_api_credentials(v: Values) -> list[Problem]:
+    return (
+        header_credential_problems(v["judge_api_headers"] or {}, "judge_api_headers")
+        + body_credential_problems(v["judge_api_extra_body"] or {}, "judge_api_extra_body")
+        + key_prefix_problems(v["judge_api_key_prefix"], "judge_api_key_prefix")
+    )
+
+
+# --------------------------------------------------------------------------- MARLHF-iterative only
+JUDGE_ITER_RULES: list[Rule] = []
+
+
+@rule(JUDGE_ITER_RULES, "preference_source", "preference_scoring_reward")
+def _scores_or_judge(v: Values) -> list[Problem]:
+    if v["preference_source"] == "judge" and v["preference_scoring_reward"] == "reward_model":
+        return [Problem("preference_scoring_reward", "reward_model",
+                        "scores new comparisons, and with preference_source='judge' the judge compares them; use "
+                        "'task'")]  # fmt: skip
+    return []

@@ -1,0 +1,103 @@
+"""A Python function as a judge: ``judge: my_pkg.judges:prefer_shorter`` in YAML, or the function (or an object with
+the :class:`~pbrl.judging.verdicts.PairwiseJudge` method ``answer``) in the Python API.
+
+The function is called once per comparison with three lists of one entry per agent, ``prompts``, ``first`` (the
+joint response shown as A) and ``second`` (shown as B), and, where its signature accepts them, ``roles=``,
+``item_id=`` and ``item=`` (a deep copy of the task item). It returns
+
+- ``"A"``, ``"B"`` or ``"tie"`` (read as an LLM judge's text is: :func:`~pbrl.judging.verdicts.parse_verdict`);
+- a number in [0, 1], the probability that A is better (a tie within ``judge_tie_margin`` of 1/2);
+- or a pair ``(verdict, probability)``.
+
+Anything else, or an exception, is that comparison's answer without a verdict, with the reason (the value shown, or
+the exception's type and message); the stage counts it, and too many stop the round
+(``oracle_max_failure_share``). A :class:`~pbrl.errors.TransientError` is not an answer: it fails the stage so that
+Prefect retries it.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import numbers
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pbrl.errors import TransientError
+from pbrl.judging.verdicts import Answer, Comparison, parse_verdict, verdict_of_probability
+
+_SHOWN = 200  # characters of a junk value or an exception message kept in the reason
+KEYWORDS = ("roles", "item_id", "item")
+
+
+def _accepted(func: Callable[..., Any]) -> set[str]:
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return set()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return set(KEYWORDS)
+    return {k for k in KEYWORDS if k in params}
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "…"
+
+
+def read_value(value: Any, tie_margin: float) -> Answer:
+    """A Python judge's return value as an :class:`Answer` (see the module docstring)."""
+    raw = _cut(repr(value))
+    if isinstance(value, str):
+        verdict, reason = parse_verdict(value)
+        return Answer(verdict, raw=value, reason=reason)
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
+        verdict, reason = parse_verdict(value[0])
+        probability = value[1]
+        if verdict is None or not _probability(probability):
+            why = f"the judge returned {raw}; expected (A|B|tie, a probability in [0, 1])"
+            return Answer(None, raw=raw, reason=why)
+        return Answer(verdict, probability=float(probability), raw=raw)
+    if _probability(value):
+        return Answer(verdict_of_probability(float(value), tie_margin), probability=float(value), raw=raw)
+    return Answer(None, raw=raw, reason=f"the judge returned {raw}; expected A, B, tie or a probability in [0, 1]")
+
+
+def _probability(value: Any) -> bool:
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+        and 0 <= float(value) <= 1
+    )
+
+
+@dataclass(frozen=True)
+class CallableJudge:
+    """``func`` (see the module docstring) as a :class:`~pbrl.judging.verdicts.PairwiseJudge` named ``name`` (its
+    import path; the key of its stored answers)."""
+
+    func: Callable[..., Any]
+    name: str
+    tie_margin: float = 0.0
+
+    def answer(self, comparisons: Sequence[Comparison]) -> list[Answer]:
+        accepted = _accepted(self.func)
+        answers = []
+        for c in comparisons:
+            extra = {"roles": list(c.roles), "item_id": c.item_id, "item": copy.deepcopy(dict(c.item))}
+            started = time.monotonic()
+            try:
+                value = self.func(
+                    list(c.prompts), list(c.first), list(c.second), **{k: v for k, v in extra.items() if k in accepted}
+                )
+            except TransientError:
+                raise
+            except Exception as exc:  # the judge's own fault: this comparison has no verdict, the round goes on
+                answers.append(Answer(None, reason=_cut(f"the judge raised {type(exc).__name__}: {exc}")))
+                continue
+            answer = read_value(value, self.tie_margin)
+            answers.append(Answer(**{**answer.__dict__, "seconds": round(time.monotonic() - started, 6)}))
+        return answers
