@@ -64,8 +64,9 @@ from benchkit import REPO_ROOT, RESULTS_DIR, write_result
 
 from pbrl.config import JobConfig, is_marlhf, load_job
 from pbrl.data.items import read_items
-from pbrl.data.storage import RunPaths, read_manifest, trainer_stages
+from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.run.folder import prepare_run
+from pbrl.run.judging import round_stages
 from pbrl.run.settings import policy_source
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
@@ -164,7 +165,7 @@ def run_seed(job: JobConfig, cpu_seconds: dict[int, float] | None = None) -> Pat
     STAGE_MODULES["evaluate"].run(run_dir, 0, job)
     for r in range(1, job.num_iterations + 1):
         started, cpu = time.perf_counter(), 0.0
-        for stage in trainer_stages(job.trainer):
+        for stage in round_stages(job, run_dir):
             before = time.process_time()
             STAGE_MODULES[stage].run(run_dir, r, job)
             cpu += time.process_time() - before if stage != "evaluate" else 0.0
@@ -263,7 +264,7 @@ def round_record(
         rec["heldout_pair_accuracy"] = statistics.fmean(m > 0 for m in margins) if margins else None
         upd = read_manifest(paths, r, "update-policies")
         rec["madpo/loss"], rec["madpo/accuracy"] = upd.metrics.get("madpo/loss"), upd.metrics.get("madpo/accuracy")
-        rec["stage_seconds"] = {s: round(read_manifest(paths, r, s).seconds, 1) for s in trainer_stages(job.trainer)}
+        rec["stage_seconds"] = {s: round(read_manifest(paths, r, s).seconds, 1) for s in round_stages(job, paths.root)}
         rec["round_seconds"] = round(sum(rec["stage_seconds"].values()), 1)
         if is_marlhf(job.trainer):  # the reward model on pairs of items it never saw, and what RL saw
             fit = read_manifest(paths, r, "fit-reward-model")

@@ -33,8 +33,8 @@ from pathlib import Path
 from benchkit import REPO_ROOT, check, peak_rss_mb, print_checks, write_result
 
 from pbrl.config import load_job
-from pbrl.data.storage import trainer_stages
 from pbrl.run.folder import open_job, prepare_run
+from pbrl.run.judging import round_stages
 from pbrl.run.settings import configure_job_threads
 from stages import STAGE_MODULES
 
@@ -127,7 +127,7 @@ def main() -> None:
                 "peak_rss_mb": peak_rss_mb(),
             }
         )
-        for round_index, names in ((0, ("evaluate",)), (1, trainer_stages(job.trainer))):
+        for round_index, names in ((0, ("evaluate",)), (1, round_stages(job, run_dir))):
             for name in names:
                 start = time.perf_counter()
                 manifest = STAGE_MODULES[name].run(run_dir, round_index, job)

@@ -32,8 +32,8 @@ from benchkit import REPO_ROOT, check, print_checks, write_result
 from torch.profiler import ProfilerActivity, profile
 
 from pbrl.config import JobConfig, load_job
-from pbrl.data.storage import trainer_stages
 from pbrl.run.folder import open_job, prepare_run
+from pbrl.run.judging import round_stages
 from pbrl.run.settings import configure_job_threads
 from stages import STAGE_MODULES
 
@@ -89,7 +89,7 @@ def main() -> None:
         job = open_job(run_dir)  # 'auto' precision made concrete for this machine
         configure_job_threads(job)
         stages = []
-        for round_index, names in ((0, ("evaluate",)), (1, trainer_stages(job.trainer))):
+        for round_index, names in ((0, ("evaluate",)), (1, round_stages(job, run_dir))):
             for name in names:
                 stage = profiled_stage(name, run_dir, round_index, job)
                 stage["scale"] = scale if round_index == 1 and name != "evaluate" else 1.0

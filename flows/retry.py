@@ -18,7 +18,7 @@ from pbrl.errors import in_chain
 from pbrl.generation.api_errors import ApiComparatorError
 from pbrl.preference.oracle import is_transient
 
-RETRYING_STAGES = frozenset({"score-with-oracle", "sample-candidates"})
+RETRYING_STAGES = frozenset({"score-with-oracle", "judge-pairs", "sample-candidates"})
 
 
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:

@@ -10,8 +10,9 @@ from prefect import flow
 
 from flows.artifacts import publish_round
 from flows.cache import run_stage_task
-from pbrl.config import JobConfig, is_marlhf
+from pbrl.config import JobConfig
 from pbrl.data.storage import record_state
+from pbrl.run.judging import round_stages
 from pbrl.run.progress import Event, publish
 
 
@@ -48,16 +49,9 @@ def evaluation_due(job: JobConfig, round_index: int) -> bool:
 def round_flow(run_dir: str, run_name: str, round_index: int, job: JobConfig) -> list[dict[str, Any]]:
     """Collect, store, select and learn: one round of preference-based training."""
     publish(Event("round_start", run_dir, round_index))
-    done = [
-        call_stage("sample-candidates", run_dir, round_index, job),
-        call_stage("score-with-oracle", run_dir, round_index, job),
-        call_stage("build-pairs", run_dir, round_index, job),
-        call_stage("store-round", run_dir, round_index, job),
-        call_stage("replay-select", run_dir, round_index, job),
-    ]
-    if is_marlhf(job.trainer):
-        done.append(call_stage("fit-reward-model", run_dir, round_index, job))
-    done.append(call_stage("update-policies", run_dir, round_index, job))
+    # sample-candidates, score-with-oracle (a task with a reward), judge-pairs (a judge's preferences), build-pairs,
+    # store-round, replay-select, fit-reward-model (MARLHF), update-policies: pbrl.run.judging.round_stages
+    done = [call_stage(stage, run_dir, round_index, job) for stage in round_stages(job, run_dir) if stage != "evaluate"]
     if evaluation_due(job, round_index):
         done.append(call_stage("evaluate", run_dir, round_index, job))
     publish_round(run_dir, round_index, done)

@@ -21,7 +21,7 @@ from rich.table import Table
 from pbrl.cli_display import _expected_errors, _fail, _print_rounds, _stopped, _train_with_progress, console, err
 from pbrl.cli_setup import deploy, models_app, serve
 from pbrl.config import ConfigNotice, JobConfig, is_centralized, load_job, num_rounds
-from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest, read_states, trainer_stages
+from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest, read_states
 from pbrl.distributed.shards import require_ray_extra
 from pbrl.errors import ConfigError
 
@@ -178,16 +178,14 @@ def stage(
     if not no_prefect:
         orchestration.prepare_prefect()  # the temporary server starts while torch and the flows are imported
     from pbrl.run.folder import open_run, run_holder, start_problems  # deferred: imports torch (seconds)
+    from pbrl.run.judging import round_stages  # deferred with the run folder's code
 
     with _expected_errors(2):
         job = open_run(run)
-        if name not in trainer_stages(job.trainer):
-            raise _fail(
-                ValueError(
-                    f"{name} is not a stage of trainer {job.trainer!r}; its stages: "
-                    f"{', '.join(trainer_stages(job.trainer))}"
-                )
-            )
+        stages = round_stages(job, run)
+        if name not in stages:
+            message = f"{name} is not a stage of this run ({job.trainer}); its stages: {', '.join(stages)}"
+            raise _fail(ValueError(message))
         if run_holder(run) is not None:  # before Prefect starts: the holder is named
             raise ConfigError(start_problems(job, run, resume=True))
         last = num_rounds(job)

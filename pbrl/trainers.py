@@ -42,12 +42,14 @@ from pbrl.config import (
 )
 from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.errors import ConfigError, Problem
+from pbrl.judging.verdicts import PairwiseJudge
 from pbrl.models.loading import resolve_model_source
 from pbrl.reporting.metrics import round_table
 from pbrl.reporting.tracker_tools import require_trackers, tracker_names
 from pbrl.reporting.trackers import RunTracker
 from pbrl.run.export import TrainedAgent, export_agents, load_trained_agents
 from pbrl.run.folder import generated_run_name, prepare_run
+from pbrl.run.judging import IN_PROCESS_JUDGE, attach_judge, judge_object
 from pbrl.run.model_objects import lora_options, model_objects, peft_default_targets, save_model_object
 from pbrl.run.task import IN_PROCESS_TASK, resolve_task
 from pbrl.run.trainer_arguments import (
@@ -129,6 +131,7 @@ class _PreferenceTrainer:
         reward_func: Callable[..., Sequence[float]] | str | None = None,
         reward_processor: Callable[[float], float] | str | None = None,
         formatters: Sequence[Callable[[dict], str] | str] | None = None,
+        judge: PairwiseJudge | Callable[..., Any] | str | None = None,
         callbacks: Sequence[TrainerCallback | type] | None = None,
         report_to: str | Sequence[str] | None = None,
         run_name: str | None = None,
@@ -153,6 +156,11 @@ class _PreferenceTrainer:
             train_dataset, eval_dataset: items: a list of dicts, a JSONL or Parquet path, a ``datasets.Dataset`` or
                 a dataset spec.
             reward_func, reward_processor, formatters: callables or ``"pkg.module:function"`` paths.
+            judge: where preferences come from when not from scores (TRL's ``OnlineDPOTrainer(judge=...)``): a
+                built-in judge's name (``"reward_noisy"``, ``"api"``, ``"local"``), a Python judge (a function of
+                ``(prompts, first, second)``, its import path, or an object with ``name`` and ``answer``;
+                docs/guides/judges.md). Giving one sets ``preference_source='judge'`` unless ``args`` says
+                otherwise.
             callbacks: :class:`pbrl.callbacks.TrainerCallback` s (instances or classes) that hear the run's events.
             report_to: experiment trackers: 'tensorboard', 'mlflow', 'wandb', 'trackio' or a list (default none).
             run_name: the run folder's name (default ``<trainer>-<UTC time>``); output_dir: where run folders go.
@@ -176,6 +184,10 @@ class _PreferenceTrainer:
         self.callbacks = check_callbacks(callbacks)
         self.resume = resume
         self._fns = {"reward_func": reward_func, "reward_processor": reward_processor}
+        self._judge = judge
+        args_given = getattr(self, "args", None)  # None when the trainer config itself had problems
+        if judge is not None and args_given is not None and "preference_source" not in args_given.model_fields_set:
+            self.args = self.args.model_copy(update={"preference_source": "judge"})
         self._formatters = formatters
         self._items = {"train_dataset": train_dataset, "eval_dataset": eval_dataset}
         self._task = task
@@ -229,10 +241,11 @@ class _PreferenceTrainer:
         fn_paths = {k: path for k, v in self._fns.items() if v is not None and (path := as_config_value(v))}
         formatter_paths = [as_config_value(f) for f in self._formatters] if self._formatters else None
         run["formatters"] = formatter_paths if formatter_paths and all(formatter_paths) else None
+        judged = getattr(self, "args", None) is not None and self.args.preference_source == "judge"  # no reward needed
         if (
             self._in_process(run)
             and self._task is None
-            and not (run.get("train_dataset") and run["formatters"] and fn_paths.get("reward_func"))
+            and not (run.get("train_dataset") and run["formatters"] and (fn_paths.get("reward_func") or judged))
         ):
             run["task"] = IN_PROCESS_TASK  # a label: the task lives in this process (pbrl.run.task.attach_task)
         return run, fn_paths
@@ -240,6 +253,8 @@ class _PreferenceTrainer:
     def _job(self, run: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> JobConfig:
         """The job of ``run`` (:meth:`_run_values`) with the trainer config and the callables' import paths."""
         values, fn_paths = self._run_values(run, sources)
+        if self._judge is not None:  # by name or import path where it has one, else the in-process label
+            fn_paths["judge"] = as_config_value(self._judge) or IN_PROCESS_JUDGE
         return make_job(values, self.args.model_copy(update=fn_paths))
 
     def _in_process(self, run: Mapping[str, Any]) -> bool:
@@ -260,7 +275,7 @@ class _PreferenceTrainer:
             formatters=tuple(formatters)
             if formatters and all(callable(f) for f in formatters)
             else (base.formatters if base else ()),
-            reward_func=reward_func if callable(reward_func) else base.reward_func,  # type: ignore[union-attr]
+            reward_func=reward_func if callable(reward_func) else (base.reward_func if base else None),
             reward_processor=reward_processor
             if callable(reward_processor)
             else (base.reward_processor if base else None),
@@ -291,6 +306,8 @@ class _PreferenceTrainer:
             train_items=self._items["train_dataset"] if run.get("train_dataset") is None else None,
             eval_items=self._items["eval_dataset"] if run.get("eval_dataset") is None else None,
         )
+        if self._judge is not None and not isinstance(self._judge, str):
+            attach_judge(run_dir, judge_object(self._judge, job))
         tracker = RunTracker.for_run(run_dir, tracker_names(job.report_to)) if job.report_to else None
         with listening(run_dir, [*self.callbacks, *([tracker] if tracker else [])]):
             try:

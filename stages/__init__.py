@@ -12,6 +12,7 @@ from stages import (
     build_pairs,
     evaluate,
     fit_reward_model,
+    judge_pairs,
     replay_select,
     sample_candidates,
     score_with_oracle,
@@ -24,6 +25,7 @@ STAGE_MODULES: dict[str, ModuleType] = {
     for m in (
         sample_candidates,
         score_with_oracle,
+        judge_pairs,
         build_pairs,
         store_round,
         replay_select,

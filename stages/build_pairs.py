@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from pbrl.config import JobConfig, is_iterative, is_marlhf, num_actors
-from pbrl.data.schema import CROSS_SCORES, PAIR_JOINT_IDS, PAIRS, SCORES
+from pbrl.data.schema import CROSS_SCORES, PAIR_JOINT_IDS, PAIRS, SCORES, VERDICTS
 from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import cross_pairs_schema, read_joint_responses, read_rows, write_table
@@ -25,6 +25,7 @@ from pbrl.learning.joint_template import joint_template_for, pair_joint_rows
 from pbrl.learning.reward_scoring import pair_joint_ids_path
 from pbrl.preference.pairs import (
     CandidateRef,
+    JudgedPair,
     Pair,
     base_candidate_pairs,
     changed_agents,
@@ -39,12 +40,17 @@ NAME = "build-pairs"
 
 
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
+    if job.preference_source == "judge":  # the verdicts decide; the scores, when the task has some, fill rewards
+        scores = [paths.scores(round_index)] if paths.scores(round_index).is_file() else []
+        return [paths.candidates(round_index), paths.verdicts(round_index), *scores]
     return [paths.candidates(round_index), paths.scores(round_index)]
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
+    if job.preference_source == "judge":
+        return _run_judged(record, round_index, job)
     if job.joint_mode == "cross":
         return _run_cross(record, round_index, job)
     iterative = is_iterative(job.trainer)
@@ -152,6 +158,61 @@ def _run_cross(record: StageRecord, round_index: int, job: JobConfig) -> StageMa
     counterfactual = sum(len(r["changed_agents"]) == 1 for r in rows)
     extra = {"counterfactual_pairs": counterfactual}
     return _finish(record, round_index, job, rows, rejected, no_pair_items, len(item_order), extra)
+
+
+def _run_judged(record: StageRecord, round_index: int, job: JobConfig) -> StageManifest:
+    """``preference_source: judge``: the questions judge-pairs decided (verdicts.parquet), in their order, each as a
+    pair of its preferred joint response over the other; ties and undecided questions give no pair. Rewards are the
+    task's where it has scores, else null."""
+    paths = record.paths
+    iterative, cross = is_iterative(job.trainer), job.joint_mode == "cross"
+    joint = read_joint_responses(paths.candidates(round_index), job.num_agents)
+    scored: dict[tuple[str, str, int], tuple[float | None, float | None]] = {}
+    if paths.scores(round_index).is_file():
+        for s in read_rows(paths.scores(round_index), CROSS_SCORES if cross else SCORES):
+            scored[(s["item_id"], s["side"], s["candidate_index"])] = (s["reward"], s["raw_reward"])
+    questions: dict[str, dict] = {}
+    for v in read_rows(paths.verdicts(round_index), VERDICTS):
+        questions.setdefault(v["question_id"], v)  # every row of a question carries its preference
+    rows: list[dict] = []
+    decided: dict[str, int] = defaultdict(int)
+    for v in questions.values():
+        if v["preference"] not in ("x", "y"):
+            continue
+        item_id = v["item_id"]
+        x, y = (_judged_ref(v, side) for side in ("x", "y"))
+        winner, loser = (x, y) if v["preference"] == "x" else (y, x)
+        (w_reward, w_raw), (l_reward, l_raw) = (
+            scored.get((item_id, r.side, r.index), (None, None)) for r in (winner, loser)
+        )
+        pair = JudgedPair(winner, loser, w_reward, l_reward)
+        item_rewards = [r for (i, _, _), (r, _) in scored.items() if i == item_id and r is not None]
+        mean = sum(item_rewards) / len(item_rewards) if item_rewards else None
+        if cross:
+            rows.append(_cross_pair_row(round_index, len(rows), item_id, pair, joint, {winner: w_raw, loser: l_raw},
+                                        mean, iterative))  # fmt: skip
+        else:
+            sides = (joint[(item_id, winner.side, winner.index)], joint[(item_id, loser.side, loser.index)])
+            rows.append(_row(round_index, len(rows), item_id, pair, sides, (w_raw, l_raw), mean, iterative))
+        decided[item_id] += 1
+    items = list(dict.fromkeys(k[0] for k in joint))
+    if cross:
+        on_disk = [{**r, "prompt_ids": None, "winner_ids": None, "loser_ids": None} for r in rows]
+        write_table(paths.pairs(round_index), on_disk, cross_pairs_schema(paths.candidates(round_index)))
+        extra = {"counterfactual_pairs": sum(len(r["changed_agents"]) == 1 for r in rows)}
+    else:
+        write_table(paths.pairs(round_index), rows, PAIRS)
+        extra = {}
+    ties = sum(v["preference"] == "tie" for v in questions.values())
+    extra.update({"judged_ties": ties, "judged_undecided": sum(v["preference"] is None for v in questions.values())})
+    return _finish(record, round_index, job, rows, 0, sum(1 for i in items if not decided[i]), len(items), extra)
+
+
+def _judged_ref(verdict: dict, which: str) -> CandidateRef:
+    """Joint response ``which`` ("x" or "y") of a verdicts.parquet row."""
+    sides, indices = verdict[f"{which}_candidate_sides"], verdict[f"{which}_candidate_indices"]
+    agents = None if sides is None else tuple(zip(sides, indices, strict=True))
+    return CandidateRef(verdict[f"{which}_side"], verdict[f"{which}_index"], agents)  # type: ignore[arg-type]
 
 
 def _write_joint_ids(paths: RunPaths, round_index: int, job: JobConfig, rows: list[dict], record: StageRecord) -> Path:

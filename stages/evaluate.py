@@ -24,18 +24,22 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from pbrl.config import JobConfig, actor_job, is_centralized
 from pbrl.data.items import read_items
 from pbrl.data.schema import EVAL, EvalRow, Item
-from pbrl.data.seeds import derive_seed
+from pbrl.data.seeds import derive_seed, numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import read_rows, write_table
 from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.generation.collaboration import actor_prompts, score_joint, write_eval_roles
 from pbrl.generation.sampling import encode_prompt, generate
+from pbrl.judging.win_rate import SampleKey, draw_comparisons, win_values
 from pbrl.models.policies import load_agent, policy_checkpoint
-from pbrl.preference.oracle import score_batch
-from pbrl.reporting.stats import SampleKey, mean_interval, paired_difference
+from pbrl.preference.oracle import OracleScore, score_batch
+from pbrl.reporting.stats import mean_interval, paired_difference
+from pbrl.run.judging import answer_store, judge_for
 from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter, policy_source, sampling_settings
 from pbrl.run.stage_record import StageRecord
@@ -80,9 +84,13 @@ def items_seen_in_training(eval_items: Sequence[Item], train_items: Sequence[Ite
 
 
 def rewards_by_draw(rows: Sequence[EvalRow]) -> dict[SampleKey, float]:
-    """``{(item_id, s): reward}`` of an eval table's rows whose reward did not fail."""
+    """``{(item_id, s): reward}`` of an eval table's rows that have a reward (it did not fail; the task has one)."""
     keys = sample_keys([row["item_id"] for row in rows])
-    return {key: row["reward"] for key, row in zip(keys, rows, strict=True) if row["failure"] is None}
+    return {
+        key: row["reward"]
+        for key, row in zip(keys, rows, strict=True)
+        if row["failure"] is None and row["reward"] is not None
+    }
 
 
 def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[Item]:
@@ -125,7 +133,9 @@ def collect(
         completions.append(gens)
         del policy
     scores = (
-        score_batch(
+        [OracleScore(None, None)] * len(draws)  # a task without a reward: the judge compares rounds (run)
+        if task.reward_func is None
+        else score_batch(
             task.reward_func,
             task.reward_processor,
             [[g.text for g in gens] for gens in completions],
@@ -175,10 +185,11 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
         outputs.append(write_eval_roles(rows, paths.round_dir(round_index), centralized_adapter(job), job.num_agents))
     seen = items_seen_in_training(items, read_items(paths, "train"))
     rewards = rewards_by_draw(rows)
+    task = resolve_task(job, paths.root)
     record.counts = {
         "items": len(items),
         "samples": len(rows),
-        "failed": len(rows) - len(rewards),
+        "failed": sum(r["failure"] is not None for r in rows),
         "items_seen_in_training": len(seen),
     }
     # Said by the run's first evaluation only: the items are the same every round, and the count is recorded in
@@ -189,6 +200,8 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
             "this evaluation is not held out; give eval_dataset or a task with its own eval items"
         )
     record.metrics = summary_metrics(paths, round_index, job.seed, rewards)
+    if judged_evaluation(job, task.reward_func is not None) and round_index > BASELINE_ROUND:
+        record.metrics |= win_rate_metrics(record, rows, task.role_names(job.num_agents), items)
     record.details = {"checkpoint": paths.rel(checkpoint), "samples_per_item": job.eval_samples_per_item}
     return record.finish(input_files(paths, round_index, job), outputs)
 
@@ -220,3 +233,41 @@ def summary_metrics(paths: RunPaths, round_index: int, seed: int, rewards: dict[
                 "eval/paired_items": float(diff.n),
             }
     return metrics
+
+
+def judged_evaluation(job: JobConfig, scored: bool) -> bool:
+    """Whether the judge evaluates (a judge's preferences and a task without a reward to score draws by)."""
+    return job.preference_source == "judge" and not scored
+
+
+def win_rate_metrics(record: StageRecord, rows: list[EvalRow], roles: tuple[str, ...], items: list[Item]) -> dict:
+    """The judge's win rate of this round's draws against round 0's (:mod:`pbrl.judging.win_rate`): its mean over
+    items with the item-level 95 % interval, and the counts of the askings (into ``record.counts``); {} when round 0
+    was not evaluated or no draw got a verdict."""
+    paths, job, round_index = record.paths, record.job, record.round_index
+    if not paths.eval(BASELINE_ROUND).is_file():
+        return {}
+    current = dict(zip(sample_keys([r["item_id"] for r in rows]), rows, strict=True))
+    base_rows = read_rows(paths.eval(BASELINE_ROUND), EVAL)
+    baseline = dict(zip(sample_keys([r["item_id"] for r in base_rows]), base_rows, strict=True))
+    judge = judge_for(job, paths.root, resolve_task(job, paths.root))
+
+    def order_rng(key: SampleKey) -> np.random.Generator:
+        return numpy_rng(job.seed, round_index=round_index, stage=NAME, side="judge", item=key[0], index=key[1])
+
+    askings = draw_comparisons(current, baseline, roles, {i["item_id"]: i for i in items},
+                               swap=job.judge_position_swap, order_rng=order_rng)  # fmt: skip
+    progress = record.progress(len(askings), "judged draws")
+    values, counts = win_values(judge, answer_store(paths), askings, disagreement=job.judge_swap_disagreement,
+                                on_answers=progress.advance)  # fmt: skip
+    record.counts.update({f"judge_{k}": v for k, v in counts.items()})
+    if not values:
+        record.say("the judge decided no draw against round 0: no win rate this round")
+        return {}
+    interval = mean_interval(values, seed=derive_seed(job.seed, round_index=round_index, stage=NAME, side="win"))
+    return {
+        "eval/win_rate": interval.mean,
+        "eval/win_rate_ci_low": interval.low,
+        "eval/win_rate_ci_high": interval.high,
+        "eval/win_rate_draws": float(len(values)),
+    }

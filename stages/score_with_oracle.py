@@ -22,7 +22,6 @@ from pathlib import Path
 from pbrl.config import JobConfig, actor_job, is_centralized, num_actors
 from pbrl.data.items import read_items
 from pbrl.data.schema import CROSS_SCORES, SCORES, Item, ScoreRow
-from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import read_joint_responses, write_table
 from pbrl.distributed.shards import ShardSet, gather_shards
@@ -35,8 +34,10 @@ from pbrl.generation.collaboration import (
 )
 from pbrl.learning.joint_template import DROP_TOO_LONG
 from pbrl.learning.reward_scoring import RewardScorer, newest_reward_model, reward_device
+from pbrl.preference.joint import JointKey, joint_rows
+from pbrl.preference.joint import cross_refs as joint_cross_refs
 from pbrl.preference.oracle import OracleScore, score_batch
-from pbrl.preference.pairs import CandidateRef, CrossGrid, cross_joint_responses
+from pbrl.preference.pairs import CandidateRef
 from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter
 from pbrl.run.stage_record import StageRecord
@@ -54,46 +55,21 @@ def scoring_model(paths: RunPaths, round_index: int, job: JobConfig) -> tuple[in
     return newest_reward_model(paths, round_index)
 
 
-JointKey = tuple[str, str, int]  # (item_id, side, candidate index; with joint_mode cross, the combination's number)
-
-
-def cross_refs(
-    joint: dict[JointKey, list[dict]], job: JobConfig, round_index: int
-) -> tuple[dict[JointKey, CandidateRef], dict[str, int]]:
-    """``joint_mode: cross``: the combinations of each item to score, in candidates.parquet's item order and
-    combination-number order within an item, and the counts of the manifest: ``joint_combinations`` (every
-    combination, before the guard) and ``items_capped`` (items with more than ``max_joint_responses_per_item``).
-
-    Args:
-        joint: the aligned joint responses (:func:`pbrl.data.tables.read_joint_responses`), whose candidate indices
-            per item and side give each agent's choices (the same for every agent).
-    """
-    limit = job.max_joint_responses_per_item  # the guard (a run-level option)
-    indices: dict[str, dict[str, list[int]]] = {}
-    for item_id, side, index in joint:
-        indices.setdefault(item_id, {"target": [], "comparator": []})[side].append(index)
-    refs: dict[JointKey, CandidateRef] = {}
-    combinations = capped = 0
-    for item_id, by_side in indices.items():
-        grid = CrossGrid.of(by_side["target"], by_side["comparator"], num_agents=job.num_agents)
-        combinations += grid.size
-        capped += grid.size > limit
-        rng = numpy_rng(job.seed, round_index=round_index, stage=NAME, item=item_id)
-        for ref in cross_joint_responses(grid, max_per_item=limit, rng=rng):
-            refs[(item_id, ref.side, ref.index)] = ref
-    return refs, {"joint_combinations": combinations, "items_capped": capped}
+def cross_refs(joint: dict[JointKey, list[dict]], job: JobConfig, round_index: int):
+    """:func:`pbrl.preference.joint.cross_refs` with the job's options."""
+    return joint_cross_refs(
+        joint,
+        num_agents=job.num_agents,
+        max_per_item=job.max_joint_responses_per_item,
+        seed=job.seed,
+        round_index=round_index,
+    )
 
 
 def joint_responses(joint: dict[JointKey, list[dict]], job: JobConfig, round_index: int) -> dict[JointKey, list[dict]]:
-    """What the oracle scores: key -> the candidate row of every agent, in scoring order. Aligned: ``joint`` itself;
-    cross: each combination of :func:`cross_refs` with agent i's row taken from its own candidate."""
-    if job.joint_mode != "cross":
-        return joint
-    refs, _ = cross_refs(joint, job, round_index)
-    return {
-        key: [joint[(key[0], side, index)][agent] for agent, (side, index) in enumerate(ref.agents or ())]
-        for key, ref in refs.items()
-    }
+    """What the oracle scores: key -> the candidate row of every agent, in scoring order (aligned: ``joint`` itself;
+    cross: the combinations of :func:`cross_refs`)."""
+    return joint_rows(joint, cross_refs(joint, job, round_index)[0] if job.joint_mode == "cross" else None)
 
 
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:

@@ -216,7 +216,7 @@ def _run_madpo(
     )
 
     finite_losses = [x for x in losses if math.isfinite(x)]
-    reward_mean = sum(p["candidate_reward_mean"] for p in pairs) / len(pairs)
+    reward_mean = _pairs_reward_mean(pairs)
     record.metrics = {
         "madpo/loss": sum(finite_losses) / len(finite_losses) if finite_losses else float("nan"),
         "madpo/accuracy": sum(accuracies) / len(accuracies),
@@ -329,7 +329,7 @@ def _run_marlhf(
         **(critics.metrics() if critics is not None else {}),
         "train/env_step": float(axis[-1]) if axis else float("nan"),
     }
-    reward_mean = sum(p["candidate_reward_mean"] for p in pairs) / len(pairs)
+    reward_mean = _pairs_reward_mean(pairs)
     record.metrics.update({"turn_1/reward_mean": reward_mean, "turn_1/expected_return": reward_mean})
     record.counts = {
         "pairs": len(pairs),
@@ -357,3 +357,10 @@ def _run_marlhf(
     manifest = record.finish(input_files(paths, round_index, job), [checkpoint, rollouts])
     export_round(job, checkpoint, round_index)
     return manifest
+
+
+def _pairs_reward_mean(pairs: list) -> float:
+    """The mean task reward of the pairs' items' candidates (the reference's ``turn_1/reward_mean``); NaN for judged
+    pairs of a task without a reward (nothing to average)."""
+    means = [p["candidate_reward_mean"] for p in pairs if p["candidate_reward_mean"] is not None]
+    return sum(means) / len(means) if means else float("nan")

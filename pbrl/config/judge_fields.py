@@ -15,6 +15,7 @@ from pydantic import Field
 from pbrl.config.field_types import NonEmptyStr, StrictBool, StrictFloat, StrictInt, StrictStr, _Fields
 
 BUILT_IN_JUDGES = ("reward_noisy", "api", "local")
+IN_PROCESS_JUDGE = "python"  # the judge of a run that got one as a Python object from the trainer API (in-process)
 
 
 class _JudgeFields(_Fields):

@@ -11,7 +11,7 @@ from pbrl.config.credentials import (
     safe_url,
     url_credential_problems,
 )
-from pbrl.config.judge_fields import BUILT_IN_JUDGES
+from pbrl.config.judge_fields import BUILT_IN_JUDGES, IN_PROCESS_JUDGE
 from pbrl.config.rules import CENTRALIZED, ENV_NAME_PATTERN, HIDDEN, Rule, Values, import_path_problems, only_with, rule
 from pbrl.errors import Problem
 
@@ -35,7 +35,7 @@ def _judge_with_its_source(v: Values) -> list[Problem]:
 @rule(JUDGE_RULES, "judge")
 def _judge_name(v: Values) -> list[Problem]:
     judge = v["judge"]
-    if judge is None or judge in BUILT_IN_JUDGES:
+    if judge is None or judge in BUILT_IN_JUDGES or judge == IN_PROCESS_JUDGE:
         return []
     if ":" not in judge:
         allowed = f"allowed: {', '.join(BUILT_IN_JUDGES)}, or an import path 'pkg.module:function'"

@@ -206,24 +206,18 @@ def _max_memory_needs_auto(v: Values) -> list[Problem]:
     ]
 
 
-@rule(JOB_RULES, "task", "train_dataset", "formatters", "reward_func")
+@rule(JOB_RULES, "task", "train_dataset", "formatters", "reward_func", "preference_source")
 def _task_source(v: Values) -> list[Problem]:
     if v["task"] is not None:
         return []
-    parts = ("train_dataset", "formatters", "reward_func")
+    # A task judged by a pairwise judge needs no reward (docs/guides/judges.md#a-task-without-a-reward).
+    judged = v["preference_source"] == "judge"
+    parts = ("train_dataset", "formatters") if judged else ("train_dataset", "formatters", "reward_func")
+    together = " + ".join(parts) + (" (a judge decides; reward_func optional)" if judged else "") + " together"
     missing = [f for f in parts if v[f] is None]
     if len(missing) == len(parts):
-        return [
-            Problem(
-                "task",
-                None,
-                "missing; give task (a registered task name), or train_dataset + formatters + reward_func together",
-            )
-        ]
-    return [
-        Problem(f, None, "required when task is not given (train_dataset + formatters + reward_func together)")
-        for f in missing
-    ]
+        return [Problem("task", None, f"missing; give task (a registered task name), or {together}")]
+    return [Problem(f, None, f"required when task is not given ({together})") for f in missing]
 
 
 def job_rules(trainer: str) -> tuple[Rule, ...]:

@@ -88,6 +88,35 @@ PAIRS = pa.schema(
     ]
 )
 
+# rounds/<r>/verdicts.parquet (preference_source: judge; docs/design/file-formats.md#verdicts): one row per asking of
+# a question (two with judge_position_swap), questions in the order they were kept, each question's preference on
+# every one of its rows.
+VERDICTS = pa.schema(
+    [
+        ("question_id", pa.string()),  # r<round>-q<index>
+        ("item_id", pa.string()),
+        ("x_side", pa.string()),  # the question's first joint response (candidate order)...
+        ("x_index", pa.int32()),  # ...its candidate index (cross: the combination's number)
+        ("y_side", pa.string()),
+        ("y_index", pa.int32()),
+        ("x_candidate_sides", _texts),  # cross: each agent's candidate of x and y; null when aligned
+        ("x_candidate_indices", pa.list_(pa.int32())),
+        ("y_candidate_sides", _texts),
+        ("y_candidate_indices", pa.list_(pa.int32())),
+        ("shown_first", pa.string()),  # "x" | "y": the joint response shown as A
+        ("judge", pa.string()),  # the judge's name (model, template, settings)
+        ("key", pa.string()),  # the asking's content key (pbrl.judging.verdicts.Comparison.key)
+        ("verdict", pa.string()),  # "A" | "B" | "tie"; null: no usable answer (reason) or not asked
+        ("probability", pa.float64()),  # P(A is better) when the judge gave one
+        ("raw_answer", pa.string()),  # the answer as given
+        ("tokens", pa.int64()),  # tokens the answer cost (0 when free)
+        ("seconds", pa.float64()),  # wall seconds the answer took when it was asked
+        ("reason", pa.string()),  # why there is no verdict; null otherwise
+        ("preference", pa.string()),  # the question's: "x" | "y" | "tie"; null: none (preference_reason)
+        ("preference_reason", pa.string()),
+    ]
+)
+
 # joint_mode: cross (docs/design/algorithms.md#cross-joint-responses-and-counterfactual-pairs): a joint response is any
 # combination of the agents' candidates, so its rows name each agent's candidate. The tables keep every column of
 # the aligned ones (a reader of SCORES or PAIRS reads them unchanged) and add these.

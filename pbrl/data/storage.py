@@ -24,6 +24,7 @@ from pbrl.errors import ArtifactError
 STAGES = (
     "sample-candidates",
     "score-with-oracle",
+    "judge-pairs",
     "build-pairs",
     "store-round",
     "replay-select",
@@ -33,9 +34,16 @@ STAGES = (
 )
 
 
-def trainer_stages(trainer: str) -> tuple[str, ...]:
-    """The stages of a round of ``trainer``: fit-reward-model belongs to the MARLHF trainers only."""
-    return tuple(s for s in STAGES if s != "fit-reward-model" or is_marlhf(trainer))
+def trainer_stages(trainer: str, *, judged: bool = False, scored: bool = True) -> tuple[str, ...]:
+    """The stages of a round of ``trainer``: fit-reward-model belongs to the MARLHF trainers only, judge-pairs to
+    runs whose preferences come from a judge (``judged``), score-with-oracle to runs whose task has a reward
+    (``scored``)."""
+    skipped = {
+        "fit-reward-model": not is_marlhf(trainer),
+        "judge-pairs": not judged,
+        "score-with-oracle": not scored,
+    }
+    return tuple(s for s in STAGES if not skipped.get(s, False))
 
 
 # ---------------------------------------------------------------------------------------------- atomic I/O
@@ -225,6 +233,9 @@ class RunPaths:
 
     def scores(self, r: int) -> Path:
         return self.round_dir(r) / "scores.parquet"
+
+    def verdicts(self, r: int) -> Path:
+        return self.round_dir(r) / "verdicts.parquet"
 
     def pairs(self, r: int) -> Path:
         return self.round_dir(r) / "pairs.parquet"

@@ -80,6 +80,17 @@ class Pair:
         return self.winner_score - self.loser_score
 
 
+@dataclass(frozen=True)
+class JudgedPair:
+    """A preference pair a judge decided (``preference_source: judge``): the preferred joint response wins, whatever
+    the task's scores (null where the task has none)."""
+
+    winner: CandidateRef
+    loser: CandidateRef
+    winner_score: float | None
+    loser_score: float | None
+
+
 def is_tie(a: float, b: float, tie_tolerance: float) -> bool:
     """True when ``|a - b| <= tie_tolerance`` (absolute): ``0.1 + 0.2`` and ``0.3`` tie at 1e-9."""
     return abs(a - b) <= tie_tolerance

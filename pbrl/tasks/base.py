@@ -25,20 +25,29 @@ class Task:
         formatters: one prompt formatter per agent; ``formatters[i](item) -> str`` is agent i's prompt h_i.
         reward_func: the oracle, called on a batch of n joint responses with one list of n completions per
             agent (positional), optionally ``prompts=`` (list of n lists, one prompt per agent) and
-            ``batch_items=`` (the n items); returns n numbers.
+            ``batch_items=`` (the n items); returns n numbers. None: a task judged only by a pairwise judge
+            (``preference_source: judge``; docs/guides/judges.md), with no score to order pairs or evaluate by.
         reward_processor: optional float -> float applied to every raw reward (identity when None).
         train_items / eval_items: default items (dicts) when the user gives none.
         reward_range: optional (low, high) of the raw reward, for reports.
+        roles: each agent's role name, as a judge is shown the joint responses; empty = "agent 1", "agent 2", ...
     """
 
     name: str
     formatters: tuple[Formatter, ...]
-    reward_func: RewardFunc
+    reward_func: RewardFunc | None
     reward_processor: RewardProcessor | None = None
     train_items: tuple[dict[str, Any], ...] = ()
     eval_items: tuple[dict[str, Any], ...] = ()
     reward_range: tuple[float, float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    roles: tuple[str, ...] = ()
+
+    def role_names(self, num_agents: int) -> tuple[str, ...]:
+        """The agents' role names: :attr:`roles` when it names every agent, else "agent 1", "agent 2", ..."""
+        if len(self.roles) == num_agents:
+            return tuple(self.roles)
+        return tuple(f"agent {i + 1}" for i in range(num_agents))
 
 
 def import_object(path: str) -> Any:

@@ -153,4 +153,5 @@ def humaneval_docs_task(num_train_items: int | None = None, num_eval_items: int 
         train_items=train,
         eval_items=evaluation,
         reward_range=REWARD_RANGE,
+        roles=("summary (one sentence)", "explanation (in detail)"),
     )

@@ -1,0 +1,81 @@
+"""Putting a round's questions to a judge: the answers already in the store are reused, the others are asked in
+batches, each batch stored before the next is asked (so a crash loses at most the batch in flight, and nothing
+answered is ever asked again), within a round's token budget."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from pbrl.judging.store import AnswerStore
+from pbrl.judging.verdicts import Answer, Comparison, PairwiseJudge
+
+OVER_BUDGET = "not asked: the round's token budget (judge_api_max_tokens_per_round) was spent"
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What became of one asking: its content ``key``, the answer (None: not asked, over the budget) and whether
+    it came from the store (asked in an earlier attempt, round or stage run)."""
+
+    key: str
+    answer: Answer
+    stored: bool
+
+
+def ask(
+    judge: PairwiseJudge,
+    comparisons: Sequence[Comparison],
+    store: AnswerStore,
+    *,
+    batch_size: int = 32,
+    token_budget: int | None = None,
+    on_answers: Callable[[int], None] | None = None,
+) -> list[Asked]:
+    """One :class:`Asked` per comparison, in order (see the module docstring).
+
+    Args:
+        judge: the judge; its ``name`` keys the store.
+        comparisons: the askings (a question in one order each).
+        store: the run's answer store.
+        batch_size: comparisons handed to ``judge.answer`` at once (and stored together).
+        token_budget: once the answers asked by this call cost this many tokens, the rest are not asked (their
+            answer has no verdict and the reason :data:`OVER_BUDGET`); None = no budget.
+        on_answers: called with the number of comparisons done after each batch (progress).
+
+    Raises:
+        ValueError: the judge returned another number of answers than it was asked.
+        Whatever the judge raises for a failure of its own (an unreachable API): what was answered before stays
+        stored.
+    """
+    keys = [c.key(judge.name) for c in comparisons]
+    done: dict[int, Asked] = {}
+    for i, key in enumerate(keys):
+        stored = store.get(key)
+        if stored is not None:
+            done[i] = Asked(key, stored, True)
+    missing = [i for i in range(len(comparisons)) if i not in done]
+    if on_answers is not None and done:
+        on_answers(len(done))
+    spent = 0
+    for start in range(0, len(missing), batch_size):
+        batch = missing[start : start + batch_size]
+        if token_budget is not None and spent >= token_budget:
+            for i in batch:
+                done[i] = Asked(keys[i], Answer(None, reason=OVER_BUDGET), False)
+            continue
+        answers = judge.answer([comparisons[i] for i in batch])
+        if len(answers) != len(batch):
+            raise ValueError(f"judge {judge.name!r} gave {len(answers)} answers to {len(batch)} comparisons")
+        store.put_many([(keys[i], a, {"judge": judge.name}) for i, a in zip(batch, answers, strict=True)])
+        for i, answer in zip(batch, answers, strict=True):
+            done[i] = Asked(keys[i], answer, False)
+            spent += answer.tokens
+        if on_answers is not None:
+            on_answers(len(batch))
+    return [done[i] for i in range(len(comparisons))]
+
+
+def without_seconds(answer: Answer) -> Answer:
+    """``answer`` with its wall seconds set to 0 (for comparing answers of two runs)."""
+    return replace(answer, seconds=0.0)

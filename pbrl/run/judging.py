@@ -1,0 +1,116 @@
+"""The run's judge (docs/guides/judges.md), built from the job: the noisy-label simulator, an API model, a local
+model, a Python judge by import path, or a judge object attached by the Python API in this process; and the
+answer store of the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pbrl.config import JobConfig
+from pbrl.config.judge_fields import IN_PROCESS_JUDGE
+from pbrl.data.storage import RunPaths, trainer_stages
+from pbrl.errors import ConfigError, Problem
+from pbrl.judging.callable_judge import CallableJudge
+from pbrl.judging.prompt import DEFAULT_TEMPLATE, template_problems
+from pbrl.judging.simulated import RewardLabelJudge
+from pbrl.judging.store import AnswerStore
+from pbrl.judging.verdicts import PairwiseJudge
+from pbrl.run.task import resolve_task
+from pbrl.tasks.base import Task, import_object
+
+# Judges given as Python objects through the trainer API, keyed by resolved run folder (as attached tasks are:
+# pbrl.run.task), found by the stages of that run in this process.
+_ATTACHED_JUDGES: dict[str, PairwiseJudge] = {}
+ANSWERS_FILE = Path("judge") / "answers.jsonl"
+
+
+def attach_judge(run_dir: Path, judge: PairwiseJudge) -> None:
+    """Make a judge object available to the stages of the run in this process."""
+    _ATTACHED_JUDGES[str(Path(run_dir).resolve())] = judge
+
+
+def round_stages(job: JobConfig, run_dir: Path) -> tuple[str, ...]:
+    """The stages of a round of this run, in order: judge-pairs when a judge gives the preferences,
+    score-with-oracle when the task has a reward (docs/design/stages.md)."""
+    scored = resolve_task(job, run_dir).reward_func is not None
+    return trainer_stages(job.trainer, judged=job.preference_source == "judge", scored=scored)
+
+
+def judge_object(value: object, job: JobConfig) -> PairwiseJudge:
+    """A judge given to the trainer API as a Python object: an object with ``name`` and ``answer`` as it is, a
+    function wrapped (:class:`~pbrl.judging.callable_judge.CallableJudge`, named by its import path or, for one
+    that has none, its qualified name).
+
+    Raises:
+        TypeError: ``value`` is neither.
+    """
+    if callable(getattr(value, "answer", None)) and isinstance(getattr(value, "name", None), str):
+        return value  # type: ignore[return-value]
+    if not callable(value):
+        raise TypeError(f"judge: got {type(value).__name__}; give a function, a judge object (name, answer) or a name")
+    name = job.judge if job.judge not in (None, IN_PROCESS_JUDGE) else getattr(value, "__qualname__", repr(value))
+    return CallableJudge(value, name=str(name), tie_margin=job.judge_tie_margin)
+
+
+def answer_store(paths: RunPaths) -> AnswerStore:
+    """The run's store of every answer its judge gave (:mod:`pbrl.judging.store`)."""
+    return AnswerStore(paths.root / ANSWERS_FILE)
+
+
+def prompt_template(job: JobConfig) -> str:
+    """The judge's prompt template: the file ``judge_prompt_template`` names, else the built-in one.
+
+    Raises:
+        ConfigError: the file cannot be read or the template has a problem (each named).
+    """
+    if job.judge_prompt_template is None:
+        return DEFAULT_TEMPLATE
+    path = Path(job.judge_prompt_template)
+    try:
+        template = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([Problem("judge_prompt_template", str(path), f"cannot be read ({exc})")]) from exc
+    problems = template_problems(template)
+    if problems:
+        raise ConfigError([Problem("judge_prompt_template", str(path), "; ".join(problems))])
+    return template
+
+
+def judge_for(job: JobConfig, run_dir: Path, task: Task) -> PairwiseJudge:
+    """The run's judge (see the module docstring).
+
+    Raises:
+        ConfigError: the judge cannot be built: ``reward_noisy`` for a task without a reward, an import path that
+            does not import, a judge object that lives in another process, a model that cannot be found.
+    """
+    judge = job.judge
+    if judge is None:
+        raise ConfigError([Problem("judge", None, "required with preference_source='judge'")])
+    attached = _ATTACHED_JUDGES.get(str(Path(run_dir).resolve()))
+    if attached is not None:
+        return attached
+    if judge == IN_PROCESS_JUDGE:
+        raise ConfigError([Problem("judge", judge, "this run's judge was given as a Python object to the trainer API "
+                                   "and lives only in that process; give a module-level function's import path to run "
+                                   "its stages from the CLI or the UI")])  # fmt: skip
+    if judge == "reward_noisy":
+        if task.reward_func is None:
+            raise ConfigError([Problem("judge", judge, f"simulates labels from the task's reward, and task "
+                                       f"{task.name!r} has none")])  # fmt: skip
+        return RewardLabelJudge(job.judge_label_noise, job.judge_bt_temperature, job.tie_tolerance, job.seed)
+    if judge in ("api", "local"):
+        return _model_judge(job, judge)
+    try:
+        found = import_object(judge)
+    except ImportError as exc:
+        raise ConfigError([Problem("judge", judge, str(exc))]) from exc
+    if callable(getattr(found, "answer", None)) and isinstance(getattr(found, "name", None), str):
+        return found  # an object with the PairwiseJudge methods
+    if not callable(found):
+        raise ConfigError([Problem("judge", judge, "is neither a function nor a judge object (name, answer)")])
+    return CallableJudge(found, name=judge, tie_margin=job.judge_tie_margin)
+
+
+def _model_judge(job: JobConfig, kind: str) -> PairwiseJudge:
+    """The API or local judge of the job (:mod:`pbrl.judging.api_judge`, :mod:`pbrl.judging.local_judge`)."""
+    raise NotImplementedError(kind)
