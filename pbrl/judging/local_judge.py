@@ -15,10 +15,11 @@ p(A) + p(B) of the next token (a judge that puts little mass on either is not an
 
 Comparisons are scored ``judge_batch_size`` at a time, each prompt prefilled once for both tokens
 (:func:`pbrl.learning.logprobs.shared_prompt_logprobs`, the scoring path's shared-prompt forward), in eval mode
-without gradients, with ``rows_alone=True``: on the CPU a comparison's log-probabilities, hence its answer, have the
-bits it has when judged alone, whatever its batch, in bfloat16 too (:mod:`pbrl.models.row_invariance`, where that
-path is :func:`~pbrl.learning.logprobs.sequence_logprobs` with ``rows_alone=True``). On a GPU, rows are batched as
-the model's kernels batch them: answers agree to rounding, not to the bit.
+without gradients, with ``rows_alone=True``. So a comparison's answer does not depend on its batch: a bfloat16 (or
+float16) model on the CPU gives it the bits it has when judged alone (:mod:`pbrl.models.row_invariance`; that path is
+:func:`~pbrl.learning.logprobs.sequence_logprobs` with ``rows_alone=True``); a float32 model, or any model on a GPU,
+keeps the batched forward, whose P(A) agrees with the comparison alone to rounding (about 1e-7 in float32 on the tiny
+model), so a verdict can differ only where P(A) lies that close to a threshold.
 
 A prompt longer than the model's context (``max_position_embeddings``) gets no verdict, with the reason.
 """
@@ -100,7 +101,8 @@ class LocalJudge:
         tokenizer: its tokenizer (:func:`pbrl.models.loading.load_tokenizer`).
         source: the model's source as configured (``judge_model``: a folder or a packaged alias), for the name.
         template: the prompt template's text.
-        batch_size: ≥ 1, comparisons per forward (``judge_batch_size``); the answers do not depend on it.
+        batch_size: ≥ 1, comparisons per forward (``judge_batch_size``); the answers do not depend on it (see the
+            module docstring: bitwise in bfloat16 on the CPU, to rounding otherwise).
         tie_margin: in [0, 0.5), ``judge_tie_margin``.
 
     Raises:
@@ -139,8 +141,9 @@ class LocalJudge:
     @property
     def name(self) -> str:
         """The judge's identity, the key of its stored answers: the model source, its dtype and device type,
-        SHA-256 of the template and the tie margin (the batch size changes no answer). A folder is named by its
-        path: a judge model retrained in place needs a new folder (or a new run) for new answers."""
+        SHA-256 of the template and the tie margin (not the batch size: it changes no answer beyond rounding). A
+        folder is named by its path: a judge model retrained in place needs a new folder (or a new run) for new
+        answers."""
         digest = sha256_hex(self.template)[:_DIGEST_CHARS]
         return (
             f"local(model={self.source}, dtype={self.dtype}, device={self.device}, template=sha256:{digest}, "
