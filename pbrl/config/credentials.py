@@ -216,12 +216,18 @@ def api_shown_value(field: str, value: Any) -> Any:
 
 
 def api_credential_problems(
-    url: str, headers: Mapping[str, Any], extra_body: Mapping[str, Any], key_prefix: str
+    url: str,
+    headers: Mapping[str, Any],
+    extra_body: Mapping[str, Any],
+    key_prefix: str,
+    prefix: str = "comparator_api",
 ) -> list[Problem]:
-    """Every credential in the API comparator's options at once (URL, headers, body options, key prefix)."""
+    """Every credential in an API client's options at once (URL, headers, body options, key prefix), each named as
+    the option ``{prefix}_url``, ``{prefix}_headers`` ... (the API comparator's by default, ``judge_api`` for the
+    API judge)."""
     return [
-        *url_credential_problems(url),
-        *header_credential_problems(headers),
-        *body_credential_problems(extra_body),
-        *key_prefix_problems(key_prefix),
+        *url_credential_problems(url, f"{prefix}_url"),
+        *header_credential_problems(headers, f"{prefix}_headers"),
+        *body_credential_problems(extra_body, f"{prefix}_extra_body"),
+        *key_prefix_problems(key_prefix, f"{prefix}_key_prefix"),
     ]

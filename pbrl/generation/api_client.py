@@ -1,8 +1,9 @@
-"""API comparators over httpx (docs/design/algorithms.md#api-comparators): :func:`fetch_answers` asks a remote
-model for every request's answers, with a bound on the requests in flight. The formats (request bodies, headers,
-response parsing) are in :mod:`pbrl.generation.api_formats`; one request, its deadline, size cap and retries in
+"""API comparators (and the API judge, :mod:`pbrl.judging.api_judge`) over httpx
+(docs/design/algorithms.md#api-comparators): :func:`fetch_answers` asks a remote model for every request's answers,
+with a bound on the requests in flight. The formats (request bodies, headers, response parsing, reported usage) are
+in :mod:`pbrl.generation.api_formats`; one request, its deadline, size cap and retries in
 :mod:`pbrl.generation.api_transport`; the errors in :mod:`pbrl.generation.api_errors`; the redaction of the key in
-:mod:`pbrl.generation.redaction`.
+:mod:`pbrl.generation.redaction`. Messages name the options of who asks (``ApiSettings.role``).
 
 A server that returns fewer answers than asked is asked again for the rest (a top-up); more are cut to the number
 asked. The answers already received are stored by the stage, so ``pbrl train --resume`` later asks only for the
@@ -71,7 +72,9 @@ def fetch_answers(
         ApiRetriesSpentError: the retry budget of a request was spent on 408, 429, 5xx, missed deadlines or
             connection errors, or the server's Retry-After was beyond ``settings.retry_after_max``.
     """
-    problems = api_credential_problems(settings.url, settings.headers, settings.extra_body, settings.key_prefix)
+    problems = api_credential_problems(
+        settings.url, settings.headers, settings.extra_body, settings.key_prefix, settings.role.prefix
+    )
     if problems:
         raise ConfigError(problems)
     key = None
@@ -79,12 +82,13 @@ def fetch_answers(
         key = os.environ.get(settings.key_env)
         if not key:
             raise ApiComparatorError(
-                f"the environment variable {settings.key_env} (comparator_api_key_env) is not set; export the API "
-                "key in it",
+                f"the environment variable {settings.key_env} ({settings.role.option('key_env')}) is not set; export "
+                "the API key in it",
                 status=None,
                 api_format=settings.api_format,
                 item="every item",
                 url=safe_url(settings.url),
+                role=settings.role.name,
             )
     fetcher = ApiClient(settings, sampling, key)
 

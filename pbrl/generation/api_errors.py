@@ -1,4 +1,5 @@
-"""The API comparator's errors (docs/design/algorithms.md#api-comparators) and the hints they give.
+"""The API client's errors (docs/design/algorithms.md#api-comparators) and the hints they give, in the options of
+who asks (:class:`~pbrl.generation.api_formats.ApiRole`: the API comparator or the API judge).
 
 Every failure is an :class:`ApiComparatorError` — an expected error (:data:`pbrl.errors.EXPECTED_ERRORS`), shown by
 the CLI as one ``error:`` line — naming the format, the item, the HTTP status, the URL (without credentials) and
@@ -16,23 +17,34 @@ from pbrl.generation.api_formats import ApiSettings
 
 
 class ApiComparatorError(RemoteServiceError):
-    """An API comparator request failed for good: refused (4xx), redirected, answered malformed or too large,
-    or its retry budget was spent. An expected error (:class:`~pbrl.errors.RemoteServiceError`): the CLI prints its
-    message as one ``error:`` line, and it is never retried by the stage. The message names the format, the URL
-    (without credentials), the
-    item, the HTTP status and what to change; never the key.
+    """An API request (of the API comparator or judge, named first) failed for good: refused (4xx), redirected,
+    answered malformed or too large, or its retry budget was spent. An expected error
+    (:class:`~pbrl.errors.RemoteServiceError`): the CLI prints its message as one ``error:`` line, and it is never
+    retried by the stage. The message names the format, the URL (without credentials), the item, the HTTP status and
+    what to change; never the key.
 
     Attributes:
         status: HTTP status code, or None (timeout, connection error, no response).
-        api_format: the ``comparator_api_format``.
+        api_format: the ``comparator_api_format`` (or ``judge_api_format``).
         item: the item id (and agent) the request was for.
         url: the endpoint, credentials hidden (None when no request was made).
+
+    ``role`` (who asked, :attr:`ApiRole.name <pbrl.generation.api_formats.ApiRole>`) leads the message.
     """
 
-    def __init__(self, message: str, *, status: int | None, api_format: str, item: str, url: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None,
+        api_format: str,
+        item: str,
+        url: str | None = None,
+        role: str = "API comparator",
+    ):
         self.status, self.api_format, self.item, self.url = status, api_format, item, url
         where = f" at {url}" if url else ""
-        super().__init__(f"API comparator ({api_format}){where}, {item}: {message}")
+        super().__init__(f"{role} ({api_format}){where}, {item}: {message}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only arguments do not survive pickle's default (Prefect stores a failed task's exception).
@@ -64,36 +76,35 @@ class ApiRetriesSpentError(ApiComparatorError):
 
 
 def refusal_hint(status: int, settings: ApiSettings) -> str:
-    """What to change after a 4xx refusal (other than 408 and 429, which are retried)."""
+    """What to change after a 4xx refusal (other than 408 and 429, which are retried), in the asker's options."""
+    r = settings.role
     key = (
-        f"the key in the environment variable {settings.key_env} (comparator_api_key_env)"
+        f"the key in the environment variable {settings.key_env} ({r.option('key_env')})"
         if settings.key_env
-        else "that a key is sent: set comparator_api_key_env to the NAME of the variable holding it"
+        else f"that a key is sent: set {r.option('key_env')} to the NAME of the variable holding it"
     )
     if status == 401:
-        return (
-            f"the server did not accept the key: check {key}, comparator_api_key_header and comparator_api_key_prefix"
-        )
+        return f"the server did not accept the key: check {key}, {r.option('key_header')} and {r.option('key_prefix')}"
     if status == 403:
-        return f"the key may not use this endpoint or model: check {key} and comparator_api_model"
+        return f"the key may not use this endpoint or model: check {key} and {r.model_option}"
     if status == 404:
-        return "nothing at this address: check comparator_api_url (the full endpoint path) and comparator_api_model"
+        return f"nothing at this address: check {r.option('url')} (the full endpoint path) and {r.model_option}"
     if status == 405:
-        return "this address does not take POST requests: check comparator_api_url (the full endpoint path)"
+        return f"this address does not take POST requests: check {r.option('url')} (the full endpoint path)"
     if status == 413:
-        return (
-            "the request is too large: shorten the prompts or lower max_new_tokens / comparator_api_max_n_per_request"
-        )
+        limits = " / ".join(o for o in (r.max_tokens_option, r.max_n_option) if o)
+        return f"the request is too large: shorten the prompts or lower {limits}"
     return (
-        "the server refused the request: check comparator_api_model, comparator_api_extra_body and the sampling "
-        f"options against comparator_api_format ('{settings.api_format}')"
+        f"the server refused the request: check {r.model_option}, {r.option('extra_body')} and {r.sampling_options} "
+        f"against {r.option('format')} ('{settings.api_format}')"
     )
 
 
 def malformed_hint(settings: ApiSettings) -> str:
     """What to change after an answer without the format's shape (or with no answer at all)."""
-    field_hint = " and comparator_api_response_field" if settings.api_format == "generic" else ""
+    r = settings.role
+    field_hint = f" and {r.option('response_field')}" if settings.api_format == "generic" else ""
     return (
-        f"the answer is not a '{settings.api_format}' response: check comparator_api_format{field_hint} and "
-        "comparator_api_url"
+        f"the answer is not a '{settings.api_format}' response: check {r.option('format')}{field_hint} and "
+        f"{r.option('url')}"
     )

@@ -1,6 +1,7 @@
-"""The API comparator's settings, one request and one answer, and its four formats
-(docs/design/algorithms.md#api-comparators): request bodies, headers, and the answers in a response. The client
-that sends them is :mod:`pbrl.generation.api_transport`.
+"""The API client's settings, one request and one answer, and its four formats
+(docs/design/algorithms.md#api-comparators): request bodies, headers, the answers in a response and the tokens
+it reports. The client that sends them is :mod:`pbrl.generation.api_transport`. It serves the API comparator and
+the API judge (:mod:`pbrl.judging.api_judge`); its messages name the options of the one that asks (:class:`ApiRole`).
 
 Formats (``comparator_api_format``):
 
@@ -19,13 +20,17 @@ format              request body                                                
 =================== ==================================================================== ============ ===========
 
 ``comparator_api_extra_body`` is merged last into every body; None values are dropped.
+
+Usage (:func:`usage_tokens`): the tokens a response reports it cost, ``usage.total_tokens`` (openai, openai_responses,
+and generic when given) or ``usage.input_tokens + usage.output_tokens`` (anthropic); 0 when absent or not a
+non-negative integer.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pbrl.generation.sampling import SamplingSettings
@@ -37,8 +42,37 @@ MAX_RESPONSE_BYTES = 8 * 2**20  # bytes of one answer read at most (after conten
 
 
 @dataclass(frozen=True)
+class ApiRole:
+    """Who asks through the API client, as its errors, hints and log lines name it: they name the options its user
+    sets, so that the fix they give is one the user can make.
+
+    Attributes:
+        name: leads every error and log line ("API comparator", "API judge").
+        prefix: of the option of each setting: ``{prefix}_url``, ``{prefix}_key_env``, ``{prefix}_timeout`` ...
+        model_option: the option of the model name.
+        max_tokens_option: the option of the most tokens of one answer.
+        max_n_option: the option of the most answers per request; None when every request asks for one.
+        sampling_options: what to check, besides the model and the extra body, when a request is refused.
+    """
+
+    name: str = "API comparator"
+    prefix: str = "comparator_api"
+    model_option: str = "comparator_api_model"
+    max_tokens_option: str = "max_new_tokens"
+    max_n_option: str | None = "comparator_api_max_n_per_request"
+    sampling_options: str = "the sampling options"
+
+    def option(self, setting: str) -> str:
+        """The option of ``setting`` (``"url"`` -> ``comparator_api_url``)."""
+        return f"{self.prefix}_{setting}"
+
+
+COMPARATOR_ROLE = ApiRole()
+
+
+@dataclass(frozen=True)
 class ApiSettings:
-    """The API comparator's plain settings (from the ``comparator_api_*`` fields).
+    """The API client's plain settings (the API comparator's from the ``comparator_api_*`` fields).
 
     Attributes:
         api_format: one of :data:`FORMATS`.
@@ -57,6 +91,7 @@ class ApiSettings:
         backoff_base / backoff_max: seconds; attempt a waits uniform(0, min(max, base·2^a)), at least Retry-After.
         retry_after_max: seconds; a longer server Retry-After gives the request up instead of waiting.
         max_response_bytes: bytes of one response read at most (after content decoding); more is an error.
+        role: who asks (:class:`ApiRole`): the options its messages name; the API comparator by default.
     """
 
     api_format: str
@@ -76,10 +111,11 @@ class ApiSettings:
     backoff_max: float = 60.0
     retry_after_max: float = RETRY_AFTER_MAX
     max_response_bytes: int = MAX_RESPONSE_BYTES
+    role: ApiRole = COMPARATOR_ROLE
 
     def __post_init__(self) -> None:
         if self.api_format not in FORMATS:
-            raise ValueError(f"comparator_api_format: got {self.api_format!r}; allowed: {', '.join(FORMATS)}")
+            raise ValueError(f"{self.role.option('format')}: got {self.api_format!r}; allowed: {', '.join(FORMATS)}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts: got {self.max_attempts}; must be >= 1")
 
@@ -97,11 +133,15 @@ class ApiRequest:
 
 @dataclass(frozen=True)
 class ApiAnswer:
-    """One answer: its text and why it ended (``"api"``: the server finished it; ``"length"``: cut at the
-    token limit, as the format reports it)."""
+    """One answer: its text, why it ended (``"api"``: the server finished it; ``"length"``: cut at the token limit,
+    as the format reports it), the tokens its response reported (:func:`usage_tokens`, on the first answer of the
+    response and 0 on the others, so that a sum over answers counts each response once) and the wall seconds of the
+    request that brought it (send to last byte read, retries and the wait for a free connection not counted)."""
 
     text: str
     finish_reason: str
+    tokens: int = 0
+    seconds: float = 0.0
 
 
 def build_body(settings: ApiSettings, sampling: SamplingSettings, request: ApiRequest, n: int) -> dict[str, Any]:
@@ -177,12 +217,33 @@ def _dotted(data: Any, path: str) -> Any:
     return data
 
 
+def usage_tokens(api_format: str, data: Any) -> int:
+    """The tokens a response JSON reports it cost: ``usage.input_tokens + usage.output_tokens`` for anthropic,
+    ``usage.total_tokens`` for the other formats (generic: optional). A count that is absent, or not a non-negative
+    integer, counts 0 (the answer itself is still read: a paid answer is not thrown away for its bill)."""
+    usage = data.get("usage") if isinstance(data, Mapping) else None
+    if not isinstance(usage, Mapping):
+        return 0
+    names = ("input_tokens", "output_tokens") if api_format == "anthropic" else ("total_tokens",)
+    counts = [usage.get(name) for name in names]
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        return 0
+    return sum(counts)
+
+
 def parse_answers(settings: ApiSettings, data: Any) -> list[ApiAnswer]:
-    """The answers in one response JSON.
+    """The answers in one response JSON, the response's reported tokens (:func:`usage_tokens`) on the first.
 
     Raises:
         ValueError: the response does not have the format's shape (what is missing is named).
     """
+    answers = _texts(settings, data)
+    if answers:
+        answers[0] = replace(answers[0], tokens=usage_tokens(settings.api_format, data))
+    return answers
+
+
+def _texts(settings: ApiSettings, data: Any) -> list[ApiAnswer]:
     fmt = settings.api_format
     if fmt == "generic":
         found = _dotted(data, settings.response_field)

@@ -1,6 +1,7 @@
-"""The API comparator's transport (docs/design/algorithms.md#api-comparators): :class:`ApiClient` sends one
-request over httpx within a deadline and a size cap, retries it within one budget, and asks again for missing
-answers (top-ups); :func:`pbrl.generation.api_client.fetch_answers` runs it for every request.
+"""The API client's transport (the API comparator's and the API judge's; docs/design/algorithms.md#api-comparators):
+:class:`ApiClient` sends one request over httpx within a deadline and a size cap, retries it within one budget, and
+asks again for missing answers (top-ups); :func:`pbrl.generation.api_client.fetch_answers` runs it for every request.
+Its messages name the options of who asks (:class:`~pbrl.generation.api_formats.ApiRole`), the comparator's below.
 
 **One request.** ``comparator_api_timeout`` (``ApiSettings.timeout``, seconds) is the *total* deadline of one
 request: connect, send and every read of the answer, however slowly a server trickles it. At most
@@ -116,6 +117,7 @@ class ApiClient:
             api_format=self.settings.api_format,
             item=self.redact(request.name),
             url=self.url,
+            role=self.settings.role.name,
             **kw,
         )
 
@@ -162,27 +164,29 @@ class ApiClient:
     ) -> list[ApiAnswer]:
         """One POST. Raises _Retryable on 408, 429, 5xx, a missed deadline and connection errors;
         ApiComparatorError on any other refusal, a redirect, a malformed or oversized answer (never retried)."""
-        s = self.settings
+        s, r = self.settings, self.settings.role
         tries["attempts"] += 1
         tries["sent"] += 1
         try:
             async with self.semaphore:
+                started = time.monotonic()
                 status, headers, raw = await self._exchange(client, body)
+                seconds = time.monotonic() - started
         except (TimeoutError, httpx.TimeoutException) as exc:
             if isinstance(exc, httpx.ConnectTimeout):
                 tries["sent"] -= 1
             raise _Retryable(
                 f"no complete answer within the {s.timeout:g} s deadline of one request "
-                "(comparator_api_timeout: connect, send and every read together)",
+                f"({r.option('timeout')}: connect, send and every read together)",
                 None,
             ) from None
         except httpx.LocalProtocolError as exc:
             tries["sent"] -= 1
-            var = s.key_env or "comparator_api_key_env"
+            var = s.key_env or r.option("key_env")
             raise self.error(
                 ApiComparatorError,
                 f"the request could not be sent ({type(exc).__name__}: {exc}): check that {var} holds only the key "
-                "(no spaces or line breaks), comparator_api_key_header and comparator_api_headers",
+                f"(no spaces or line breaks), {r.option('key_header')} and {r.option('headers')}",
                 None,
                 request,
             ) from None
@@ -192,7 +196,7 @@ class ApiClient:
             raise _Retryable(f"connection error ({type(exc).__name__}: {exc})", None) from None
         except httpx.InvalidURL as exc:  # settings built without the config's checks
             raise self.error(
-                ApiComparatorError, f"comparator_api_url is not a valid URL ({exc})", None, request
+                ApiComparatorError, f"{r.option('url')} is not a valid URL ({exc})", None, request
             ) from None
         except httpx.HTTPError as exc:  # e.g. a body that does not decode (gzip): malformed, not worth retrying
             raise self.error(
@@ -200,11 +204,12 @@ class ApiClient:
             ) from None
         except _TooLarge as exc:
             size = f"{exc.declared} bytes declared" if exc.declared is not None else "more, reading stopped there"
+            fewer = f"fewer answers per request ({r.max_n_option}) or " if r.max_n_option else ""
             raise self.error(
                 ApiComparatorError,
                 f"HTTP {exc.status}, answer larger than the cap of {s.max_response_bytes} bytes per response "
-                f"({size}; pbrl.generation.api_formats.MAX_RESPONSE_BYTES): ask for fewer answers per request "
-                "(comparator_api_max_n_per_request) or fewer tokens (max_new_tokens), or check comparator_api_url",
+                f"({size}; pbrl.generation.api_formats.MAX_RESPONSE_BYTES): ask for {fewer}fewer tokens "
+                f"({r.max_tokens_option}), or check {r.option('url')}",
                 exc.status,
                 request,
             ) from None
@@ -219,14 +224,14 @@ class ApiClient:
                     status,
                     request,
                 ) from None
-            return [ApiAnswer(self.redact(a.text), a.finish_reason) for a in answers]
+            return [ApiAnswer(self.redact(a.text), a.finish_reason, a.tokens, seconds) for a in answers]
         if 300 <= status < 400:
             location = headers.get("location")
             where = f"redirect to {safe_url(location)!r}" if location else "redirect (no Location given)"
             raise self.error(
                 ApiComparatorError,
                 f"HTTP {status} {where}: pbrl does not follow redirects (the request carries the key, which must "
-                "not go to another address); set comparator_api_url to the address that answers",
+                f"not go to another address); set {r.option('url')} to the address that answers",
                 status,
                 request,
             )
@@ -301,7 +306,7 @@ class ApiClient:
             log.warning(
                 "%s",
                 self.redact(
-                    f"API comparator ({s.api_format}) at {self.url}, {request.name}: attempt {k} of {s.max_attempts} "
+                    f"{s.role.name} ({s.api_format}) at {self.url}, {request.name}: attempt {k} of {s.max_attempts} "
                     f"failed ({exc.failure}); waiting {sleep:.2f} s{reason} before attempt {k + 1}"
                 ),
             )
