@@ -215,7 +215,7 @@ def _record(record: StageRecord, rows: list[dict], asked: list[Asked], counts: C
     """The manifest's counts, metrics and details, and what people should know."""
     questions = {r["question_id"]: r for r in rows}
     preferences = Counter(r["preference"] for r in questions.values())
-    reasons = Counter(r["reason"].split(":")[0] for r in rows if r["reason"])
+    reasons = Counter(r["reason"] for r in rows if r["reason"])
     record.counts = {
         **counts,
         "askings": len(rows),
@@ -232,8 +232,11 @@ def _record(record: StageRecord, rows: list[dict], asked: list[Asked], counts: C
     }
     if questions:
         record.metrics["judge/tie_share"] = preferences["tie"] / len(questions)
-    record.details = {"judge": judge, "no_verdict_reasons": dict(reasons)}
-    for reason, n in reasons.items():
+    record.details = {"judge": judge, "no_verdict_reasons": dict(reasons.most_common(20))}
+    for reason, n in reasons.most_common(5):
         record.say(f"{n} asking(s) without a verdict: {reason}")
+    if len(reasons) > 5:
+        record.say(f"{sum(reasons.values()) - sum(n for _, n in reasons.most_common(5))} more without a verdict, "
+                   f"for {len(reasons) - 5} other reasons (details.no_verdict_reasons)")  # fmt: skip
     if not preferences["x"] + preferences["y"]:
         record.say("no pair was decided this round: every question tied or had no verdict")

@@ -52,7 +52,8 @@ def test_a_judge_without_noise_decides_the_pairs_the_rewards_decide(tiny_model_d
     scored_dir, scored = start(tiny_model_dir, tmp_path / "reward", pair_selection="all",
                                preference_pairs_per_sample=None)  # fmt: skip
     judged_dir, judged = start(tiny_model_dir, tmp_path / "judge", judge="reward_noisy", **JUDGED)
-    assert round_stages(judged, judged_dir)[:4] == ("sample-candidates", "score-with-oracle", "judge-pairs", "build-pairs")
+    first = ("sample-candidates", "score-with-oracle", "judge-pairs", "build-pairs")
+    assert round_stages(judged, judged_dir)[:4] == first
     run_round(scored_dir, scored, 1, until="build-pairs")
     manifests = run_round(judged_dir, judged, 1, until="build-pairs")
     assert pair_set(judged_dir, 1) == pair_set(scored_dir, 1) and pair_set(judged_dir, 1)
@@ -109,11 +110,11 @@ def test_a_kill_during_judging_resumes_to_the_uninterrupted_verdicts_and_pairs(t
         "import sys; from pbrl.run.folder import open_job; from stages import STAGE_MODULES; "
         "STAGE_MODULES['judge-pairs'].run(sys.argv[1], 1, open_job(sys.argv[1]))"
     )
-    env = {**os.environ, "PBRL_TEST_JUDGE_KILL_AFTER": "37", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PBRL_TEST_JUDGE_KILL_AFTER": "10", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", script, str(killed_dir)], env=env, capture_output=True, cwd=ROOT)
     assert proc.returncode == 9, proc.stderr[-2000:]
     stored = (killed_dir / "judge" / "answers.jsonl").read_text().count("\n")
-    assert 0 < stored <= 37 and not RunPaths(killed_dir).verdicts(1).exists()  # answers kept, no verdicts yet
+    assert stored == 10 and not RunPaths(killed_dir).verdicts(1).exists()  # answers kept, no verdicts yet
     log = tmp_path / "asked.log"
     monkeypatch.setenv("PBRL_TEST_JUDGE_LOG", str(log))
     resumed = run_round(killed_dir, killed, 1, until="build-pairs")
@@ -131,7 +132,7 @@ def test_a_judge_that_raises_or_answers_junk_drops_those_pairs_and_too_many_stop
     assert manifests["build-pairs"].counts["pairs"] == 0
     assert any("the judge returned {'winner': 'A'}" in m for m in manifests["judge-pairs"].messages)
     run_dir, job = start(tiny_model_dir, tmp_path / "raising", judge="tests.judges_ab:raising", **JUDGED)
-    with pytest.raises(OracleError, match=r"the judge raised on 32 of 32 askings .*oracle_max_failure_share=0.5"):
+    with pytest.raises(OracleError, match=r"the judge raised on (\d+) of \1 askings .*oracle_max_failure_share=0.5"):
         run_round(run_dir, job, 1, until="judge-pairs")
 
 
@@ -150,7 +151,7 @@ def test_a_task_without_a_reward_trains_on_judged_pairs_and_reports_a_win_rate(t
     items.write_text("".join(json.dumps({"item_id": f"i{k}", "topic": t}) + "\n" for k, t in enumerate(
         ["rivers", "bread", "stars", "maps"])))  # fmt: skip
     run_dir, job = start(
-        tiny_model_dir, tmp_path, task=None, train_dataset=str(items),
+        tiny_model_dir, tmp_path, task=None, task_options={}, train_dataset=str(items),
         formatters=["tests.helpers:short_prompt", "tests.helpers:long_prompt"],
         judge="tests.judges_ab:longer_first_agent", **JUDGED,
     )  # fmt: skip

@@ -4,8 +4,9 @@ answered is ever asked again), within a round's token budget."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pbrl.judging.store import AnswerStore
 from pbrl.judging.verdicts import Answer, Comparison, PairwiseJudge
@@ -64,10 +65,19 @@ def ask(
             for i in batch:
                 done[i] = Asked(keys[i], Answer(None, reason=OVER_BUDGET), False)
             continue
-        answers = judge.answer([comparisons[i] for i in batch])
+        asked = [comparisons[i] for i in batch]
+        if _takes_on_answer(judge):  # answers arrive one by one (an API): each stored as it arrives
+
+            def arrived(k: int, answer: Answer, batch: list[int] = batch) -> None:
+                store.put(keys[batch[k]], answer, judge=judge.name)
+
+            answers = judge.answer(asked, on_answer=arrived)  # type: ignore[call-arg]
+        else:
+            answers = judge.answer(asked)
         if len(answers) != len(batch):
             raise ValueError(f"judge {judge.name!r} gave {len(answers)} answers to {len(batch)} comparisons")
-        store.put_many([(keys[i], a, {"judge": judge.name}) for i, a in zip(batch, answers, strict=True)])
+        if not _takes_on_answer(judge):
+            store.put_many([(keys[i], a, {"judge": judge.name}) for i, a in zip(batch, answers, strict=True)])
         for i, answer in zip(batch, answers, strict=True):
             done[i] = Asked(keys[i], answer, False)
             spent += answer.tokens
@@ -76,6 +86,9 @@ def ask(
     return [done[i] for i in range(len(comparisons))]
 
 
-def without_seconds(answer: Answer) -> Answer:
-    """``answer`` with its wall seconds set to 0 (for comparing answers of two runs)."""
-    return replace(answer, seconds=0.0)
+def _takes_on_answer(judge: PairwiseJudge) -> bool:
+    """Whether ``judge.answer`` hands each answer over as it arrives (``on_answer=``, the API judge)."""
+    try:
+        return "on_answer" in inspect.signature(judge.answer).parameters
+    except (TypeError, ValueError):
+        return False

@@ -23,7 +23,7 @@ import math
 import numbers
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pbrl.errors import TransientError
@@ -83,9 +83,13 @@ class CallableJudge:
     name: str
     tie_margin: float = 0.0
 
-    def answer(self, comparisons: Sequence[Comparison]) -> list[Answer]:
+    def answer(
+        self, comparisons: Sequence[Comparison], *, on_answer: Callable[[int, Answer], None] | None = None
+    ) -> list[Answer]:
+        """One answer per comparison, in order; ``on_answer(index, answer)`` as each is given (the stage stores it
+        before the function is called again)."""
         accepted = _accepted(self.func)
-        answers = []
+        answers: list[Answer] = []
         for c in comparisons:
             extra = {"roles": list(c.roles), "item_id": c.item_id, "item": copy.deepcopy(dict(c.item))}
             started = time.monotonic()
@@ -96,8 +100,10 @@ class CallableJudge:
             except TransientError:
                 raise
             except Exception as exc:  # the judge's own fault: this comparison has no verdict, the round goes on
-                answers.append(Answer(None, reason=_cut(f"the judge raised {type(exc).__name__}: {exc}")))
-                continue
-            answer = read_value(value, self.tie_margin)
-            answers.append(Answer(**{**answer.__dict__, "seconds": round(time.monotonic() - started, 6)}))
+                answer = Answer(None, reason=_cut(f"the judge raised {type(exc).__name__}: {exc}"))
+            else:
+                answer = replace(read_value(value, self.tie_margin), seconds=round(time.monotonic() - started, 6))
+            answers.append(answer)
+            if on_answer is not None:
+                on_answer(len(answers) - 1, answer)
         return answers

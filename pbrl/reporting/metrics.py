@@ -41,6 +41,9 @@ EVAL_INTERVAL_COLUMNS = {  # evaluate's interval metrics -> round-table columns
     "eval/paired_diff_mean": "paired",
     "eval/paired_diff_ci_low": "paired_lo",
     "eval/paired_diff_ci_high": "paired_hi",
+    "eval/win_rate": "win",  # a task without a reward: the judge's win rate vs round 0 (pbrl.judging.win_rate)
+    "eval/win_rate_ci_low": "win_lo",
+    "eval/win_rate_ci_high": "win_hi",
 }
 
 
@@ -79,7 +82,8 @@ def metrics_frame(run_dir: str | Path) -> pd.DataFrame:
 def round_table(run_dir: str | Path) -> pd.DataFrame:
     """One row per round: pairs, loss, accuracy, eval reward with its 95 % interval (``eval_lo``, ``eval_hi``),
     its change vs round 0, and the paired difference to round 0 on the same draws with its interval
-    (``paired``, ``paired_lo``, ``paired_hi``; :mod:`pbrl.reporting.stats`), the MARLHF columns of
+    (``paired``, ``paired_lo``, ``paired_hi``; :mod:`pbrl.reporting.stats`), for a task without a reward the
+    judge's win rate vs round 0 with its interval (``win``, ``win_lo``, ``win_hi``), the MARLHF columns of
     :data:`MARLHF_COLUMNS` where the run has them, ``seconds`` (the wall time of the round's stages, summed over
     their manifests, s) and ``peak_rss_gb``, the largest
     ``resource/peak_rss_mb`` of the round's stages in GiB (:func:`pbrl.run.stage_record.peak_rss_mb`: a process-lifetime

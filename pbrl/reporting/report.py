@@ -148,6 +148,9 @@ def draw_gain(ax: Axes, table: pd.DataFrame) -> None:
     ax.axhline(0, color="black", linewidth=1)
     gain = table["paired"].dropna() if "paired" in table else pd.Series(dtype=float)
     said = ""
+    if gain.empty and "win" in table and table["win"].notna().any():  # judged without a reward
+        draw_win_rate(ax, table)
+        return
     if gain.empty:
         _note(ax, "no paired gain yet: it needs round 0 and a trained round")
     else:
@@ -160,6 +163,23 @@ def draw_gain(ax: Axes, table: pd.DataFrame) -> None:
         said = f"\nround {last}: {gain[last]:+.2f} [{lo[last]:+.2f}, {hi[last]:+.2f}]"
         ax.set_xlim(-0.3, max(table.index) + 0.5)
     ax.set(title="Paired gain vs round 0 (same draws)" + said, xlabel="round", ylabel="reward now − round 0")
+
+
+def draw_win_rate(ax: Axes, table: pd.DataFrame) -> None:
+    """A task without a reward: the judge's win rate of each round against round 0 (same draws) with its 95 %
+    interval, against 1/2 (no change); green where the interval is above 1/2."""
+    win = table["win"].dropna()
+    lo, hi = table["win_lo"].reindex(win.index), table["win_hi"].reindex(win.index)
+    ax.axhline(0.5, color="black", linewidth=1)
+    ax.plot(win.index, win.values, color="tab:purple", linewidth=1)
+    for r in win.index:
+        color = "tab:green" if lo[r] > 0.5 else "tab:red" if hi[r] < 0.5 else "tab:grey"
+        ax.errorbar([r], [win[r]], yerr=[[win[r] - lo[r]], [hi[r] - win[r]]], marker="D", capsize=4, color=color)
+    last = win.index[-1]
+    ax.set_xlim(-0.3, max(table.index) + 0.5)
+    ax.set_ylim(0, 1)
+    ax.set(title=f"Judge's win rate vs round 0 (same draws)\nround {last}: {win[last]:.2f} [{lo[last]:.2f}, "
+           f"{hi[last]:.2f}]", xlabel="round", ylabel="share of draws preferred to round 0")  # fmt: skip
 
 
 def draw_parts(ax: Axes, parts: pd.DataFrame) -> None:

@@ -158,10 +158,10 @@ def columns_for(table: pd.DataFrame, trainer: str | None, wide: bool = False) ->
     if wide:  # with the eval column's decimals
         places = decimals_for([v for c in ("eval_reward", "eval_lo", "eval_hi") if c in table for v in table[c]])
         cols.append(Column("vs r0", number("eval_vs_round0", table, places, sign=True)))
-    cols += [
-        Column("paired gain\n[95% CI]", interval("paired", "paired_lo", "paired_hi", table, sign=True)),
-        Column("secs", duration("seconds")),
-    ]
+    cols.append(Column("paired gain\n[95% CI]", interval("paired", "paired_lo", "paired_hi", table, sign=True)))
+    if "win" in table and table["win"].notna().any():  # judged without a reward: the judge's win rate vs round 0
+        cols.append(Column("win vs r0\n[95% CI]", interval("win", "win_lo", "win_hi", table)))
+    cols.append(Column("secs", duration("seconds")))
     if wide:
         cols.append(Column("peak\nGB", number("peak_rss_gb", table, 2)))
     return cols

@@ -11,10 +11,12 @@ from pbrl.config.judge_fields import IN_PROCESS_JUDGE
 from pbrl.data.storage import RunPaths, trainer_stages
 from pbrl.errors import ConfigError, Problem
 from pbrl.judging.callable_judge import CallableJudge
+from pbrl.judging.factory import api_judge_from_options, local_judge_from_options
 from pbrl.judging.prompt import DEFAULT_TEMPLATE, template_problems
 from pbrl.judging.simulated import RewardLabelJudge
 from pbrl.judging.store import AnswerStore
 from pbrl.judging.verdicts import PairwiseJudge
+from pbrl.models.loading import resolve_devices
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task, import_object
 
@@ -113,4 +115,29 @@ def judge_for(job: JobConfig, run_dir: Path, task: Task) -> PairwiseJudge:
 
 def _model_judge(job: JobConfig, kind: str) -> PairwiseJudge:
     """The API or local judge of the job (:mod:`pbrl.judging.api_judge`, :mod:`pbrl.judging.local_judge`)."""
-    raise NotImplementedError(kind)
+    template = job.judge_prompt_template
+    if kind == "api":
+        return api_judge_from_options(
+            api_format=job.judge_api_format,
+            url=str(job.judge_api_url),
+            model=job.judge_model,
+            key_env=job.judge_api_key_env,
+            key_header=job.judge_api_key_header,
+            key_prefix=job.judge_api_key_prefix,
+            headers=job.judge_api_headers,
+            extra_body=job.judge_api_extra_body,
+            response_field=job.judge_api_response_field,
+            max_tokens=job.judge_api_max_tokens,
+            timeout=job.judge_api_timeout,
+            max_concurrency=job.judge_api_max_concurrency,
+            prompt_template=template,
+        )
+    device = resolve_devices(job.agent_devices, job.num_agents)[0]  # beside the first agent
+    return local_judge_from_options(
+        model=str(job.judge_model),
+        prompt_template=template,
+        batch_size=job.judge_batch_size,
+        tie_margin=job.judge_tie_margin,
+        dtype=job.torch_dtype,
+        device="cpu" if device == "auto" else device,
+    )
