@@ -38,14 +38,19 @@ def threads():
 
 
 # ---------------------------------------------------------------------------------------------- linear layers
-def test_a_small_float32_layer_is_a_sum_of_products_per_output():
+def test_a_lone_row_is_computed_beside_a_zero_row_and_blocks_keep_every_row():
     layer = nn.Linear(3, 2)
     with torch.no_grad():
         layer.weight.copy_(torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 0.0]]))
         layer.bias.copy_(torch.tensor([0.25, -1.0]))
-    x = torch.tensor([[1.0, 1.0, 1.0], [2.0, 0.0, -2.0]])
-    # by hand: row 0: (1+2+3) + 0.25, (-1+0.5+0) - 1; row 1: (2-6) + 0.25, (-2+0-0) - 1
-    assert linear_rows(layer, x).tolist() == [[6.25, -1.5], [-3.75, -3.0]]
+    x = torch.tensor([[1.0, 1.0, 1.0], [2.0, 0.0, -2.0], [0.0, 4.0, 1.0]])
+    # by hand: (1+2+3) + 0.25, (-1+0.5+0) - 1; (2-6) + 0.25, (-2+0-0) - 1; (0+8+3) + 0.25, (0+2+0) - 1
+    expected = [[6.25, -1.5], [-3.75, -3.0], [11.25, 1.0]]
+    assert linear_rows(layer, x[:1]).tolist() == expected[:1]
+    assert linear_rows(layer, x).tolist() == expected
+    row_invariance._BLOCKS[(tuple(layer.weight.shape), tuple(layer.weight.stride()), torch.float32, True,
+                            torch.get_num_threads())] = 2  # fmt: skip
+    assert linear_rows(layer, x).tolist() == expected  # a block of 2, then a lone row beside a zero row
 
 
 def test_the_probe_finds_the_largest_block_whose_rows_equal_the_rows_alone(monkeypatch):
@@ -66,7 +71,7 @@ def test_the_probe_finds_the_largest_block_whose_rows_equal_the_rows_alone(monke
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_every_row_of_a_layer_has_the_bits_it_has_alone(dtype, threads):
     generator = torch.Generator().manual_seed(0)
-    layer = nn.Linear(96, 200).to(dtype)  # a float32 layer this small is a LoRA adapter's size: sums of products
+    layer = nn.Linear(96, 200).to(dtype)  # float32: a LoRA adapter over a bfloat16 base is blocked the same way
     x = torch.randn(70, 96, generator=generator).to(dtype)  # more rows than a block
     threads(1)
     alone = torch.cat([linear_rows(layer, x[i : i + 1]) for i in range(len(x))])
@@ -152,3 +157,22 @@ def test_smollm2_in_bfloat16_samples_a_prompt_alike_alone_and_beside_a_five_time
     alone = [generate(model, tokenizer, [short], [s], settings)[0] for s in seeds]
     beside = generate(model, tokenizer, [long] * 4 + [short] * 4, [100, 101, 102, 103, *seeds], settings)
     assert [g.completion_ids for g in beside[4:]] == [g.completion_ids for g in alone]
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+def test_rows_alone_scoring_gives_every_row_the_bits_of_the_row_scored_alone(bf16_model, threads):
+    from pbrl.learning.logprobs import sequence_logprobs, shared_prompt_logprobs
+
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(4, 300, (n,), generator=generator).tolist() for n in (30, 7, 30, 52)]
+    completions = [torch.randint(4, 300, (n,), generator=generator).tolist() for n in (5, 9, 1, 12)]
+    prompts[2] = prompts[0]  # a shared prompt
+    with torch.inference_mode():
+        batched = sequence_logprobs(bf16_model, prompts, completions, pad_token_id=0, rows_alone=True)
+        shared = shared_prompt_logprobs(bf16_model, prompts, completions, pad_token_id=0, rows_alone=True)
+        threads(1)
+        alone = [
+            sequence_logprobs(bf16_model, [p], [c], pad_token_id=0, rows_alone=True)
+            for p, c in zip(prompts, completions, strict=True)
+        ]
+    assert torch.equal(batched, torch.cat(alone)) and torch.equal(shared, batched)

@@ -127,34 +127,16 @@ def completion_token_logprobs(
     _validate(prompt_ids, completion_ids, vocab_size, padding_side)
     device = next(model.parameters()).device
     batch = len(prompt_ids)
-    prompt_lens = torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)
     completion_lens = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)
     max_completion = int(completion_lens.max()) if batch else 0
     if max_completion == 0:
         return (torch.zeros((batch, 0), device=device), torch.zeros((batch, 0), dtype=torch.bool, device=device))
 
     alone = rows_alone and row_invariance.applies(model)
-    if alone:
-        padding_side = "left"  # row-invariant attention reads each row's keys from its offset on
-    lengths = prompt_lens + completion_lens
-    width = int(lengths.max())
-    # First column of each row's tokens: left padding right-aligns the rows.
-    offsets = width - lengths if padding_side == "left" else torch.zeros(batch, dtype=torch.long)
-    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)  # (b, t)
-    attention_mask = torch.zeros((batch, width), dtype=torch.long)  # (b, t)
-    for row, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
-        start, stop = int(offsets[row]), int(offsets[row] + lengths[row])
-        input_ids[row, start:stop] = torch.tensor([*prompt, *completion], dtype=torch.long)
-        attention_mask[row, start:stop] = 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (b, t)
-
-    # Position p predicts the token at p + 1: row r's completion tokens sit at columns
-    # offset + P .. offset + P + C − 1, so the predicting positions start at offset + P − 1.
-    steps = torch.arange(max_completion, dtype=torch.long)  # (c,)
-    first = offsets + prompt_lens - 1  # (b,)
-    keep = (first[:, None] + steps[None, :]).clamp(max=width - 2)  # (b, c); clamp only hits masked slots
-    targets = input_ids.gather(1, keep + 1)  # (b, c)
-    valid = steps[None, :] < completion_lens[:, None]  # (b, c)
+    # row-invariant attention reads each row's keys from its offset on: left padding
+    padded = _padded(prompt_ids, completion_ids, pad_token_id, "left" if alone else padding_side)
+    input_ids, attention_mask, position_ids, offsets, keep, targets = padded
+    valid = torch.arange(max_completion)[None, :] < completion_lens[:, None]  # (b, c)
 
     rows = row_invariance.row_invariant(model) if alone else contextlib.nullcontext()
     with contextlib.nullcontext() if dropout else eval_mode(model), rows:
@@ -173,6 +155,32 @@ def completion_token_logprobs(
     token_logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (b, c)
     token_logprobs = torch.where(valid, token_logprobs, torch.zeros_like(token_logprobs))
     return token_logprobs, valid
+
+
+def _padded(
+    prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_token_id: int, padding_side: str
+) -> tuple[torch.Tensor, ...]:
+    """The padded batch of prompt + completion rows: (b, t) input ids, attention mask and position ids, (b,) each
+    row's first column, the (b, c) positions whose logits predict the completion tokens and the (b, c) targets."""
+    prompt_lens = torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)  # (b,)
+    completion_lens = torch.tensor([len(c) for c in completion_ids], dtype=torch.long)  # (b,)
+    lengths = prompt_lens + completion_lens
+    width, batch = int(lengths.max()), len(prompt_ids)
+    # First column of each row's tokens: left padding right-aligns the rows.
+    offsets = width - lengths if padding_side == "left" else torch.zeros(batch, dtype=torch.long)
+    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)  # (b, t)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)  # (b, t)
+    for row, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        start, stop = int(offsets[row]), int(offsets[row] + lengths[row])
+        input_ids[row, start:stop] = torch.tensor([*prompt, *completion], dtype=torch.long)
+        attention_mask[row, start:stop] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (b, t)
+    # Position p predicts the token at p + 1: row r's completion tokens sit at columns
+    # offset + P .. offset + P + C − 1, so the predicting positions start at offset + P − 1.
+    steps = torch.arange(int(completion_lens.max()), dtype=torch.long)  # (c,)
+    first = offsets + prompt_lens - 1  # (b,)
+    keep = (first[:, None] + steps[None, :]).clamp(max=width - 2)  # (b, c); clamp only hits masked slots
+    return input_ids, attention_mask, position_ids, offsets, keep, input_ids.gather(1, keep + 1)
 
 
 def shared_prompt_logprobs(

@@ -12,12 +12,12 @@ in another order.
 
 Inside :func:`row_invariant` a model computes each row as if alone:
 
-* **Linear layers** run on blocks of at most :func:`row_block` rows: the largest block (up to
-  :data:`ROW_BLOCK_MAX`) for which every row of the block equals, bit for bit, the row computed alone with one
-  thread. It is measured once per weight shape, dtype and thread count on this CPU, with the layer's own weight
-  (:func:`probe_row_block`), because kernels and their thresholds differ between CPUs. Small float32 layers
-  (LoRA adapters: MKL's float32 products differ from 2 rows on) are computed as a sum of products per output,
-  whose order does not depend on the rows (:func:`_rowwise_small_linear`).
+* **Linear layers** run on blocks of 2 to :func:`row_block` rows: the largest block (up to
+  :data:`ROW_BLOCK_MAX`) for which every row of the block equals, bit for bit, the row computed beside a zero row
+  with one thread (a one-row product takes a matrix-vector kernel of its own, so a lone row is computed as such a
+  pair). It is measured once per weight shape, dtype and thread count on this CPU, with the layer's own weight
+  (:func:`probe_row_block`), because kernels and their thresholds differ between CPUs; the float32 LoRA adapters
+  over a bfloat16 base are blocked the same way.
 * **Attention** runs per group of rows with the same key offset (:func:`set_row_offsets`): each group attends
   to exactly its own keys, with no padding in the key axis, so a row's attention has the shapes it has alone.
   The model's attention implementation is switched to :data:`ATTENTION` for the block.
@@ -46,7 +46,6 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 ROW_BLOCK_MAX = 32  # rows per block of a linear layer, at most: a decode step's batch in one block on AMX CPUs
 ATTENTION = "pbrl_row_groups"  # the attention implementation registered below
 LOW_PRECISION = (torch.bfloat16, torch.float16)
-_SMALL_WEIGHT = 1 << 16  # float32 weights up to this many elements are computed as sums of products per output
 _PROBE_OUTPUTS = 1 << 19  # outputs compared per block size: a kernel's differences show in about 1 of 10^4
 _PROBE_ROWS_MAX = 4096
 
@@ -67,31 +66,37 @@ def _probe_rows(out_features: int, block: int) -> int:
     return min(_PROBE_ROWS_MAX, -(-rows // block) * block)
 
 
+def _paired(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` of one row (1, in) computed beside a zero row, as a block of 2: the reference arithmetic of a
+    row (a product of one row is a matrix-vector kernel of its own, unlike every larger block)."""
+    return nn.functional.linear(torch.cat([x, x.new_zeros(x.shape)]), weight, bias)[:1]
+
+
 def probe_row_block(weight: torch.Tensor, bias: torch.Tensor | None, limit: int = ROW_BLOCK_MAX) -> int:
     """The largest m ≤ ``limit`` such that ``F.linear`` on any block of 2..m rows gives each row the bits of that
-    row alone computed with one thread, measured on random rows (seeded) with this weight and bias at the current
-    thread count. 1 when even two rows differ (a row alone is always its own reference).
+    row computed beside a zero row with one thread (:func:`_paired`), measured on random rows (seeded) with this
+    weight and bias at the current thread count; 1 when no block of 2 or more does (every row is then computed
+    beside a zero row).
 
     Each block size is checked on enough rows that about 5 * 10^5 outputs are compared: where two kernels add in
-    another order, about 1 output in 10^4 shows it in bfloat16.
+    another order, about 1 output in 10^4 shows it in bfloat16. Measured on an Intel Xeon with AMX (2 threads):
+    32 for every bfloat16 layer of SmolLM2; for float32 LoRA adapters 15 (576 -> 8) and 32 (8 -> 576).
     """
     threads = torch.get_num_threads()
     generator = torch.Generator().manual_seed(0)
-    in_features = weight.shape[1]
-    rows = _probe_rows(weight.shape[0], 2)
-    inputs = torch.randn(max(rows, _probe_rows(weight.shape[0], limit)), in_features, generator=generator)
-    inputs = inputs.to(weight.dtype)  # (n, in)
+    rows = _probe_rows(weight.shape[0], limit)
+    inputs = torch.randn(rows, weight.shape[1], generator=generator).to(weight.dtype)  # (n, in)
     with torch.inference_mode():
         torch.set_num_threads(1)
         try:
-            reference = torch.cat([nn.functional.linear(inputs[i : i + 1], weight, bias) for i in range(len(inputs))])
+            reference = torch.cat([_paired(inputs[i : i + 1], weight, bias) for i in range(len(inputs))])
         finally:
             torch.set_num_threads(threads)
-        for m in range(1, limit + 1):
-            n = _probe_rows(weight.shape[0], m)
+        for m in range(2, limit + 1):
+            n = min(_probe_rows(weight.shape[0], m), len(inputs) // m * m)
             blocks = [nn.functional.linear(inputs[i : i + m], weight, bias) for i in range(0, n, m)]
             if not torch.equal(torch.cat(blocks), reference[:n]):
-                return max(1, m - 1)
+                return m - 1
     return limit
 
 
@@ -105,27 +110,16 @@ def row_block(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
     return block
 
 
-def _rowwise_small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear`` of a small weight as a sum of products per output: (r, 1, in) * (out, in) summed over ``in``,
-    whose reduction order is the same for every row and thread count (the product is r * out * in elements)."""
-    out = (x.unsqueeze(-2) * weight).sum(-1)  # (r, out)
-    return out + bias if bias is not None else out
-
-
 def linear_rows(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` with each row's bits independent of the other rows of ``x`` (..., in) -> (..., out)."""
+    """``module(x)`` with each row's bits independent of the other rows of ``x`` (..., in) -> (..., out): the rows
+    in blocks of 2 to :func:`row_block` rows, a lone row beside a zero row."""
     weight, bias = module.weight, module.bias
     flat = x.reshape(-1, x.shape[-1])  # (r, in)
-    if weight.dtype not in LOW_PRECISION:
-        if weight.numel() <= _SMALL_WEIGHT:
-            out = _rowwise_small_linear(flat, weight, bias)
-        else:  # a large float32 layer in a low-precision model: one row at a time, the only safe block
-            out = torch.cat([nn.functional.linear(flat[i : i + 1], weight, bias) for i in range(len(flat))])
-        return out.reshape(*x.shape[:-1], -1)
-    block = row_block(weight, bias)
-    if len(flat) <= block:
+    block = max(row_block(weight, bias), 1)
+    if 2 <= len(flat) <= block:
         return nn.functional.linear(x, weight, bias)
-    out = torch.cat([nn.functional.linear(flat[i : i + block], weight, bias) for i in range(0, len(flat), block)])
+    parts = [flat[i : i + block] for i in range(0, len(flat), block)]
+    out = torch.cat([nn.functional.linear(p, weight, bias) if len(p) > 1 else _paired(p, weight, bias) for p in parts])
     return out.reshape(*x.shape[:-1], -1)  # (..., out)
 
 
