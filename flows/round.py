@@ -34,7 +34,7 @@ def call_stage(stage: str, run_dir: str, round_index: int, job: JobConfig, *, fo
         manifest = state.result()  # re-raises the stage's error: the round fails, later stages do not run
     except BaseException as exc:
         ended = end_state(exc)  # Cancelled: a person cancelled the flow run while the stage ran
-        if not recorded:
+        if not recorded or ended == "Cancelled":  # a cancelled task may have come back Crashed
             why = "the flow run was cancelled" if ended == "Cancelled" else repr(exc)
             record_state(run_dir, round_index, stage, ended, why)
         publish(Event("stage_end", run_dir, round_index, stage, state=ended, seconds=time.monotonic() - started))
