@@ -19,10 +19,14 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
+from uuid import UUID
 
+from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
+from prefect.exceptions import TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.logging.loggers import PrefectLogAdapter
+from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
 from pbrl.config import ConfigNotice
@@ -76,7 +80,8 @@ class RunLog:
         line = describe(event)
         if line is None:
             return
-        self.logger.log(logging.ERROR if event.state == "Failed" else logging.INFO, line)
+        level = {"Failed": logging.ERROR, "Cancelled": logging.WARNING}.get(event.state or "", logging.INFO)
+        self.logger.log(level, line)
         for message in event.messages:
             self.logger.info(f"round {event.round} {event.stage}: note: {message}")
 
@@ -106,8 +111,10 @@ class RunLog:
         worded as ``pbrl validate`` words it) and a Failed state whose message only points there, so the run's log
         holds each problem once and no traceback. Returning the state from the flow fails the run; calling the flow
         from Python raises ``exc`` itself (the state carries it), and so does Prefect's engine in a deployment's
-        process, whose logged traceback of it (:class:`DropReported`) is left out."""
-        self.logger.error(f"the run did not start (nothing was computed): {exc}")
+        process, whose logged traceback of it (:class:`DropReported`) is left out. A run started from a
+        deployment's form says how to get the form back with its values (:data:`COPY_TO_NEW_RUN`)."""
+        again = f"\n{COPY_TO_NEW_RUN}" if _from_deployment() else ""
+        self.logger.error(f"the run did not start (nothing was computed): {exc}{again}")
         setattr(exc, REPORTED, True)
         engine_log = logging.getLogger("prefect.flow_runs")
         if not any(isinstance(f, DropReported) for f in engine_log.filters):
@@ -115,6 +122,31 @@ class RunLog:
         return Failed(message=f"the run did not start: {type(exc).__name__}, see the run's log", data=exc)
 
 
+def _from_deployment() -> bool:
+    context = FlowRunContext.get()
+    return context is not None and context.flow_run is not None and context.flow_run.deployment_id is not None
+
+
+def end_state(exc: BaseException) -> str:
+    """How a flow run that ``exc`` stops ends, in the words of the run's log: ``Cancelled`` when a person cancelled
+    it (Prefect stops a cancelled run's process with SIGTERM, raised in it as :class:`TerminationSignal`, after the
+    server has set the flow run, or the one above it, to Cancelling), else ``Failed``."""
+    if not isinstance(exc, TerminationSignal):
+        return "Failed"
+    ids = {i for i in (flow_run.get_id(), flow_run.get_root_flow_run_id()) if i}
+    if not ids:  # not in a flow run: nothing a person could cancel
+        return "Failed"
+    try:
+        with get_client(sync_client=True) as client:
+            states = [client.read_flow_run(UUID(str(i))).state for i in ids]
+    except Exception:  # the server is gone too: nothing says a person cancelled it
+        return "Failed"
+    return "Cancelled" if any(s is not None and (s.is_cancelling() or s.is_cancelled()) for s in states) else "Failed"
+
+
+# Prefect checks a form only against its JSON schema before Submit; pbrl's rules across options, and whether a task,
+# model or file exists, run in the flow run, after the form is gone. Prefect's own way back to it (both UIs):
+COPY_TO_NEW_RUN = "Fix them in the form: this run's menu (⋮), Copy to new run, opens it with these values."
 REPORTED = "_pbrl_reported"  # set on an exception RunLog.reject has written to the run's log
 
 

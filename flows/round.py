@@ -10,6 +10,8 @@ from prefect import flow
 
 from flows.artifacts import publish_round
 from flows.cache import run_stage_task
+from flows.logs import end_state
+from flows.run_home import publish_run_home
 from pbrl.config import JobConfig
 from pbrl.data.storage import record_state
 from pbrl.run.judging import round_stages
@@ -25,12 +27,18 @@ def call_stage(stage: str, run_dir: str, round_index: int, job: JobConfig, *, fo
     """
     publish(Event("stage_start", run_dir, round_index, stage))
     started = time.monotonic()
-    state = run_stage_task(stage, run_dir, round_index, job, force=force)
-    record_state(run_dir, round_index, stage, state.name, None if state.is_completed() else str(state.message))
+    recorded = False
     try:
+        state = run_stage_task(stage, run_dir, round_index, job, force=force)
+        record_state(run_dir, round_index, stage, state.name, None if state.is_completed() else str(state.message))
+        recorded = True
         manifest = state.result()  # re-raises the stage's error: the round fails, later stages do not run
-    except BaseException:
-        publish(Event("stage_end", run_dir, round_index, stage, state="Failed", seconds=time.monotonic() - started))
+    except BaseException as exc:
+        ended = end_state(exc)  # Cancelled: a person cancelled the flow run while the stage ran
+        if not recorded or ended == "Cancelled":  # a cancelled task may have come back Crashed
+            why = "the flow run was cancelled" if ended == "Cancelled" else repr(exc)
+            record_state(run_dir, round_index, stage, ended, why)
+        publish(Event("stage_end", run_dir, round_index, stage, state=ended, seconds=time.monotonic() - started))
         raise
     publish(Event(
         "stage_end", run_dir, round_index, stage, state=state.name, seconds=time.monotonic() - started,
@@ -54,5 +62,6 @@ def round_flow(run_dir: str, run_name: str, round_index: int, job: JobConfig) ->
     done = [call_stage(stage, run_dir, round_index, job) for stage in round_stages(job, run_dir) if stage != "evaluate"]
     if evaluation_due(job, round_index):
         done.append(call_stage("evaluate", run_dir, round_index, job))
-    publish_round(run_dir, round_index, done)
+    if publish_round(run_dir, round_index, done):
+        publish_run_home(run_dir)  # the run's page lists this round's subflow run
     return done

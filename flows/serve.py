@@ -89,15 +89,40 @@ def build_deployments(
         deployments.append(
             add_iteration_flow.to_deployment(
                 name="nightly",
-                description=f"Add one iteration to run {nightly_run!r} every night.",
-                schedule=Cron(cron, timezone="UTC"),
+                description=f"Add one iteration to run {nightly_run!r} {schedule_words(cron)} (cron {cron!r} in UTC: "
+                "the schedule's card shows the time without its zone, the run lists in your browser's time).",
+                schedule=Cron(cron, timezone="UTC", slug=schedule_words(cron)),
                 parameters={"run_name": nightly_run, "output_dir": output_dir},
                 concurrency_limit=1,
                 tags=["pbrl", "nightly"],
                 **kw,
             )
         )
-    return deployments
+    return [_empty_is_none(d) for d in deployments]
+
+
+def schedule_words(cron: str) -> str:
+    """``cron`` (in UTC) as the V1 UI's schedule card shows it, with its time zone (the card shows a schedule's slug
+    when it has one; V2's card shows the cron in words without a zone): ``every day at 02:00 UTC`` for a daily
+    ``M H * * *``, else ``cron '<cron>' in UTC``."""
+    fields = cron.split()
+    if len(fields) == 5 and fields[0].isdigit() and fields[1].isdigit() and fields[2:] == ["*", "*", "*"]:
+        return f"every day at {int(fields[1]):02d}:{int(fields[0]):02d} UTC"
+    return f"cron {cron!r} in UTC"
+
+
+def _empty_is_none(deployment: Any) -> Any:
+    """``deployment`` with no ``"default": null`` in its parameter schema, so that an optional parameter whose
+    default is None (``continue``'s ``num_iterations``, the config file's ``run_name``) may be left empty in the
+    form. Prefect writes that null default into the schema, the UI fills the field with it, and the server's own
+    validation then refuses it ("None is not of type 'integer'"); without it, the server takes an optional field
+    that is empty or null as leaving it out, and the flow gets its Python default. Prefect has no public way to
+    leave a default out of the schema, so its private attribute is edited (tests/test_serve.py checks the
+    registered schema)."""
+    for field in deployment._parameter_openapi_schema.properties.values():
+        if "default" in field and field["default"] is None:
+            del field["default"]
+    return deployment
 
 
 def deploy_to_pool(pool: str, **kwargs: Any) -> dict[str, Any]:

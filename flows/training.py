@@ -10,24 +10,26 @@ Every entry goes through :func:`start_training`, so while a run trains its flow 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from prefect import flow
+from prefect import flow, tags
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import BaseModel, Field, WithJsonSchema
 
-from flows.logs import run_log
+from flows.logs import end_state, run_log
 from flows.ray_runner import ray_session
 from flows.round import call_stage, evaluation_due, round_flow
+from flows.run_home import publish_run_home, run_tag, tag_flow_run
 from pbrl.config import ConfigNotice, JobConfig, is_iterative, num_rounds, parse_job
-from pbrl.data.storage import RunPaths, read_run_id
+from pbrl.data.storage import RunPaths, existing_rounds, read_run_id
 from pbrl.errors import ArtifactError, ConfigError, Problem, expected_error
 from pbrl.reporting.metrics import round_table, write_run_metrics
 from pbrl.reporting.trackers import RunTracker
@@ -38,6 +40,7 @@ from pbrl.run.folder import (
     prepare_run,
     run_dir_for,
     run_lock,
+    runs_in,
     with_run_name,
 )
 from pbrl.run.progress import Event, listening, publish
@@ -129,6 +132,8 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
     config = with_run_name(config)
     folder = Path(run_dir) if run_dir else run_dir_for(config)
     resume = resume or resumes_on_retry(folder)
+    tag_flow_run(folder.name)  # even a flow run refused below belongs to the run's list of flow runs
+    _refuse_taking_over(folder, resume)
     with contextlib.ExitStack() as held:
         if (folder / "run.json").is_file():  # a run that exists is held before anything reads or writes it
             held.enter_context(run_lock(folder))
@@ -137,6 +142,8 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         config = open_job(folder)  # as stored: torch_dtype/mixed_precision 'auto' made concrete when it started
         configure_job_threads(config)  # the CPUs this process owns (pbrl/models/threads.py)
         _label_flow_run(folder)
+        held.enter_context(tags(run_tag(folder.name)))  # the rounds' subflow runs carry the run's tag too
+        _show_home(folder)
         trackers = [RunTracker.for_run(folder)] if config.report_to else []  # report_to: opened at run_start
         held.enter_context(listening(folder, trackers))
         stages: list[dict[str, Any]] = []
@@ -153,16 +160,48 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
                     stages.extend(round_flow(run_dir, config.run_name, r, config))
                     _round_end(run_dir, r, round_started)
             write_run_metrics(run_dir)
-        except BaseException:
-            publish(Event("run_end", run_dir, state="Failed", seconds=time.monotonic() - started))
+        except BaseException as exc:
+            ended = end_state(exc)  # Cancelled: a person cancelled the flow run
+            publish(Event("run_end", run_dir, state=ended, seconds=time.monotonic() - started))
+            _show_home(folder, ended)
             raise
         publish(Event("run_end", run_dir, state="Completed", seconds=time.monotonic() - started))
+        _show_home(folder, "Completed")
     messages = [f"round {s['round']} {s['stage']}: {m}" for s in stages for m in s["manifest"].get("messages", [])]
     return {
         "run_dir": run_dir,
         "messages": messages,
         "stages": [{k: s[k] for k in ("stage", "round", "state")} for s in stages],
     }
+
+
+def _refuse_taking_over(folder: Path, resume: bool) -> None:
+    """A flow run started from a deployment (a form, the API) that names an existing run, and is not its Retry,
+    stops here with what to do in the UI (elsewhere :func:`pbrl.run.folder.prepare_run` words it for the CLI).
+
+    Raises:
+        ConfigError: the run exists and ``resume`` is off.
+    """
+    context = FlowRunContext.get()
+    if resume or not RunPaths(folder).run_json.is_file() or context is None or context.flow_run is None:
+        return
+    if context.flow_run.deployment_id is None:
+        return
+    how = (
+        f"run {folder.name} already exists in {folder.parent}; continue it with the deployment pbrl-train/continue "
+        f"(run_name {folder.name}), Retry the flow run that started it when that one failed or crashed (its menu, "
+        f"Retry), or choose another name (the runs list filtered by the tag {run_tag(folder.name)} shows its flow runs)"
+    )
+    raise ConfigError([Problem("run_name", folder.name, how)])
+
+
+def _show_home(folder: Path, ended: str | None = None) -> None:
+    """The run's page (:func:`flows.run_home.publish_run_home`) as this flow run starts, or ends ``ended``; a server
+    that cannot take it is logged, never raised over the run and how it ended."""
+    try:
+        publish_run_home(folder, ending=ended)
+    except Exception as exc:  # the run and its own outcome (its result or error) matter more than its page
+        logging.getLogger(__name__).warning("could not update the artifact run-%s: %s", folder.name, exc)
 
 
 def resumes_on_retry(folder: Path) -> bool:
@@ -206,25 +245,33 @@ def _round_end(run_dir: str, round_index: int, started: float) -> None:
 
 def reopen(folder: Path, num_iterations: int | None = None) -> JobConfig:
     """The job stored in the run ``folder``, with ``num_iterations`` (the total number of rounds) changed when given.
+    Worded for the forms that name a run (``continue``, the nightly run): the field is ``run_name``.
 
     Raises:
-        ConfigError: ``folder`` is not a run folder; ``num_iterations`` is given for a base trainer (one round) or is
-            below 1; the stored run is not readable as a job.
+        ConfigError: no run ``folder`` (the runs beside it listed); ``num_iterations`` is given for a base trainer
+            (one round) or is below the rounds the run has begun; the stored run is not readable as a job.
     """
-    if num_iterations is None:
-        return open_run(folder)
-    job = open_run(folder)
-    if not is_iterative(job.trainer):
+    if not RunPaths(folder).run_json.is_file():
+        there = runs_in(folder.parent)
         raise ConfigError(
-            [
-                Problem(
-                    "num_iterations",
-                    num_iterations,
-                    f"run {folder.name} uses trainer {job.trainer!r}, which trains one round; only the iterative "
-                    "trainers (madpo_iter, marlhf_iter) take more rounds",
-                )
-            ]
+            [Problem("run_name", folder.name, f"no run of that name in {folder.parent}; {there}; give one of them")]
         )
+    job = open_run(folder)
+    if num_iterations is None:
+        return job
+    begun = max((r for r in existing_rounds(RunPaths(folder)) if r > 0), default=0)
+    if not is_iterative(job.trainer):
+        why = (
+            f"run {folder.name} uses trainer {job.trainer!r}, which trains one round; only the iterative "
+            "trainers (madpo_iter, marlhf_iter) take more rounds"
+        )
+        raise ConfigError([Problem("num_iterations", num_iterations, why)])
+    if num_iterations < begun:
+        why = (
+            f"run {folder.name} has begun {begun} rounds, and num_iterations is the run's total number of rounds, "
+            f"not how many more: give {begun + 1} or more to add rounds, or leave it empty to finish it as stored"
+        )
+        raise ConfigError([Problem("num_iterations", num_iterations, why)])
     return open_run(folder, [f"num_iterations={num_iterations}"])
 
 
@@ -237,8 +284,8 @@ def continue_run(
     output_dir: str = Field("storage/runs", description="Folder that holds the run's folder (as the worker sees it)."),
     num_iterations: OptionalRounds = Field(
         None,
-        description="Total rounds of the run after continuing: more than it has adds rounds (iterative trainers). "
-        "Empty: as stored, which finishes a run that stopped.",
+        description="The run's TOTAL number of rounds after continuing, not how many more: more than it has adds "
+        "rounds (iterative trainers). Empty: as stored, which finishes a run that stopped.",
     ),
 ) -> dict[str, Any]:
     """Continue the run ``<output_dir>/<run_name>`` from its last complete stage, reading every option from its

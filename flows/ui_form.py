@@ -1,15 +1,16 @@
 """The Prefect UI form of a trainer (:mod:`flows.ui` serves it): where each option goes, and the JSON schema of each
 parameter, so that a person reads the form in one screen.
 
-The Prefect UI renders a deployment's run form from the flow's parameter schema, one field per top-level parameter,
-an object with properties as a group of fields, an ``anyOf`` as tabs. A trainer's form (:func:`form_schema`) is
+Both of Prefect's UIs (V2 and the earlier V1) render a deployment's run form from the flow's parameter schema, one
+field per top-level parameter, an object with properties as a group of fields, an ``anyOf`` as tabs. A trainer's
+form (:func:`form_schema`) is
 
 * first, the options every run needs, marked required: ``task`` and ``agent_model`` (the registered tasks and the
   packaged models as choices, another value typed in a second tab), ``num_iterations`` (iterative trainers) and
   the trainer's main options, the last prefilled with their defaults (the deployment's parameters);
-* then one parameter per section of :data:`SECTIONS`, each two tabs: ``defaults`` (nothing to fill in; its text
-  lists the section's defaults), selected, and ``change`` (the section's options as fields). The API comparator's
-  options are a section of their own.
+* then one parameter per section of :data:`SECTIONS`, its description listing every default, each two tabs:
+  ``defaults`` (nothing to fill in), selected, and ``change`` (the section's options as fields). The API
+  comparator's options are a section of their own.
 
 Only options that have an effect for the trainer are in its form: :func:`hidden_options` lists the others and why
 (an option that must keep its one value, or that pbrl accepts for reference configs and ignores). Every field
@@ -268,20 +269,26 @@ def _shown(value: Any) -> str:
 def _section_schema(
     section: Section, options: tuple[str, ...], fields: Mapping[str, dict[str, Any]], defaults: dict
 ) -> dict:
-    """A section as two tabs: ``defaults`` (selected; its text lists the defaults) and ``change`` (the fields)."""
+    """A section as two tabs, ``defaults`` (selected) and ``change`` (the fields), under a description that names
+    what the section holds and lists every default (both UIs show a section's description; V1 shows no tab's).
+
+    ``defaults`` takes only ``{}``: an object with no properties and no others allowed. (Not ``"const": {}``: the V1
+    UI shows a const as "… is a const and cannot be changed" and offers no other tab; and not an object without
+    ``properties``, which V1 turns into a JSON editor without tabs. Both UIs open the first object tab for ``{}``.)
+    """
     set_ = [f"{n} {_shown(defaults[n])}" for n in options if defaults[n] is not None]
-    listed = ", ".join(set_[:6]) + (", ..." if len(set_) > 6 else "")
     empty = "the others empty" if len(set_) < len(options) else ""
-    text = "; ".join(t for t in (listed, empty) if t)
+    text = "; ".join(t for t in (", ".join(set_), empty) if t)
     return {
+        "description": _plain(f"{section.about} At the defaults: {text}."),
         "anyOf": [
-            {"type": "object", "const": {}, "title": "defaults", "description": _plain(f"At the defaults: {text}.")},
+            {"type": "object", "properties": {}, "additionalProperties": False, "title": "defaults"},
             {
                 "type": "object",
                 "title": "change",
                 "properties": {n: {**fields[n], "position": i} for i, n in enumerate(options)},
             },
-        ]
+        ],
     }
 
 
@@ -331,13 +338,12 @@ def form_signature(trainer: str) -> inspect.Signature:
     params = []
     for name, schema in form_schema(trainer).items():
         info: dict[str, Any] = {"description": schema.get("description")}
+        body = {k: v for k, v in schema.items() if k != "description"}
         if name in SECTION_NAMES:
-            section = next(s for s in (*SECTIONS, OTHER) if s.name == name)
-            info = {"default": {}, "description": _plain(section.about)}
-            body = {k: v for k, v in schema.items() if k != "description"}
+            info["default"] = {}
             annotation: Any = Annotated[dict[str, Any], WithJsonSchema(body)]
         else:
-            annotation = Annotated[Any, WithJsonSchema({k: v for k, v in schema.items() if k != "description"})]
+            annotation = Annotated[Any, WithJsonSchema(body)]
         params.append(
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=Field(**info), annotation=annotation)
         )

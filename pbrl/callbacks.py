@@ -10,11 +10,11 @@ hook               when, and what the event carries
 ``on_progress``    units of a stage's work done (``done``, ``total``, ``unit``: rows, joint responses, steps)
 ``on_log``         a training step's metrics on the ``logging_steps`` gate (``step``, ``env_step``, ``metrics``:
                    ``madpo/loss``, ``rm/loss``, ...)
-``on_stage_end``   a stage ended (``state``: Completed, Cached or Failed; the manifest's ``counts``, ``metrics``,
-                   ``messages``; ``seconds``)
+``on_stage_end``   a stage ended (``state``: Completed, Cached, Failed or Cancelled; the manifest's ``counts``,
+                   ``metrics``, ``messages``; ``seconds``)
 ``on_round_end``   a round ended (``metrics``: its row of the round table, ``eval_reward``, ``eval_lo``/``eval_hi``,
                    ``paired``, ``loss`` ...; ``seconds``)
-``on_run_end``     the run ended (``state``: Completed or Failed; ``seconds``)
+``on_run_end``     the run ended (``state``: Completed, Failed or Cancelled; ``seconds``)
 =================  ==================================================================================================
 
 Subclass :class:`TrainerCallback` (its hooks do nothing) or give any object with some of these methods. Callbacks

@@ -72,3 +72,20 @@ def prefect_api():
         prefect_test_harness(server_startup_timeout=90),
     ):
         yield
+
+
+@pytest.fixture(scope="session")
+def ui(tmp_path_factory: pytest.TempPathFactory):
+    """``prefect server start`` and ``pbrl serve`` for the browser tests, one for the session
+    (:func:`tests.ui_kit.serve_ui`)."""
+    from tests.ui_kit import serve_ui
+
+    yield from serve_ui(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium for the browser tests, one for the session (:func:`tests.ui_kit.chromium_browser`)."""
+    from tests.ui_kit import chromium_browser
+
+    yield from chromium_browser()

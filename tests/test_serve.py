@@ -120,8 +120,14 @@ def test_sections_are_groups_at_their_defaults_until_changed():
     schema = form_schema("madpo_iter")
     assert [n for n in schema if n not in MAIN] == [s.name for s in SECTIONS if s.name in form_layout("madpo_iter")]
     defaults, change = schema["replay"]["anyOf"]
-    assert defaults["const"] == {} and defaults["title"] == "defaults"
-    assert defaults["description"] == "At the defaults: preference_replay_mode current; the others empty."
+    # no "const": the V1 UI shows a const section as "... is a const and cannot be changed", without its tabs
+    assert defaults == {"type": "object", "properties": {}, "additionalProperties": False, "title": "defaults"}
+    assert schema["replay"]["description"] == (
+        "Which stored rounds' pairs train each round. "
+        "At the defaults: preference_replay_mode current; the others empty."
+    )
+    listed = schema["collection"]["description"]  # every default, none cut off
+    assert all(f"{n} " in listed for n in ("temperature", "pair_selection", "tie_tolerance")) and "..." not in listed
     assert change["title"] == "change" and list(change["properties"]) == list(form_layout("madpo_iter")["replay"])
     mode = change["properties"]["preference_replay_mode"]
     assert mode["enum"] == ["current", "nearest_k", "all_history", "lambda_decay"] and mode["default"] == "current"
@@ -281,11 +287,30 @@ def test_deployments_register_with_forms_that_the_server_enforces():
         ):
             with pytest.raises(Exception, match="(?i)validation"):
                 client.create_flow_run_from_deployment(form.id, parameters=bad)
+        client.create_flow_run_from_deployment(form.id, parameters={**good, "run": {"seed": 3}})  # a changed section
         file_form = client.read_deployment(ids["pbrl-train/config-file"])
         assert file_form.parameter_openapi_schema["required"] == ["config"]
         again = client.read_deployment(ids["pbrl-train/continue"])
         assert again.parameter_openapi_schema["required"] == ["run_name"]
-        assert again.parameter_openapi_schema["properties"]["num_iterations"]["type"] == "integer"
+        rounds = again.parameter_openapi_schema["properties"]["num_iterations"]
+        assert rounds["type"] == "integer" and "default" not in rounds  # a null default the form would submit
+        # an optional field left empty: the form sends null, which the server takes (issue #54: it refused it)
+        client.create_flow_run_from_deployment(again.id, parameters={"run_name": "r", "num_iterations": None})
+        client.create_flow_run_from_deployment(file_form.id, parameters={"config": "c.yaml", "run_name": None})
+        with pytest.raises(Exception, match="(?i)validation"):
+            client.create_flow_run_from_deployment(again.id, parameters={"run_name": "r", "num_iterations": 0})
+
+
+def test_the_nightly_schedule_names_its_time_zone():
+    from flows.serve import build_deployments, schedule_words
+
+    assert schedule_words("0 2 * * *") == "every day at 02:00 UTC"
+    assert schedule_words("30 23 * * *") == "every day at 23:30 UTC"
+    assert schedule_words("0 2 * * 1") == "cron '0 2 * * 1' in UTC"
+    nightly = {d.name: d for d in build_deployments(nightly_run="demo")}["nightly"]
+    schedule = nightly.schedules[0]
+    assert schedule.slug == "every day at 02:00 UTC" and schedule.schedule.timezone == "UTC"  # the V1 card shows it
+    assert "every day at 02:00 UTC" in nightly.description  # V2's card shows no zone: its Description tab does
 
 
 def _validate_message(tmp_path: Path, config: Path, overrides: list[str]) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from flows.artifacts import artifact_key
+from flows.run_home import run_tag
 from flows.training import RUN_ID_LABEL, continue_run, reopen, train_flow
 from flows.ui import TRAINER_FLOWS
 from flows.ui_form import form_defaults
@@ -123,9 +124,37 @@ def test_the_round_table_and_the_report_are_on_the_top_level_run(trained):
     assert json.loads(table[0].data) == [dict(zip(headers, row, strict=True)) for row in rows]
     assert [r["round"] for r in json.loads(table[0].data)] == ["0", "1", "2"]
     assert table[0].description == f"{trained.name}: rounds 0-2 ({trained.run_dir.resolve()})"
-    assert report[0].data.startswith("data:image/png;base64,")
+    # shown in markdown: an image artifact's page prints its URL, ~100 kB of base64 across the page (issue #54)
+    assert report[0].type == "markdown" and report[0].data.startswith("![report.png after round 2](data:image/png;")
     assert f"Run folder: `{trained.run_dir.resolve()}`" in summary[0].data and "file://" not in summary[0].data
     assert "| update-policies | Completed |" in summary[0].data
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        name = FlowRunFilterName(any_=[f"{trained.name}-round-2"])
+        (round_2,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=name))
+    for versions in (table, report, summary):  # replaced, not updated: a card's "Created" is when it last changed
+        assert versions[0].created > round_2.start_time
+
+
+@pytest.mark.flow
+def test_every_flow_run_of_the_run_carries_its_tag_and_its_page_lists_them(trained):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    tag = run_tag(trained.name)
+    with get_client(sync_client=True) as client:
+        tagged = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[tag])))
+    assert sorted(r.name for r in tagged) == sorted(
+        [trained.name, f"{trained.name}-round-1", f"{trained.name}-round-2"]
+    )
+    (page,) = artifacts(artifact_key("run", trained.name))
+    assert str(page.flow_run_id) == str(trained.id)
+    for run in tagged:  # a link into the UI that shows the artifact, to each of them
+        assert f"[{run.name}](../../runs/flow-run/{run.id})" in page.data
+    assert f"| [{trained.name}](../../runs/flow-run/{trained.id}) | Completed |" in page.data
+    assert "runs?tags=run%3A" in page.data and "2 of 2 rounds begun (num_iterations 2 is the total)" in page.data
 
 
 @pytest.mark.flow
@@ -178,6 +207,16 @@ def test_continue_adds_rounds_to_a_run_named_by_its_folder(trained):
     assert [str(a.flow_run_id) for a in table] == [str(trained.id), str(state.state_details.flow_run_id)]
     assert [r["round"] for r in json.loads(table[-1].data)] == ["0", "1", "2", "3"]
     assert read_flow_run(state.state_details.flow_run_id).name == f"{trained.name}-continue"
+    assert run_tag(trained.name) in read_flow_run(state.state_details.flow_run_id).tags
+
+
+@pytest.mark.flow
+def test_continue_says_num_iterations_is_the_total_when_it_is_below_the_rounds_begun(trained):
+    state = continue_run(run_name=trained.name, output_dir=str(trained.out), num_iterations=1, return_state=True)
+    assert state.is_failed()
+    assert "has begun 3 rounds, and num_iterations is the run's total number of rounds, not how many more: give 4" in (
+        str(state.result(raise_on_failure=False))
+    )
 
 
 @pytest.mark.flow
@@ -195,15 +234,20 @@ def test_the_nightly_flow_adds_one_round(trained):
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_api")
 def test_continue_of_a_folder_that_is_no_run_fails_once_with_the_reason(tmp_path):
-    state = continue_run(run_name="nothing-here", output_dir=str(tmp_path), return_state=True)
+    (tmp_path / "runs" / "mine").mkdir(parents=True)
+    (tmp_path / "runs" / "mine" / "run.json").write_text("{}")  # what the list looks for: a folder with run.json
+    state = continue_run(run_name="mien", output_dir=str(tmp_path / "runs"), return_state=True)
     assert state.is_failed() and state.message == "the run did not start: ConfigError, see the run's log"
     error = state.result(raise_on_failure=False)
-    assert "is not a folder" in str(error)
+    assert (
+        f"run_name: got 'mien'; no run of that name in {tmp_path / 'runs'}; the runs in {tmp_path / 'runs'}: mine"
+        in (str(error))
+    )
     logs = run_logs(state.state_details.flow_run_id)
     assert [log.message for log in logs if log.level >= 40] == [
         f"the run did not start (nothing was computed): {error}"
     ]
-    assert not list(tmp_path.iterdir())
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["mine"]
 
 
 def _base_run(model_dir: Path, output_dir: Path) -> Path:

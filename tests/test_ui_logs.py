@@ -60,6 +60,28 @@ def test_each_event_is_the_line_the_cli_shows_and_stage_notes_follow_their_end(l
     assert log.started
 
 
+def test_what_a_person_cancelled_is_a_warning_that_says_cancelled_not_an_error(lines):
+    """Issue #54: a Cancel from the UI was logged as an ERROR "failed after 51 s"."""
+    logger, caplog = lines
+    log = RunLog(logger)
+    log(Event("stage_end", "runs/a", 2, "sample-candidates", state="Cancelled", seconds=2.5))
+    log(Event("run_end", "runs/a", state="Cancelled", seconds=51))
+    assert _said(caplog) == [
+        ("WARNING", "round 2 sample-candidates: cancelled after 2.5 s"),
+        ("WARNING", "run runs/a: cancelled after 51 s"),
+    ]
+
+
+def test_only_a_termination_asked_for_by_a_cancel_ends_cancelled():
+    from prefect.exceptions import TerminationSignal
+
+    from flows.logs import end_state
+
+    assert end_state(RuntimeError("a stage failed")) == "Failed"
+    assert end_state(KeyboardInterrupt()) == "Failed"  # Ctrl-C: the CLI says how it stopped
+    assert end_state(TerminationSignal(15)) == "Failed"  # outside a flow run nothing was cancelled
+
+
 def test_progress_lines_come_every_tenth_or_every_ten_seconds_and_at_the_end(lines):
     logger, caplog = lines
     clock = Clock()

@@ -179,7 +179,7 @@ class RunTracker:
             write_json(self.state_file, self.state)
 
     def on_run_end(self, event: Any) -> None:
-        self.close(failed=event.state == "Failed")
+        self.close(failed=event.state != "Completed")  # Failed, or Cancelled by a person: not a finished run
 
     def close(self, failed: bool = False) -> None:
         """End every tool's tracked run (FAILED when ``failed``); idempotent. A resume reopens them."""

@@ -152,7 +152,13 @@ def open_run(run_dir: Path, overrides: Sequence[str] = ()) -> JobConfig:
     if not folder.is_dir() or not RunPaths(folder).run_json.is_file():
         what = "is not a folder" if not folder.is_dir() else "is not a run folder (no run.json)"
         raise ConfigError(
-            [Problem("run", str(folder), f"{what}; give a folder that pbrl train created, e.g. storage/runs/NAME")]
+            [
+                Problem(
+                    "run",
+                    str(folder),
+                    f"{what}; {runs_in(folder.parent)}; give a folder that pbrl train created, e.g. storage/runs/NAME",
+                )
+            ]
         )
     job = open_job(folder)
     if not overrides:
@@ -161,6 +167,23 @@ def open_run(run_dir: Path, overrides: Sequence[str] = ()) -> JobConfig:
     changed = apply_overrides(data, overrides)
     check_resumable(RunPaths(folder), changed)
     return changed
+
+
+def run_names(output_dir: Path) -> list[str]:
+    """The names of the runs in ``output_dir`` (its folders with a run.json), the most recently changed first."""
+    folder = Path(output_dir)
+    found = [p for p in folder.iterdir() if RunPaths(p).run_json.is_file()] if folder.is_dir() else []
+    return [p.name for p in sorted(found, key=lambda p: (-p.stat().st_mtime, p.name))]
+
+
+def runs_in(output_dir: Path, most: int = 20) -> str:
+    """``the runs in <output_dir>: a, b, …`` (:func:`run_names`, at most ``most`` of them, then how many more), or
+    that it holds none: what an error about a run name that is not there lists."""
+    names = run_names(output_dir)
+    if not names:
+        return f"{output_dir} holds no runs"
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"the runs in {output_dir}: {', '.join(names[:most])}{more}"
 
 
 def start_problems(job: JobConfig, run_dir: Path, *, resume: bool) -> list[Problem]:

@@ -42,8 +42,8 @@ class Event:
             ``round_end``: the round's row of the round table (``eval_reward``, ``paired`` …).
         counts: ``stage_end``: the manifest's counts.
         seconds: ``stage_end`` / ``round_end`` / ``run_end``: wall time.
-        state: ``stage_end``: Prefect's state (``Completed``, ``Cached``, ``Failed``); ``run_end``: ``Completed`` or
-            ``Failed``.
+        state: ``stage_end``: Prefect's state (``Completed``, ``Cached``, ``Failed``, or ``Cancelled`` when a person
+            cancelled the flow run); ``run_end``: ``Completed``, ``Failed`` or ``Cancelled``.
         messages: ``stage_end``: the manifest's messages.
     """
 
@@ -173,8 +173,8 @@ def describe(event: Event) -> str | None:
     if event.kind == "stage_start":
         return f"{where}: started"
     if event.kind == "stage_end":
-        if event.state == "Failed":
-            return f"{where}: failed after {event.seconds or 0:.1f} s"
+        if event.state in ("Failed", "Cancelled"):
+            return f"{where}: {event.state.lower()} after {event.seconds or 0:.1f} s"
         counts = ", ".join(f"{k} {v}" for k, v in event.counts.items())
         how = "cached" if event.state == "Cached" else f"done in {event.seconds or 0:.1f} s"
         return f"{where}: {how}" + (f" ({counts})" if counts else "")
