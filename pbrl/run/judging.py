@@ -4,19 +4,21 @@ answer store of the run."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pbrl.config import JobConfig
-from pbrl.config.judge_fields import IN_PROCESS_JUDGE
+from pbrl.config.judge_fields import BUILT_IN_JUDGES, IN_PROCESS_JUDGE
 from pbrl.data.storage import RunPaths, trainer_stages
-from pbrl.errors import ConfigError, Problem
+from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.judging.callable_judge import CallableJudge
 from pbrl.judging.factory import api_judge_from_options, local_judge_from_options
 from pbrl.judging.prompt import DEFAULT_TEMPLATE, template_problems
 from pbrl.judging.simulated import RewardLabelJudge
 from pbrl.judging.store import AnswerStore
 from pbrl.judging.verdicts import PairwiseJudge
-from pbrl.models.loading import resolve_devices
+from pbrl.models.loading import resolve_devices, resolve_model_source
+from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task, import_object
 
@@ -141,3 +143,48 @@ def _model_judge(job: JobConfig, kind: str) -> PairwiseJudge:
         dtype=job.torch_dtype,
         device="cpu" if device == "auto" else device,
     )
+
+
+def preflight_problems(job: JobConfig, task: Task | None, *, prepare_models: bool) -> list[Problem]:
+    """What ``pbrl validate`` checks of the judge beyond the options: the simulator has a reward to simulate
+    from, a Python judge imports and is a judge, the local judge's model is there (a packaged one converted when
+    ``prepare_models``), the prompt template reads and is usable, the API key's variable is set."""
+    if job.preference_source != "judge" or job.judge in (None, IN_PROCESS_JUDGE):
+        return []
+    problems: list[Problem] = []
+    if job.judge == "reward_noisy" and task is not None and task.reward_func is None:
+        problems.append(
+            Problem(
+                "judge", job.judge, f"simulates labels from the task's reward, and task {task.name!r} has none"
+            )  # fmt: skip
+        )
+    if job.judge not in BUILT_IN_JUDGES:
+        try:
+            found = import_object(job.judge)
+            if not callable(found) and not callable(getattr(found, "answer", None)):
+                problems.append(Problem("judge", job.judge, "is neither a function nor a judge object (name, answer)"))
+        except ImportError as exc:
+            problems.append(Problem("judge", job.judge, str(exc)))
+    if job.judge == "local" and job.judge_model is not None:
+        try:
+            if prepare_models or job.judge_model not in PACKAGED_MODELS:
+                resolve_model_source(job.judge_model, field="judge_model")
+            else:
+                locate_packaged_file(job.judge_model)
+        except (ConfigError, ArtifactError) as exc:
+            problems += exc.problems if isinstance(exc, ConfigError) else [Problem("judge_model", job.judge_model,
+                                                                                   str(exc))]  # fmt: skip
+    if job.judge in ("api", "local"):
+        try:
+            prompt_template(job)
+        except ConfigError as exc:
+            problems += exc.problems
+    if job.judge == "api" and job.judge_api_key_env and not os.environ.get(job.judge_api_key_env):
+        problems.append(
+            Problem(
+                "judge_api_key_env",
+                job.judge_api_key_env,
+                "this environment variable is not set; export the API key in it",
+            )  # fmt: skip
+        )
+    return problems

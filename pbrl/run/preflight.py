@@ -19,6 +19,7 @@ from pbrl.models.placement import auto_device_map
 from pbrl.models.precision import autocast_problem
 from pbrl.reporting.reward_hist import check_reward_range
 from pbrl.reporting.tracker_tools import tracker_problems
+from pbrl.run.judging import preflight_problems as judge_preflight_problems
 from pbrl.run.settings import centralized_adapter, concrete_precision, policy_source
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task
@@ -98,6 +99,7 @@ def preflight(
         except ArtifactError as exc:
             problems.append(Problem(field, source, str(exc)))
     problems += _reward_layers_problems(job, prepare_models)
+    problems += judge_preflight_problems(job, task, prepare_models=prepare_models)
     problems += _precision_and_placement_problems(job)
     problems += tracker_problems(getattr(job, "report_to", None))
     if problems:
