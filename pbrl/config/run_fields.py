@@ -104,13 +104,16 @@ class _RunFields(_Fields):
         0.5,
         ge=0,
         le=1,
-        description="Share of joint responses whose reward may fail (dropped and counted) before the round stops.",
+        description="Share of joint responses whose reward may fail (dropped and counted) before the round stops; "
+        "the same share of evaluation draws, and an evaluation whose every draw failed stops it too.",
     )
     reward_timeout: StrictFloat = Field(
         600.0,
         gt=0,
-        description="Seconds one reward_func call may take; past it the call is abandoned and its joint responses "
-        "are dropped and counted like any reward failure.",
+        description="Seconds one reward_func call (reward_processor included) may take. The reward runs in a worker "
+        "process; past the limit the process is killed, and the call's joint responses are scored again one at a "
+        "time, each within the limit: only those that time out alone are dropped and counted like any reward "
+        "failure (after 2 timeouts of one item its other responses of that call are given up).",
     )
     max_joint_responses_per_item: StrictInt = Field(
         256,
