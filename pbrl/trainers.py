@@ -49,6 +49,7 @@ from pbrl.reporting.trackers import RunTracker
 from pbrl.run.export import TrainedAgent, export_agents, load_trained_agents
 from pbrl.run.folder import generated_run_name, prepare_run
 from pbrl.run.model_objects import lora_options, model_objects, peft_default_targets, save_model_object
+from pbrl.run.preflight_env import device_problems, folder_problems, thread_problems
 from pbrl.run.task import IN_PROCESS_TASK, resolve_task
 from pbrl.run.trainer_arguments import (
     argument_errors,
@@ -162,7 +163,8 @@ class _PreferenceTrainer:
         Raises:
             TypeError: naming each argument that is not an option of this trainer (a trainer option belongs in
                 ``args``), an ``args`` of another trainer, or a callback without hooks.
-            ConfigError: every problem of the values at once, each naming its option.
+            ConfigError: every problem of the values at once, each naming its option; then the devices, folders and
+                thread count this machine cannot run (the models and items are checked by :meth:`train`).
         """
         cls_name = type(self).__name__
         wrong = argument_errors(self._trainer, cls_name, run_options, _EXPLICIT)
@@ -212,7 +214,10 @@ class _PreferenceTrainer:
         if problems:  # with the run-level options' own problems: every problem at once
             found = problems + collect_problems(RunConfig, self._run_values(self._run)[0])
             raise ConfigError(list({str(p): p for p in found}.values()))
-        self._job(self._run)  # every value checked now (model objects stand in by name)
+        job = self._job(self._run)  # every value checked now (model objects stand in by name)
+        machine = device_problems(job) + thread_problems(job) + folder_problems(job, packaged_models=False)
+        if machine:  # what this machine cannot run, before anything is loaded (pbrl.run.preflight_env)
+            raise ConfigError(machine)
 
     def _run_values(
         self, run: Mapping[str, Any], sources: Mapping[str, str] | None = None

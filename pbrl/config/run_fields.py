@@ -154,7 +154,8 @@ class _RunFields(_Fields):
         "that waiting threads do not spin against another job's; only where the job computes in float32 and "
         "oneMKL's strict reproducibility mode, which importing pbrl sets, keeps results independent of the count: "
         "bfloat16 and float16 CPU products go through oneDNN, which it does not govern). Ray shards and actors use "
-        "the CPUs Ray reserved for them. The stage manifests record the mean and the fewest threads a stage ran with.",
+        "the CPUs Ray reserved for them. The stage manifests record the mean and the fewest threads a stage ran with. "
+        "More than this machine's CPUs is refused.",
     )
     gradient_checkpointing: StrictBool = Field(
         False,

@@ -166,8 +166,8 @@ def load_run_items(
     if not evals:
         raise ConfigError([Problem("eval_dataset", job.eval_dataset, "no evaluation items")])
     # Unique ids and formattable items, checked before anything is written.
-    check_formatters(task, _with_ids(train, "item", "train_dataset"), "train_dataset")
-    check_formatters(task, _with_ids(evals, "eval", "eval_dataset"), "eval_dataset")
+    check_formatters(task, with_item_ids(train, "item", "train_dataset"), "train_dataset")
+    check_formatters(task, with_item_ids(evals, "eval", "eval_dataset"), "eval_dataset")
     return train, evals
 
 
@@ -196,7 +196,7 @@ def check_formatters(task: Task, items: list[tuple[str, dict]], field: str, *, m
         raise ConfigError(problems)
 
 
-def _with_ids(items: list[Item], prefix: str, field: str) -> list[tuple[str, dict]]:
+def with_item_ids(items: list[Item], prefix: str, field: str) -> list[tuple[str, dict]]:
     """``(item_id, item)`` for every item, by one rule for every source (list of dicts, JSONL / Parquet,
     dataset spec, ``datasets`` object), so a dataset and the equivalent list of dicts get the same ids:
 
@@ -223,7 +223,7 @@ def _with_ids(items: list[Item], prefix: str, field: str) -> list[tuple[str, dic
 
 
 def write_items(paths: RunPaths, train: list[Item], eval_: list[Item]) -> None:
-    """Store the run's items with stable ``item_id`` values (see :func:`_with_ids`), and where each split came
+    """Store the run's items with stable ``item_id`` values (see :func:`with_item_ids`), and where each split came
     from as items.parquet metadata (read back with :func:`pbrl.data.tables.read_items_sources`): the source
     description (a dataset spec as given, a file path, ``python``, a task) and a fingerprint, ``datasets:<fp>``
     for items loaded through ``datasets`` (the dataset's own fingerprint) else ``sha256:<hex>`` of the stored
@@ -236,7 +236,7 @@ def write_items(paths: RunPaths, train: list[Item], eval_: list[Item]) -> None:
     rows, sources = [], {}
     for split, items, prefix in (("train", train, "item"), ("eval", eval_, "eval")):
         content = hashlib.sha256()
-        for pos, (item_id, item) in enumerate(_with_ids(items, prefix, f"{split}_dataset")):
+        for pos, (item_id, item) in enumerate(with_item_ids(items, prefix, f"{split}_dataset")):
             try:
                 data = json.dumps(item, sort_keys=True, default=_json_default)
             except TypeError as exc:

@@ -26,7 +26,7 @@ import torch
 from accelerate import init_empty_weights
 from huggingface_hub import constants, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from pbrl.data.storage import atomic_dir
 from pbrl.errors import ArtifactError, ConfigError, Problem
@@ -261,7 +261,9 @@ def _fill_pad_ids(model: Any, src: Path) -> None:
         model.generation_config.pad_token_id = pad_id
 
 
-def check_lora_target_modules(model_source: str | Path, target_modules: list[str] | tuple[str, ...]) -> list[str]:
+def check_lora_target_modules(
+    model_source: str | Path | PretrainedConfig, target_modules: list[str] | tuple[str, ...]
+) -> list[str]:
     """The entries of ``target_modules`` (``lora_target_modules``) that name no adaptable module of the
     model, in the given order, each once. An empty list means every entry adapts at least one module.
 
@@ -272,14 +274,18 @@ def check_lora_target_modules(model_source: str | Path, target_modules: list[str
 
     Args:
         model_source: anything :func:`resolve_model_source` accepts (a packaged model is converted if it
-            has not been yet).
+            has not been yet), or the model's config itself.
         target_modules: module names, e.g. ``["q_proj", "v_proj"]`` or ``["layers.0.self_attn.q_proj"]``.
 
     Raises:
         ConfigError: the source cannot be resolved (see :func:`resolve_model_source`).
     """
 
-    config = AutoConfig.from_pretrained(_local(model_source), local_files_only=True)
+    config = (
+        model_source
+        if isinstance(model_source, PretrainedConfig)
+        else AutoConfig.from_pretrained(_local(model_source), local_files_only=True)
+    )
     with torch.random.fork_rng(devices=[]), init_empty_weights():
         model = AutoModelForCausalLM.from_config(config)
     known = lora_module_names(model)

@@ -71,7 +71,13 @@ def _check_model(field: str, model: Any) -> list[Problem]:
     if isinstance(model, PeftModel):
         return [Problem(field, type(model).__name__, "a peft model: give its base model with peft_config, or merge it "
                         "first (model.merge_and_unload())")]  # fmt: skip
-    if isinstance(model, (str, Path, PreTrainedModel)):
+    if isinstance(model, PreTrainedModel):
+        placed = {p.device.type for p in model.parameters()}
+        if "meta" in placed:
+            return [Problem(field, type(model).__name__, "its weights are on the meta device (never loaded): load "
+                            "them (from_pretrained without init_empty_weights or device_map='meta')")]  # fmt: skip
+        return []
+    if isinstance(model, (str, Path)):
         return []
     return [Problem(field, type(model).__name__, "give a model id, a local folder or a transformers PreTrainedModel")]
 
