@@ -50,9 +50,11 @@ from pbrl.data.storage import (
     RunPaths,
     StageManifest,
     hash_path,
+    make_folder,
     outputs_intact,
     read_manifest,
     read_run_id,
+    run_folder_gone,
     write_json,
     write_manifest,
 )
@@ -154,11 +156,16 @@ def run_recorded(
     if cache_key is None:
         cache_key = _key_or_none(stage, run_dir, round_index, job)
     module = STAGE_MODULES[stage]
-    manifest = (
-        module.run(run_dir, round_index, job)
-        if shards is None
-        else module.run(run_dir, round_index, job, shards=shards)
-    )
+    try:
+        manifest = (
+            module.run(run_dir, round_index, job)
+            if shards is None
+            else module.run(run_dir, round_index, job, shards=shards)
+        )
+    except Exception as exc:
+        if (gone := run_folder_gone(run_dir)) is not None:  # the folder moved under the stage: say so, not what broke
+            raise gone from exc
+        raise
     return write_manifest(
         RunPaths(run_dir), manifest.model_copy(update={"code_version": code_version(), "cache_key": cache_key or ""})
     )
@@ -230,7 +237,7 @@ class ExpiringFileLocks(FileSystemLockManager):
 
 def write_owner(lock_dir: Path, holder: str) -> None:
     """Record this process as ``holder`` (``{"host", "pid"}`` in ``<lock_dir>/<holder>.owner``)."""
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(lock_dir)  # not under a run folder that moved away (pbrl.data.storage.working_in)
     write_json(lock_dir / f"{holder}.owner", {"host": socket.gethostname(), "pid": os.getpid()})
 
 

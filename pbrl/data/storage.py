@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pbrl.config import is_marlhf
-from pbrl.errors import ArtifactError
+from pbrl.config import is_iterative, is_marlhf
+from pbrl.errors import ArtifactError, ConfigError
 
 STAGES = (
     "sample-candidates",
@@ -39,6 +39,42 @@ def trainer_stages(trainer: str) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------- atomic I/O
+# Run folders a stage of this process works in (resolved): a write under one that has gone (moved or deleted while
+# the stage ran) must not create its folders again under the old name (issue #53.5: a phantom run folder).
+_RUN_ROOTS: set[Path] = set()
+
+
+def working_in(run_dir: str | Path) -> None:
+    """Declare that this process writes into the run folder ``run_dir`` (a stage starts); from then on a write
+    under it fails, naming the folder, once the folder has no run.json (it was moved or deleted)."""
+    _RUN_ROOTS.add(Path(run_dir).resolve())
+
+
+def make_folder(folder: Path) -> None:
+    """Create ``folder`` (and its parents) when missing, unless it lies in a run folder that has gone.
+
+    Raises:
+        ArtifactError: the run folder that holds ``folder`` was moved or deleted while this process wrote into it.
+    """
+    resolved = Path(folder).resolve()
+    for root in _RUN_ROOTS:
+        if resolved.is_relative_to(root) and (gone := run_folder_gone(root)) is not None:
+            raise gone
+    Path(folder).mkdir(parents=True, exist_ok=True)
+
+
+def run_folder_gone(run_dir: str | Path) -> ArtifactError | None:
+    """The error to raise when the run folder ``run_dir`` has no run.json any more (moved or deleted while a stage
+    worked in it: whatever failed then failed because of that), else None."""
+    root = Path(run_dir)
+    if (root / "run.json").is_file():
+        return None
+    return ArtifactError(
+        f"{root}: the run folder is gone (moved or deleted while a stage worked in it); nothing more was written "
+        "there. Resume the run where it is now (pbrl train --resume --run <its new folder>)"
+    )
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temporary file path beside ``path``; on success it is fsynced and renamed onto ``path``.
@@ -47,7 +83,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     the final name (the temporary name starts with ``.tmp-`` and is never read).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     with _disk_full_named(path):
         fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
         os.close(fd)
@@ -65,7 +101,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; on success it replaces ``path`` (old contents removed)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     with _disk_full_named(path):
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}.", dir=path.parent))
         try:
@@ -327,8 +363,32 @@ def read_states(run_dir: str | Path, round_index: int) -> dict[str, Any]:
 
 
 def existing_rounds(paths: RunPaths) -> list[int]:
-    """Round numbers that have a folder (complete or not)."""
+    """Round numbers of this run that have a folder (complete or not): ``rounds/0000`` to the run's last round
+    (:func:`last_round`; every numbered folder while run.json is unreadable). Another folder there is no round of
+    the run (:func:`pbrl.data.run_health.round_folders` names it)."""
     base = paths.root / "rounds"
     if not base.is_dir():
         return []
-    return sorted(int(p.name) for p in base.iterdir() if re.fullmatch(r"\d{4}", p.name))
+    try:
+        last = last_round(paths)
+    except ArtifactError:
+        last = None  # every numbered folder
+    found = (int(p.name) for p in base.iterdir() if p.is_dir() and re.fullmatch(r"\d{4}", p.name))
+    return sorted(r for r in found if last is None or r <= last)
+
+
+def last_round(paths: RunPaths) -> int | None:
+    """The run's last round by its stored config (``num_iterations`` of an iterative trainer, else 1; None when
+    the stored config does not say).
+
+    Raises:
+        ArtifactError: run.json is missing or malformed.
+    """
+    data = read_json(paths.run_json)
+    config = data.get("config", {}) if isinstance(data, dict) else {}
+    try:
+        if not is_iterative(str(config.get("trainer", ""))):
+            return 1
+        return int(config["num_iterations"]) if "num_iterations" in config else None
+    except (ConfigError, TypeError, ValueError):
+        raise ArtifactError(f"{paths.run_json}: no valid trainer and num_iterations in its config") from None
