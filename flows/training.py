@@ -137,7 +137,9 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         config = open_job(folder)  # as stored: torch_dtype/mixed_precision 'auto' made concrete when it started
         configure_job_threads(config)  # the CPUs this process owns (pbrl/models/threads.py)
         _label_flow_run(folder)
-        trackers = [RunTracker.for_run(folder)] if config.report_to else []  # report_to: opened at run_start
+        trackers = [RunTracker.for_run(folder)] if config.report_to else []
+        for tracker in trackers:  # before round 0: a tracker that cannot start stops the run with one line
+            tracker.open()
         held.enter_context(listening(folder, trackers))
         stages: list[dict[str, Any]] = []
         started = time.monotonic()
