@@ -46,15 +46,14 @@ import stages
 from flows.ray_runner import run_shards, sharded
 from flows.retry import retry_options
 from pbrl.config import JobConfig, stage_config_hash
+from pbrl.data.folders import make_folder, run_folder_gone
 from pbrl.data.storage import (
     RunPaths,
     StageManifest,
     hash_path,
-    make_folder,
     outputs_intact,
     read_manifest,
     read_run_id,
-    run_folder_gone,
     write_json,
     write_manifest,
 )

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from pbrl.config import is_iterative, is_marlhf
+from pbrl.data.folders import FILE_MODE, make_folder, usual_modes
 from pbrl.errors import ArtifactError, ConfigError
 
 STAGES = (
@@ -39,42 +40,6 @@ def trainer_stages(trainer: str) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------- atomic I/O
-# Run folders a stage of this process works in (resolved): a write under one that has gone (moved or deleted while
-# the stage ran) must not create its folders again under the old name (issue #53.5: a phantom run folder).
-_RUN_ROOTS: set[Path] = set()
-
-
-def working_in(run_dir: str | Path) -> None:
-    """Declare that this process writes into the run folder ``run_dir`` (a stage starts); from then on a write
-    under it fails, naming the folder, once the folder has no run.json (it was moved or deleted)."""
-    _RUN_ROOTS.add(Path(run_dir).resolve())
-
-
-def make_folder(folder: Path) -> None:
-    """Create ``folder`` (and its parents) when missing, unless it lies in a run folder that has gone.
-
-    Raises:
-        ArtifactError: the run folder that holds ``folder`` was moved or deleted while this process wrote into it.
-    """
-    resolved = Path(folder).resolve()
-    for root in _RUN_ROOTS:
-        if resolved.is_relative_to(root) and (gone := run_folder_gone(root)) is not None:
-            raise gone
-    Path(folder).mkdir(parents=True, exist_ok=True)
-
-
-def run_folder_gone(run_dir: str | Path) -> ArtifactError | None:
-    """The error to raise when the run folder ``run_dir`` has no run.json any more (moved or deleted while a stage
-    worked in it: whatever failed then failed because of that), else None."""
-    root = Path(run_dir)
-    if (root / "run.json").is_file():
-        return None
-    return ArtifactError(
-        f"{root}: the run folder is gone (moved or deleted while a stage worked in it); nothing more was written "
-        "there. Resume the run where it is now (pbrl train --resume --run <its new folder>)"
-    )
-
-
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temporary file path beside ``path``; on success it is fsynced and renamed onto ``path``.
@@ -92,6 +57,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
             yield tmp
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
+            os.chmod(tmp, FILE_MODE)  # mkstemp made it 0600
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -106,6 +72,7 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}.", dir=path.parent))
         try:
             yield tmp
+            usual_modes(tmp)  # mkdtemp made it 0700; what was written in it keeps no private mode either
             replace_dir(tmp, path)
         finally:
             if tmp.exists():

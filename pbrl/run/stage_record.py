@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pbrl.config import JobConfig, stage_config_hash
-from pbrl.data.storage import RunPaths, StageManifest, hash_files, working_in, write_manifest
+from pbrl.data.folders import working_in
+from pbrl.data.storage import RunPaths, StageManifest, hash_files, write_manifest
 from pbrl.models.threads import mkl_mode_note, thread_usage
 from pbrl.run.progress import Event, Progress, publish
 from pbrl.run.settings import agent_device, float32_job
