@@ -10,9 +10,9 @@ Each trainer runs the same Prefect flows as ``pbrl train``; the run folder is th
 configuration. Callables (``reward_func``, ``formatters``, ``reward_processor``) may be given directly;
 module-level functions are also recorded by import path so that ``pbrl stage`` can rerun a stage later. Model
 objects (``agents=[model, ...]``) are saved once, by content, under ``<storage>/models/objects/`` (``PBRL_STORAGE``,
-else ``./storage``), and the run names that folder, so every stage, ``pbrl stage`` and ``pbrl train --resume`` load
-them as any local model. The arguments become config values in :mod:`pbrl.run.trainer_arguments`; model objects
-and ``peft_config`` are handled in :mod:`pbrl.run.model_objects`.
+else ``./storage``), and the run names them ``model-object:<name>``, never an absolute path, so every stage,
+``pbrl stage`` and ``pbrl train --resume`` load them as any local model. The arguments become config values in
+:mod:`pbrl.run.trainer_arguments`; model objects and ``peft_config`` are handled in :mod:`pbrl.run.model_objects`.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ class _PreferenceTrainer:
         """
         orchestration.quiet_libraries()  # before models load: no weight-loading bars from transformers
         require_trackers(self._run.get("report_to"))
-        sources = {field: str(save_model_object(model, tok)) for field, (model, tok) in self._objects.items()}
+        sources = {field: save_model_object(model, tok) for field, (model, tok) in self._objects.items()}
         run = dict(self._run)
         if self._peft_default_targets:
             first = next(iter(sources.values()), None) or (run.get("agents") or [run.get("agent_model")])[0]

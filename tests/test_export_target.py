@@ -102,3 +102,29 @@ def test_a_damaged_checkpoint_is_named_with_its_fix_not_a_loader_traceback(run_d
     assert not (tmp_path / "out").exists()  # nothing half-written under the final name
     result = runner.invoke(app, ["export", str(run_dir), str(tmp_path / "out")])
     assert result.exit_code == 2 and result.output.count("error:") == 1 and "Traceback" not in result.output
+
+
+def test_a_run_of_model_objects_names_no_absolute_path_and_follows_a_moved_storage(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """Issue #53.7: run.json held the saved object's absolute folder, so moving the storage broke resume and export."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pbrl.data.storage import RunPaths, read_json
+    from pbrl.run.folder import prepare_run
+    from pbrl.run.model_objects import save_model_object
+    from tests.helpers import tiny_job
+
+    monkeypatch.setenv("PBRL_STORAGE", str(tmp_path / "storage"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    name = save_model_object(model, AutoTokenizer.from_pretrained(tiny_model_dir))
+    run_dir = prepare_run(tiny_job(name, tmp_path / "runs", num_iterations=1), resume=False)
+    text = RunPaths(run_dir).run_json.read_text()
+    assert str(tmp_path) not in text and read_json(RunPaths(run_dir).run_json)["config"]["agent_model"] == name
+    (tmp_path / "storage").rename(tmp_path / "moved-storage")
+    with pytest.raises(ConfigError, match="no such saved model object .* point PBRL_STORAGE at the storage"):
+        export_agents(run_dir, tmp_path / "out")
+    monkeypatch.setenv("PBRL_STORAGE", str(tmp_path / "moved-storage"))
+    folders = export_agents(run_dir, tmp_path / "out")
+    assert (folders[0] / "config.json").is_file()
+    assert prepare_run(tiny_job(name, tmp_path / "runs", num_iterations=1), resume=True) == run_dir  # resumes

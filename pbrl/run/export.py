@@ -36,7 +36,7 @@ from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.head_input import contiguous_head_input
 from pbrl.models.loading import DTYPES, load_tokenizer, resolve_devices, resolve_model_source
 from pbrl.models.lora import quiet_peft_wrapping, save_pretrained_stably
-from pbrl.models.packaged import PACKAGED_MODELS
+from pbrl.models.packaged import MODEL_OBJECT_PREFIX, PACKAGED_MODELS
 from pbrl.models.policies import SOURCE_FILE, UPDATE_STAGE, PolicySource, policy_checkpoint
 from pbrl.run.export_target import EXPORT_FILE, export_target, replace_export
 from pbrl.run.settings import policy_source
@@ -283,7 +283,9 @@ def _write_export(
 
 def _hub_id(source: str) -> bool:
     """Whether an agent source is a hub id (neither a packaged alias nor a local folder)."""
-    return source not in PACKAGED_MODELS and not Path(source).expanduser().is_dir()
+    if source in PACKAGED_MODELS or source.startswith(MODEL_OBJECT_PREFIX):
+        return False
+    return not Path(source).expanduser().is_dir()
 
 
 TRAINER_CLASSES = {
