@@ -60,10 +60,10 @@ def validate(config: Path, set_: SetOption = None) -> None:
 
     Example: pbrl validate flows/configs/tiny-madpo-iter.yaml --set dpo_beta=0.2
     """
-    from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
-
     with _expected_errors(2):
-        job = _load(config, set_)
+        job = _load(config, set_)  # a config's own problems are said before torch is imported
+        from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
+
         preflight(job, prepare_models=False)  # task, import paths, datasets and models exist
     agents = f"{job.num_agents} roles, one actor" if is_centralized(job) else f"{job.num_agents} agents"
     console.print(f"OK: {config} ({job.trainer}, {agents})")

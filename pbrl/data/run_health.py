@@ -10,9 +10,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from pbrl.data.storage import STAGES, RunPaths, StageManifest, hash_path, last_round, read_manifest
 from pbrl.errors import ArtifactError
 
@@ -61,6 +58,9 @@ def damaged_outputs(paths: RunPaths, manifest: StageManifest, round_index: int, 
 
 
 def _readable_parquet(path: Path) -> bool:
+    import pyarrow as pa  # deferred: `pbrl --help` and `pbrl validate` answer without it
+    import pyarrow.parquet as pq
+
     try:
         pq.read_metadata(path)
     except (OSError, pa.ArrowException):
