@@ -170,6 +170,8 @@ def _configure_logging() -> None:
     # Set before Prefect is first imported (it reads settings at import). Stage code logs with the stdlib
     # under "pbrl"; Prefect forwards it to the run's logs (docs/guides/prefect-ui.md#what-a-run-shows).
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "pbrl")
+    # pbrl lines logged before a flow run exists (a fresh storage's model conversion) go to the console, unwarned.
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     # The ephemeral server's default 20 s start-up limit is too short on a busy 2-core machine (13.5 s
     # measured cold, more under load).
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
@@ -344,8 +346,7 @@ def _parent_death_signal() -> Any:
 
 
 def train(job: JobConfig, *, resume: bool = False, run_dir: Path | None = None) -> dict[str, Any]:
-    """Run the training flow (ephemeral API unless PREFECT_API_URL points at a server) in ``run_dir`` (default
-    ``<output_dir>/<run_name>``), held before Prefect starts (ConfigError when another process holds it)."""
+    """Run the training flow in ``run_dir`` (default ``<output_dir>/<run_name>``), held before Prefect starts."""
     from pbrl.run.folder import held_if_exists, run_dir_for  # deferred: imports torch
 
     with held_if_exists(Path(run_dir) if run_dir is not None else run_dir_for(job) if job.run_name else None):

@@ -68,10 +68,14 @@ def hide_secrets(text: str) -> str:
 
 
 def tracker_names(report_to: str | Sequence[str] | None) -> tuple[str, ...]:
-    """The ``report_to`` option as names, each once, in the given order (None -> none)."""
-    if report_to is None:
+    """The ``report_to`` option as names, each once, in the given order (None or ``'none'`` -> none; ``'all'`` -> every
+    tool whose package is installed, as transformers reads it)."""
+    if report_to is None or report_to == "none":
         return ()
-    return tuple(dict.fromkeys([report_to] if isinstance(report_to, str) else report_to))
+    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    if "all" in names:
+        names = [n for n in TOOLS if importlib.util.find_spec(TOOLS[n].module) is not None]
+    return tuple(dict.fromkeys(names))
 
 
 def tracker_problems(report_to: str | Sequence[str] | None) -> list[Problem]:
@@ -214,6 +218,8 @@ class MLflowTracker:
         # after the start's probe); a few tries are enough for a hiccup. The user's own settings win.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        for name in ("mlflow.store", "alembic"):  # "Creating initial MLflow database tables..." in a run's output
+            logging.getLogger(name).setLevel(logging.WARNING)
         store = run.run_dir / "mlruns"
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         artifacts = None

@@ -13,13 +13,15 @@ rerun that comes back Cached) continues the same tracked run and logs each step 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import logging
 import threading
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,18 @@ def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str | 
 
 def _digest(metrics: Mapping[str, float]) -> str:
     return hashlib.sha256(json.dumps(sorted(metrics.items())).encode()).hexdigest()[:16]
+
+
+def _said(name: str, call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``, with what the tool prints to stdout logged as pbrl's lines (the run's log), not printed: a
+    line of trackio's printed at the run's end reached a redirected output after the final round table."""
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        try:
+            return call(*args)
+        finally:
+            for line in printed.getvalue().splitlines():
+                if line.strip():
+                    log.info("report_to %s: %s", name, hide_secrets(line.strip()))
 
 
 class RunTracker:
@@ -128,7 +142,7 @@ class RunTracker:
             try:
                 for name in names:
                     tool = TRACKER_CLASSES[name]()
-                    self.state["trackers"][name] = tool.start(info, self.state["trackers"].get(name, {}))
+                    self.state["trackers"][name] = _said(name, tool.start, info, self.state["trackers"].get(name, {}))
                     self.tools[name] = tool
                     write_json(self.state_file, self.state)  # the id first: a kill from here on resumes this run
             except Exception as exc:
@@ -220,13 +234,13 @@ class RunTracker:
         tools, self.tools, self.opened = self.tools, {}, False
         for name, tool in tools.items():
             try:
-                tool.finish(failed)
+                _said(name, tool.finish, failed)
             except Exception as exc:
                 log.error("report_to %s: could not end the tracked run: %s", name, hide_secrets(str(exc)))
 
     def _each(self, method: str, *args: Any) -> None:
         for name, tool in self.tools.items():
             try:
-                getattr(tool, method)(*args)
+                _said(name, getattr(tool, method), *args)
             except Exception as exc:  # a tracker's hiccup must not stop training; one line, no secret in it
                 log.error("report_to %s: %s failed: %s: %s", name, method, type(exc).__name__, hide_secrets(str(exc)))
