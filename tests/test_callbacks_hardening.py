@@ -176,3 +176,22 @@ def test_hide_secrets_hides_url_userinfo_and_the_tools_secret_variables(monkeypa
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-0123456789")
     text = "GET https://u:p@host/x failed; header Bearer tok-0123456789; mlflow+http://a@b"
     assert hide_secrets(text) == "GET https://***@host/x failed; header Bearer <hidden>; mlflow+http://***@b"
+
+
+def test_pbrl_train_with_an_unreachable_mlflow_server_is_one_line_before_prefect_starts(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    from typer.testing import CliRunner
+
+    from pbrl import orchestration
+    from pbrl.cli import app
+
+    started: list[str] = []
+    monkeypatch.setattr(orchestration, "_api_after_imports", lambda: started.append("prefect"))
+    env = {"MLFLOW_TRACKING_URI": f"http://dave:correct-horse@127.0.0.1:{_closed_port()}"}
+    config = Path(__file__).resolve().parents[1] / "flows" / "configs" / "tiny-madpo-iter.yaml"
+    args = ["--set", "report_to=mlflow", "--set", f"agent_model={tiny_model_dir}", "--set", f"output_dir={tmp_path}"]
+    result = CliRunner().invoke(app, ["train", str(config), *args], env=env)
+    assert result.exit_code == 2, result.output
+    assert result.output.count("error:") == 1 and "does not answer (ConnectError)" in result.output
+    assert "correct-horse" not in result.output and "Traceback" not in result.output and started == []
