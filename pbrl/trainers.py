@@ -47,7 +47,7 @@ from pbrl.reporting.metrics import round_table
 from pbrl.reporting.tracker_tools import require_trackers, tracker_names
 from pbrl.reporting.trackers import RunTracker
 from pbrl.run.export import TrainedAgent, export_agents, load_trained_agents
-from pbrl.run.folder import generated_run_name, prepare_run
+from pbrl.run.folder import generated_run_name, held_if_exists, prepare_run, run_dir_for
 from pbrl.run.model_objects import lora_options, model_objects, peft_default_targets, save_model_object
 from pbrl.run.preflight_env import device_problems, folder_problems, thread_problems
 from pbrl.run.task import IN_PROCESS_TASK, resolve_task
@@ -289,25 +289,26 @@ class _PreferenceTrainer:
             first = next(iter(sources.values()), None) or (run.get("agents") or [run.get("agent_model")])[0]
             run["lora_target_modules"] = peft_default_targets(resolve_model_source(str(first)))
         job = self._job(run, sources)
-        run_dir = prepare_run(
-            job,
-            resume=self.resume,
-            task=self._attached_task(job),
-            train_items=self._items["train_dataset"] if run.get("train_dataset") is None else None,
-            eval_items=self._items["eval_dataset"] if run.get("eval_dataset") is None else None,
-        )
-        tracker = RunTracker.for_run(run_dir, tracker_names(job.report_to)) if job.report_to else None
-        with listening(run_dir, [*self.callbacks, *([tracker] if tracker else [])]):
-            try:
+        with held_if_exists(run_dir_for(job)):  # a busy run is refused before anything is written or started
+            run_dir = prepare_run(
+                job,
+                resume=self.resume,
+                task=self._attached_task(job),
+                train_items=self._items["train_dataset"] if run.get("train_dataset") is None else None,
+                eval_items=self._items["eval_dataset"] if run.get("eval_dataset") is None else None,
+            )
+            tracker = RunTracker.for_run(run_dir, tracker_names(job.report_to)) if job.report_to else None
+            with listening(run_dir, [*self.callbacks, *([tracker] if tracker else [])]):
+                try:
+                    if tracker is not None:
+                        tracker.open()  # before the flow: a tracker that cannot start stops the run here
+                    out = orchestration.train(job, resume=True)
+                except BaseException:
+                    if tracker is not None:
+                        tracker.close(failed=True)
+                    raise
                 if tracker is not None:
-                    tracker.open()  # before the flow: a tracker that cannot start stops the run here
-                out = orchestration.train(job, resume=True)
-            except BaseException:
-                if tracker is not None:
-                    tracker.close(failed=True)
-                raise
-            if tracker is not None:
-                tracker.close()
+                    tracker.close()
         run_dir = Path(out["run_dir"])
         return TrainResult(run_dir=run_dir, stages=out["stages"], messages=out["messages"], rounds=round_table(run_dir))
 

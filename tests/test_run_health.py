@@ -114,7 +114,7 @@ def test_a_run_folder_moved_while_a_stage_writes_fails_naming_it_and_leaves_no_p
 
 def test_a_busy_run_is_refused_before_prefect_starts(run, monkeypatch):
     """Issue #53.5: the second process was refused only after it had started its own Prefect server (20-40 s)."""
-    from pbrl import orchestration
+    from pbrl import orchestration, trainers
     from pbrl.run.folder import open_job
 
     ready = run.parent / "held"
@@ -138,7 +138,14 @@ def test_a_busy_run_is_refused_before_prefect_starts(run, monkeypatch):
             orchestration.train(open_job(run), resume=True, run_dir=run)
         with pytest.raises(ConfigError, match=f"in use by process {holder.pid}"):
             orchestration.rerun_stage("evaluate", run, 0)
-        assert started == []
+        prepared: list[Path] = []
+        monkeypatch.setattr(trainers, "prepare_run", lambda *a, **k: prepared.append(a[0]))
+        trainer = trainers.MADPOIterTrainer(
+            agent_model=open_job(run).agent_model, task="toy", run_name=run.name, output_dir=run.parent, resume=True
+        )
+        with pytest.raises(ConfigError, match=f"in use by process {holder.pid}"):
+            trainer.train()
+        assert started == [] and prepared == []
     finally:
         holder.kill()
         holder.wait()
