@@ -288,3 +288,12 @@ def test_the_trainer_constructor_refuses_a_model_on_the_meta_device_and_what_the
         MADPOIterTrainer(agent_model=model, tokenizers=tokenizer, task="toy")
     with pytest.raises(ConfigError, match="agent_devices: got 'cuda:9'"):
         MADPOIterTrainer(agent_model=str(tiny_model_dir), task="toy", agent_devices="cuda:9")
+
+
+def test_with_runner_ray_the_devices_are_the_clusters_not_this_machines(tiny_model_dir, tmp_path):
+    """A CPU-only head node submits runs whose devices are its GPU workers' (docs/guides/ray.md)."""
+    from pbrl.run.preflight_env import device_problems
+
+    job = _tiny(tiny_model_dir, tmp_path, agent_devices="cuda:3")
+    assert [p.field for p in device_problems(job)] == ([] if torch.cuda.device_count() > 3 else ["agent_devices"])
+    assert device_problems(job.model_copy(update={"runner": "ray"})) == []

@@ -76,7 +76,10 @@ def _xpu_count() -> int:
 
 
 def device_problems(job: JobConfig) -> list[Problem]:
-    """Every device option naming a device this torch does not have on this machine."""
+    """Every device option naming a device this torch does not have on this machine; none with ``runner: ray``,
+    whose devices are the cluster's (a CPU-only head node submits to GPU workers: docs/guides/ray.md)."""
+    if getattr(job, "runner", "local") == "ray":
+        return []
     problems = []
     for name in device_fields(job):
         spec = getattr(job, name)
