@@ -43,6 +43,7 @@ from pbrl.config import (
 from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.errors import ConfigError, Problem
 from pbrl.models.loading import resolve_model_source
+from pbrl.models.packaged import PACKAGED_MODELS
 from pbrl.reporting.metrics import round_table
 from pbrl.reporting.tracker_tools import require_trackers, tracker_names
 from pbrl.reporting.trackers import RunTracker
@@ -50,6 +51,7 @@ from pbrl.run.export import TrainedAgent, export_agents, load_trained_agents
 from pbrl.run.folder import generated_run_name, held_if_exists, prepare_run, run_dir_for
 from pbrl.run.model_objects import lora_options, model_objects, peft_default_targets, save_model_object
 from pbrl.run.preflight_env import device_problems, folder_problems, thread_problems
+from pbrl.run.settings import policy_source
 from pbrl.run.task import IN_PROCESS_TASK, resolve_task
 from pbrl.run.trainer_arguments import (
     argument_errors,
@@ -215,7 +217,8 @@ class _PreferenceTrainer:
             found = problems + collect_problems(RunConfig, self._run_values(self._run)[0])
             raise ConfigError(list({str(p): p for p in found}.values()))
         job = self._job(self._run)  # every value checked now (model objects stand in by name)
-        machine = device_problems(job) + thread_problems(job) + folder_problems(job, packaged_models=False)
+        stored = bool(self._objects) or any(m in PACKAGED_MODELS for m in policy_source(job).models)
+        machine = device_problems(job) + thread_problems(job) + folder_problems(job, packaged_models=stored)
         if machine:  # what this machine cannot run, before anything is loaded (pbrl.run.preflight_env)
             raise ConfigError(machine)
 

@@ -275,7 +275,9 @@ def test_a_centralized_adapter_that_breaks_its_contract_is_refused_by_validate(t
         preflight(job, prepare_models=False)
 
 
-def test_the_trainer_constructor_refuses_a_model_on_the_meta_device_and_what_the_machine_lacks(tiny_model_dir):
+def test_the_trainer_constructor_refuses_a_model_on_the_meta_device_and_what_the_machine_lacks(
+    tiny_model_dir, tmp_path, monkeypatch
+):
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -288,6 +290,12 @@ def test_the_trainer_constructor_refuses_a_model_on_the_meta_device_and_what_the
         MADPOIterTrainer(agent_model=model, tokenizers=tokenizer, task="toy")
     with pytest.raises(ConfigError, match="agent_devices: got 'cuda:9'"):
         MADPOIterTrainer(agent_model=str(tiny_model_dir), task="toy", agent_devices="cuda:9")
+    a_file = tmp_path / "storage-file"
+    a_file.write_text("x")
+    monkeypatch.setenv("PBRL_STORAGE", str(a_file))  # where a model object would be saved
+    loaded = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with pytest.raises(ConfigError, match=r"PBRL_STORAGE'; pbrl stores models .* storage-file, which is a file"):
+        MADPOIterTrainer(agent_model=loaded, tokenizers=tokenizer, task="toy")
 
 
 def test_with_runner_ray_the_devices_are_the_clusters_not_this_machines(tiny_model_dir, tmp_path):

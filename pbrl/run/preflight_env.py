@@ -105,15 +105,17 @@ def unwritable_folder(path: Path) -> str | None:
 
 
 def folder_problems(job: JobConfig, *, packaged_models: bool) -> list[Problem]:
-    """Folder options that name a file (or lie under one), and the packaged models' storage (``PBRL_STORAGE``,
-    where packaged models are converted) when the job uses a packaged model."""
+    """Folder options that name a file (or lie under one), and the models' storage (``PBRL_STORAGE``, where packaged
+    models are converted and model objects saved) when ``packaged_models`` (the job stores a model there)."""
     problems = []
     for name in folder_fields(job):
         value = getattr(job, name)
         if isinstance(value, str) and (why := unwritable_folder(Path(value).expanduser())):
             problems.append(Problem(name, value, why))
     if packaged_models and (why := unwritable_folder(storage_root() / "models")):
-        problems.append(Problem("agent_model", "PBRL_STORAGE", f"packaged models are converted into {why}"))
+        problems.append(
+            Problem("agent_model", "PBRL_STORAGE", f"pbrl stores models (packaged ones, model objects) there: {why}")
+        )
     return problems
 
 
