@@ -294,7 +294,7 @@ def test_the_trainer_constructor_refuses_a_model_on_the_meta_device_and_what_the
     a_file.write_text("x")
     monkeypatch.setenv("PBRL_STORAGE", str(a_file))  # where a model object would be saved
     loaded = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    with pytest.raises(ConfigError, match=r"PBRL_STORAGE'; pbrl stores models .* storage-file, which is a file"):
+    with pytest.raises(ConfigError, match=r"PBRL_STORAGE'; pbrl stores models .*storage-file, which is a file"):
         MADPOIterTrainer(agent_model=loaded, tokenizers=tokenizer, task="toy")
 
 
