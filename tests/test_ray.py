@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -38,15 +39,18 @@ ARTIFACTS = ("rounds/*/*.parquet", "replay/iteration_*.json", "checkpoints/round
 def reward_logged(*completions, prompts=None, batch_items=None):
     """:func:`pbrl.tasks.toy.toy_reward`, plus a test fault. Where ``PBRL_TEST_CALL_LOG`` is set (the Ray
     workers of these tests), each call appends its item ids to that file; where ``PBRL_TEST_KILL_MARKER``
-    is set, the first call that sees ``toy-002`` creates the marker and kills its own process (a worker that
-    dies in the middle of a shard)."""
+    is set, the first call that sees ``toy-002`` creates the marker and kills the Ray worker that runs the shard (a
+    worker that dies in the middle of a shard). The reward runs in a process forked from that worker
+    (:mod:`pbrl.preference.reward_worker`, where its own ``os._exit`` fails only its joint responses), so the worker
+    is its parent; the reward's process dies with it."""
     ids = [item["item_id"] for item in batch_items or ()]
     if log := os.environ.get("PBRL_TEST_CALL_LOG"):
         with open(log, "a") as f:
             f.write(json.dumps(ids) + "\n")
     marker = os.environ.get("PBRL_TEST_KILL_MARKER")
     if marker and KILL_ITEM in ids and not os.path.exists(marker):
-        Path(marker).write_text(str(os.getpid()))
+        Path(marker).write_text(str(os.getppid()))
+        os.kill(os.getppid(), signal.SIGKILL)
         os._exit(1)
     return toy_reward(*completions, prompts=prompts, batch_items=batch_items)
 
