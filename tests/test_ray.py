@@ -282,7 +282,7 @@ def test_shards_that_pad_their_rows_otherwise_give_the_local_runs_bytes(
     options = [*common_options(tmp_path, tiny_model_dir), "run_name=ray", "runner=ray", f"shard_size={shard_size}"]
     ray_dir = Path(train_flow(load_job(ITER_YAML, [*options, "num_iterations=1"]))["run_dir"])
     ray = run_artifacts(ray_dir, ARTIFACTS)
-    later = ("rounds/0002/", "replay/iteration_2.json", "checkpoints/round_0002/")  # the local run's round 2
+    later = ("rounds/0002/", "replay/iteration_0002.json", "checkpoints/round_0002/")  # the local run's round 2
     local = {k: v for k, v in run_artifacts(local_run, ARTIFACTS).items() if not k.startswith(later)}
     assert "rounds/0001/candidates.parquet" in ray and "checkpoints/round_0001/agent_1/optimizer.pt" in ray
     assert_same_artifacts(ray, local)

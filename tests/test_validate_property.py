@@ -235,8 +235,8 @@ def test_every_problem_is_reported_at_once(tiny_model_dir, tmp_path):
 def test_prompts_longer_than_the_context_are_refused_naming_the_items(tiny_model_dir, tmp_path):
     """Issue #53.3: such prompts were accepted silently, and trained on."""
     items = tmp_path / "long.jsonl"
-    items.write_text(json.dumps({"topic": "word " * 600}) + "\n" + json.dumps({"topic": "apples"}) + "\n")
-    with pytest.raises(ConfigError, match=r"1 prompt\(s\) do not fit the context .* \(512 tokens\) .*'item-00000'"):
+    items.write_text(json.dumps({"topic": "word " * 2500}) + "\n" + json.dumps({"topic": "apples"}) + "\n")
+    with pytest.raises(ConfigError, match=r"1 prompt\(s\) do not fit the context .* \(2048 tokens\) .*'item-00000'"):
         preflight(_tiny(tiny_model_dir, tmp_path, train_dataset=str(items)), prepare_models=False)
 
 
