@@ -286,7 +286,10 @@ def test_a_stage_of_another_trainer_is_named_as_such(tiny_model_dir, tmp_path):
     run_dir, _ = new_run(tiny_model_dir, tmp_path)
     out = runner.invoke(app, ["stage", "fit-reward-model", "--run", str(run_dir), "--round", "1"])
     assert out.exit_code == 2
-    assert "fit-reward-model is not a stage of trainer 'madpo_iter'" in out.output
+    assert out.output == (
+        "error: fit-reward-model is not a stage of this run (madpo_iter); its stages: sample-candidates, "
+        "score-with-oracle, build-pairs, store-round, replay-select, update-policies, evaluate\n"
+    )
 
 
 def test_an_existing_run_without_resume_is_refused_before_prefect_starts(tiny_model_dir, tmp_path):
