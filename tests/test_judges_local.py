@@ -114,11 +114,11 @@ def test_in_float32_a_batch_agrees_with_each_comparison_alone_to_rounding(model,
 
 
 def test_a_prompt_beyond_the_models_context_gets_no_verdict_and_the_others_are_judged(model, tokenizer):
-    long = Comparison("long", PROMPTS, ROLES, ("the reward " * 200, "yes"), ("no", "no"))
+    long = Comparison("long", PROMPTS, ROLES, ("the reward " * 800, "yes"), ("no", "no"))
     judge = LocalJudge(model, tokenizer, source="tiny", template=TEMPLATE, batch_size=8)
     short, too_long, again = judge.answer([comparisons()[0], long, comparisons()[0]])
     assert too_long.verdict is None and too_long.probability is None
-    assert "beyond the judge model's context of 512 (max_position_embeddings)" in too_long.reason
+    assert "beyond the judge model's context of 2048 (max_position_embeddings)" in too_long.reason
     assert short.verdict is not None and short.probability == again.probability
 
 

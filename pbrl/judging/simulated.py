@@ -1,5 +1,5 @@
 """``judge: reward_noisy``: the task's reward as a pairwise labeller that errs, to measure what noisy labels and a
-labelling budget cost the learning without paying anybody (docs/results/judges.md).
+labelling budget cost the learning without paying anybody (``benchmarks/judged_learning.py``).
 
 The labeller prefers the joint response with the higher task reward (a tie within ``tie_tolerance``), then
 
