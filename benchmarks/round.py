@@ -15,7 +15,8 @@ transformers' own KV cache instead of pbrl's preallocated one (the lever of issu
 margins, as before ``pbrl.learning.madpo.phase_one_agents`` (which asks only those another agent's gradient needs);
 ``--strided-head`` hands the LM head transformers' strided last-position view, as before ``pbrl.models.head_input``;
 ``--batched-rows`` samples bfloat16 rows in padded batches whose bits depend on the batch, as before
-``pbrl.models.row_invariance`` (issue #50).
+``pbrl.models.row_invariance`` (issue #50); ``--pinned-threads`` keeps a bfloat16 job's thread count at the CPUs it
+owns throughout, as before its row-invariant sampling and evaluation followed the load (issue #57).
 ``--config`` times another job's round with its trainer's stages (``benchmarks/marlhf_cost.py`` times MARLHF's beside
 MADPO's).
 
@@ -70,6 +71,11 @@ def main() -> None:
         action="store_true",
         help="bfloat16 rows sampled in padded batches, as before row-invariant forwards (issue #50)",
     )
+    parser.add_argument(
+        "--pinned-threads",
+        action="store_true",
+        help="a bfloat16/float16 job keeps the owned thread count throughout, as before issue #57",
+    )
     parser.add_argument("--result", default=None, help="result file name (default round / round-overrides)")
     args = parser.parse_args()
     if args.full_vocab_sampler:  # the sampler before its top-k path: transformers' warpers over every id
@@ -99,7 +105,12 @@ def main() -> None:
         row_invariance.applies = lambda model: False
     # The targets are the demo's, on SmolLM2: a run with other options is information only.
     levers_off = (
-        args.dynamic_cache or args.full_vocab_sampler or args.every_phase_one or args.strided_head or args.batched_rows
+        args.dynamic_cache
+        or args.full_vocab_sampler
+        or args.every_phase_one
+        or args.strided_head
+        or args.batched_rows
+        or args.pinned_threads
     )
     applies = args.model == "smollm2-135m-instruct" and not args.overrides and not levers_off and args.config == DEMO
     stages: list[dict] = []
@@ -119,6 +130,11 @@ def main() -> None:
         run_dir = prepare_run(job, resume=False)
         job = open_job(run_dir)  # as the flow runs it: 'auto' precision made concrete for this machine
         configure_job_threads(job)
+        if args.pinned_threads:  # before issue #57: no follower where the job computes in low precision
+            from pbrl.models import threads
+
+            if threads._follower is not None and threads._follower.pinned:
+                threads._follower = None
         stages.append(
             {
                 "round": 0,
@@ -174,6 +190,7 @@ def main() -> None:
                 "sampler": "full vocabulary" if args.full_vocab_sampler else "top-k subset",
                 "madpo_phase_one": "every agent not idle" if args.every_phase_one else "agents others need",
                 "lm_head_input": "strided (transformers' own)" if args.strided_head else "contiguous in bf16/fp16",
+                "low_precision_threads": "owned count (before)" if args.pinned_threads else "follow the load",
                 "torch_dtype": job.torch_dtype,
                 "mixed_precision": job.mixed_precision,
             },

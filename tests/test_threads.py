@@ -110,9 +110,10 @@ class Machine:
     ``look(seconds, others, own)`` runs the machine for ``seconds`` with other processes using ``others`` CPUs and
     this one ``own``, then ticks the follower; it returns the follower's thread count."""
 
-    def __init__(self, owned: int = 2, cpus: int = 2, interval_s: float = 1.0) -> None:
+    def __init__(self, owned: int = 2, cpus: int = 2, interval_s: float = 1.0, pinned: bool = False) -> None:
         self.now, self.busy, self.own = 100.0, 5000.0, 10.0
         self.set_calls: list[int] = []
+        self.free = False  # whether the work is one whose results do not depend on the thread count
         self.follower = LoadFollower(
             owned,
             float(cpus),
@@ -121,6 +122,8 @@ class Machine:
             own=lambda: self.own,
             clock=lambda: self.now,
             set_threads=self.set_calls.append,
+            pinned=pinned,
+            free=lambda: self.free,
         )
 
     def look(self, seconds: float, others: float, own: float) -> int:
@@ -199,6 +202,40 @@ def test_follower_applies_its_count_in_each_thread_that_ticks():
     assert m.set_calls == [2, 1, 1]
 
 
+def test_a_pinned_follower_follows_only_where_results_do_not_depend_on_the_count():
+    """A bfloat16 job: training (not free) keeps the 2 owned threads beside a busy neighbour, while the follower
+    goes on looking; sampling (free) starts with the count the load leaves; back in training the owned count is in
+    use again."""
+    m = Machine(pinned=True)
+    assert m.look(1.0, others=1.0, own=1.0) == 2 and m.set_calls == [2]  # training: 2 threads
+    assert m.follower.followed == 1  # what the load leaves
+    m.free = True
+    m.follower.apply()  # entering a sampling (results_independent_of_threads)
+    assert m.follower.threads == 1 and m.set_calls == [2, 1]
+    assert m.look(1.0, others=1.0, own=1.0) == 1
+    m.free = False
+    m.follower.apply()  # leaving it
+    assert m.follower.threads == 2 and m.set_calls == [2, 1, 2]
+    assert m.look(1.0, others=0.0, own=2.0) == 2 and m.look(1.0, others=0.0, own=2.0) == 2  # two free looks ...
+    assert m.follower.followed == 2 and m.set_calls == [2, 1, 2]  # ... in training: nothing to change
+    m.free = True
+    assert m.look(1.0, others=1.0, own=1.0) == 1 and m.set_calls == [2, 1, 2, 1]  # sampling: given back at once
+
+
+def test_results_independent_of_threads_applies_the_followed_count_inside_and_the_owned_after(monkeypatch):
+    m = Machine(pinned=True, interval_s=0.0)
+    m.follower._free = lambda: threads._INDEPENDENT.get()
+    m.follower.followed = 1
+    monkeypatch.setattr(threads, "_follower", m.follower)
+    with threads.results_independent_of_threads():
+        assert m.follower.threads == 1
+        with pytest.raises(RuntimeError):
+            with threads.results_independent_of_threads():
+                raise RuntimeError("a failed sampling")
+        assert m.follower.threads == 1  # the outer block still holds
+    assert m.follower.threads == 2 and m.set_calls == [2, 1, 2]
+
+
 def test_configure_threads_fixed_count_has_no_follower_and_unset_follows_the_load(monkeypatch):
     monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: True)  # as under MKL's strict mode
     monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
@@ -227,14 +264,15 @@ def test_configure_threads_follows_the_load_only_where_the_count_cannot_change_a
 
 
 @pytest.mark.parametrize(
-    ("torch_dtype", "mixed_precision", "follows"),
-    [("float32", "no", True), ("bfloat16", "no", False), ("float32", "bf16", False)],
+    ("torch_dtype", "mixed_precision", "pinned"),
+    [("float32", "no", False), ("bfloat16", "no", True), ("float32", "bf16", True)],
 )
-def test_a_job_follows_the_load_only_when_it_computes_in_float32(
-    tiny_model_dir, tmp_path, monkeypatch, torch_dtype, mixed_precision, follows
+def test_a_job_in_low_precision_follows_the_load_only_in_row_invariant_work(
+    tiny_model_dir, tmp_path, monkeypatch, torch_dtype, mixed_precision, pinned
 ):
     """bfloat16 and float16 products on a CPU go through oneDNN, which MKL's strict mode does not govern: a job that
-    computes in them keeps the count it owns, silently (its manifests say so)."""
+    computes in them keeps the count it owns except in row-invariant forwards (sampling, evaluation), whose bits do
+    not depend on the count (issue #57: before, it never followed, and sampling beside a busy neighbour took 3.3x)."""
     from pbrl.run.settings import configure_job_threads
     from tests.helpers import tiny_job
 
@@ -244,7 +282,7 @@ def test_a_job_follows_the_load_only_when_it_computes_in_float32(
     monkeypatch.setattr(threads, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
     job = tiny_job(tiny_model_dir, tmp_path, torch_dtype=torch_dtype, mixed_precision=mixed_precision)
     assert configure_job_threads(job) == 2 and torch.get_num_threads() == 2
-    assert (threads._follower is not None) == follows
+    assert threads._follower is not None and threads._follower.pinned == pinned
 
 
 PRODUCTS_BY_THREADS = """
@@ -376,3 +414,30 @@ def test_results_do_not_depend_on_the_thread_count(tiny_model_dir, tmp_path):
     assert tokens_1 == tokens_2
     assert torch.equal(logps_1, logps_2)
     assert all(torch.equal(a, b) for a, b in zip(grads_1, grads_2, strict=True))
+
+
+def test_bfloat16_sampling_gives_the_same_tokens_whatever_the_thread_count_and_its_changes(tiny_model_dir, monkeypatch):
+    """What a pinned follower relies on: row-invariant sampling (pbrl/models/row_invariance.py) samples the same
+    tokens with 1 thread, 2 threads, and a count that changes every token (a follower whose neighbour comes and
+    goes), for batches of 1 to 9 rows with prompts of different lengths."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import pbrl.generation.seeded_sampler as seeded_sampler
+    from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [encode_prompt(tok, text) for text in ("apples", "a longer prompt about pears and plums", "figs")]
+    settings = SamplingSettings(max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=20, batch_size=9)
+
+    def sample() -> list:
+        return [generate(model, tok, (prompts * 3)[:n], list(range(n)), settings) for n in (1, 2, 5, 9)]
+
+    torch.set_num_threads(1)
+    one = sample()
+    torch.set_num_threads(2)
+    two = sample()
+    flips = iter([1, 2] * 1000)
+    monkeypatch.setattr(seeded_sampler, "follow_load", lambda: torch.set_num_threads(next(flips)))
+    flipping = sample()
+    assert one == two == flipping

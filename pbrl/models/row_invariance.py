@@ -43,6 +43,8 @@ from torch import nn
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from pbrl.models.threads import one_thread, results_independent_of_threads
+
 ROW_BLOCK_MAX = 32  # rows per block of a linear layer, at most: a decode step's batch in one block on AMX CPUs
 ATTENTION = "pbrl_row_groups"  # the attention implementation registered below
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -118,6 +120,11 @@ def linear_rows(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     block = max(row_block(weight, bias), 1)
     if 2 <= len(flat) <= block:
         return nn.functional.linear(x, weight, bias)
+    if block == 1 and torch.get_num_threads() > 1:  # even a pair differs from the pair on one thread: compute it so
+        with one_thread():
+            return torch.cat([_paired(flat[i : i + 1], weight, bias) for i in range(len(flat))]).reshape(
+                *x.shape[:-1], -1
+            )
     parts = [flat[i : i + block] for i in range(0, len(flat), block)]
     out = torch.cat([nn.functional.linear(p, weight, bias) if len(p) > 1 else _paired(p, weight, bias) for p in parts])
     return out.reshape(*x.shape[:-1], -1)  # (..., out)
@@ -204,7 +211,7 @@ def row_invariant(model: nn.Module) -> Iterator[None]:
         ValueError: the model's attention cannot be switched (it does not use transformers' attention interface).
     """
     base = _base(model)
-    with _LOCK:
+    with _LOCK, results_independent_of_threads():  # the load follower may change the thread count in here
         before = base.config._attn_implementation
         if not base._can_set_attn_implementation():
             raise ValueError(f"{type(base).__name__} does not use transformers' attention interface")

@@ -26,7 +26,11 @@ threads, and a decode step of a sampling batch of that many rows gave other bits
 or 12 rows and more happened to agree). ``import pbrl`` therefore puts MKL in its strict conditional numerical
 reproducibility mode (``MKL_CBWR=AUTO,STRICT``, unless the environment sets ``MKL_CBWR``), where a product's bits do
 not depend on the thread count, and the follower runs only where :func:`gemm_independent_of_threads` confirms that
-mode (not when MKL was first used before ``import pbrl``, nor without MKL). The demo round with 1 and 2 threads was
+mode (not when MKL was first used before ``import pbrl``, nor without MKL). A job that computes in bfloat16 or
+float16 goes through oneDNN, which MKL's mode does not govern: its follower is *pinned*, following the load only
+inside row-invariant forwards (sampling, evaluation; :func:`results_independent_of_threads`), whose bits do not
+depend on the count, and using the CPUs it owns for training (issue #57: before, such a job never followed, and
+its sampling beside one busy process took 3.3x its time alone). In float32 the demo round with 1 and 2 threads was
 bitwise the same (docs/results/benchmarks.md); ``tests/test_threads.py`` checks the tiny model's tokens, log-probs and
 gradients at batches of 1 to 12 rows. Elsewhere torch does not promise it: a sum or mean of more than 32,768
 numbers into one is split between the threads (pbrl's losses reduce far fewer), and LAPACK's float64 SVD differs in
@@ -45,6 +49,7 @@ import time
 import warnings
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,6 +241,12 @@ class LoadFollower:
     they use under a quarter of it, for ``_RAISE_AFTER`` looks in a row. The count stays between 1 and ``owned``.
     ``tick()`` must be called from the thread that runs the work: an OpenMP thread count is the calling thread's
     own. The clock, the readers and the thread setter are parameters for tests.
+
+    A ``pinned`` follower (a job that computes in bfloat16 or float16, whose oneDNN products may change with the
+    thread count) follows the load only where ``free()`` says the results cannot depend on the count (inside
+    :func:`results_independent_of_threads`: row-invariant sampling, evaluation and scoring); elsewhere (training)
+    ``owned`` threads are in use while it goes on looking, so that the next such work starts from the count the load
+    leaves (:attr:`followed`).
     """
 
     def __init__(
@@ -248,12 +259,15 @@ class LoadFollower:
         own: Callable[[], float] = time.process_time,
         clock: Callable[[], float] = time.monotonic,
         set_threads: Callable[[int], None] = torch.set_num_threads,
+        pinned: bool = False,
+        free: Callable[[], bool] = lambda: _INDEPENDENT.get(),
     ) -> None:
-        self.owned, self.capacity, self.interval_s = owned, capacity, interval_s
-        self._busy, self._own, self._clock, self._set = busy, own, clock, set_threads
+        self.owned, self.capacity, self.interval_s, self.pinned = owned, capacity, interval_s, pinned
+        self._busy, self._own, self._clock, self._set, self._free = busy, own, clock, set_threads, free
         self._set(owned)
         self._applied = {threading.get_ident()}  # threads whose OpenMP count is self.threads
         self._votes = 0
+        self.followed = owned  # the count the load leaves: in use wherever the follower may change the count
         self._last = (clock(), self._busy(), own())
         self.changes: list[tuple[float, int]] = [(self._last[0], owned)]  # (clock, threads from then on)
 
@@ -262,11 +276,21 @@ class LoadFollower:
         """The thread count in use now."""
         return self.changes[-1][1]
 
+    def apply(self) -> None:
+        """Put the count due here in use in the calling thread: :attr:`followed`, or ``owned`` where the follower is
+        ``pinned`` and the work is outside :func:`results_independent_of_threads`."""
+        due = self.followed if not self.pinned or self._free() else self.owned
+        if due != self.threads:
+            self._set(due)
+            self._applied = {threading.get_ident()}
+            self.changes.append((self._clock(), due))
+        elif threading.get_ident() not in self._applied:  # work in a thread that ran torch before the last change
+            self._set(due)
+            self._applied.add(threading.get_ident())
+
     def tick(self) -> None:
         """Look at the load if ``interval_s`` has passed since the last look, and change the threads if due."""
-        if threading.get_ident() not in self._applied:  # work in a thread that ran torch before it last changed
-            self._set(self.threads)
-            self._applied.add(threading.get_ident())
+        self.apply()
         now = self._clock()
         wall = now - self._last[0]
         if wall < self.interval_s or wall <= 0:
@@ -279,20 +303,19 @@ class LoadFollower:
         free = self.capacity - max(0.0, (busy - last_busy) - (own - last_own)) / wall
         lower = min(self.owned, max(1, math.floor(free + _TAKEN)))
         higher = min(self.owned, max(1, math.floor(free + _FREE)))
-        target = self.threads
-        if lower < self.threads:
+        target = self.followed
+        if lower < self.followed:
             target, self._votes = lower, 0
-        elif higher > self.threads:
+        elif higher > self.followed:
             self._votes += 1
             if self._votes < _RAISE_AFTER:
                 return
             target, self._votes = higher, 0
         else:
             self._votes = 0
-        if target != self.threads:
-            self._set(target)
-            self._applied = {threading.get_ident()}
-            self.changes.append((now, target))
+        if target != self.followed:
+            self.followed = target
+            self.apply()
 
     def usage_since(self, start: float) -> tuple[float, int]:
         """The time-weighted mean thread count since clock time ``start`` (until now), and the lowest count."""
@@ -311,17 +334,36 @@ class LoadFollower:
 
 
 _follower: LoadFollower | None = None
+# True inside results_independent_of_threads: the work's results do not depend on torch's thread count
+_INDEPENDENT: ContextVar[bool] = ContextVar("pbrl_results_independent_of_threads", default=False)
+
+
+@contextmanager
+def results_independent_of_threads() -> Iterator[None]:
+    """Declare that the work inside the block gives the same bits whatever torch's thread count (row-invariant
+    forwards, :func:`pbrl.models.row_invariance.row_invariant`): a pinned follower (bfloat16 and float16 jobs)
+    follows the load here and puts the owned count back after the block."""
+    token = _INDEPENDENT.set(True)
+    if _follower is not None:
+        _follower.apply()
+    try:
+        yield
+    finally:
+        _INDEPENDENT.reset(token)
+        if _follower is not None:
+            _follower.apply()
 
 
 def configure_threads(num_threads: int | None = None, *, float32: bool = True) -> int:
     """Set torch's intra-op threads to ``num_threads`` (the ``num_threads`` option or a Ray reservation: fixed),
     else to :func:`available_cpus`, following the load from then on (:class:`LoadFollower`, where the process
-    owns more than one CPU, :func:`load_meter` can measure, the work computes in ``float32`` and
-    :func:`gemm_independent_of_threads` says the count cannot change a result; otherwise the count stays, with a
-    warning when MKL's mode is the reason); returns the count now in use. ``float32``: false when the process computes
-    in bfloat16 or float16 (``torch_dtype``, ``mixed_precision``), whose CPU products go through oneDNN, which MKL's
-    strict mode does not govern. Call it from the thread that runs the stages. The affinity mask and the quota are
-    read when it is called; later changes to them are not followed.
+    owns more than one CPU, :func:`load_meter` can measure and :func:`gemm_independent_of_threads` says the count
+    cannot change a float32 result; otherwise the count stays, with a warning when MKL's mode is the reason);
+    returns the count now in use. ``float32``: false when the process computes in bfloat16 or float16
+    (``torch_dtype``, ``mixed_precision``), whose CPU products go through oneDNN, which MKL's strict mode does not
+    govern: the follower is then pinned, following the load only inside :func:`results_independent_of_threads`.
+    Call it from the thread that runs the stages. The affinity mask and the quota are read when it is called; later
+    changes to them are not followed.
 
     Raises:
         ValueError: ``num_threads`` below 1.
@@ -332,7 +374,7 @@ def configure_threads(num_threads: int | None = None, *, float32: bool = True) -
     _follower = None
     count = num_threads if num_threads is not None else available_cpus()
     cpus = _affinity()
-    meter = load_meter(cpus) if num_threads is None and count > 1 and cpus and float32 else None
+    meter = load_meter(cpus) if num_threads is None and count > 1 and cpus else None
     if meter is not None and not gemm_independent_of_threads():
         why = (
             "MKL's strict reproducibility mode (MKL_CBWR=AUTO,STRICT) is not in effect: MKL ran before pbrl was "
@@ -347,7 +389,7 @@ def configure_threads(num_threads: int | None = None, *, float32: bool = True) -
         )
         meter = None
     if meter is not None:
-        _follower = LoadFollower(count, meter.capacity, meter.busy)
+        _follower = LoadFollower(count, meter.capacity, meter.busy, pinned=not float32)
     elif torch.get_num_threads() != count:
         torch.set_num_threads(count)
     return count
