@@ -24,9 +24,10 @@ from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import BaseModel, Field, WithJsonSchema
 
+from flows.labels import await_labels, take_submitted
 from flows.logs import end_state, run_log
 from flows.ray_runner import ray_session
-from flows.round import call_stage, evaluation_due, round_flow
+from flows.round import AWAITING_LABELS, call_stage, evaluation_due, round_flow
 from flows.run_home import publish_run_home, run_tag, tag_flow_run
 from pbrl.config import ConfigNotice, JobConfig, is_iterative, num_rounds, parse_job
 from pbrl.data.storage import RunPaths, existing_rounds, read_run_id
@@ -142,6 +143,7 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         config = open_job(folder)  # as stored: torch_dtype/mixed_precision 'auto' made concrete when it started
         configure_job_threads(config)  # the CPUs this process owns (pbrl/models/threads.py)
         _label_flow_run(folder)
+        take_submitted(folder, config)  # labels of forms submitted since this run last ran: stored before all else
         held.enter_context(tags(run_tag(folder.name)))  # the rounds' subflow runs carry the run's tag too
         _show_home(folder)
         trackers = [RunTracker.for_run(folder)] if config.report_to else []  # report_to: opened at run_start
@@ -157,7 +159,7 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
                     _round_end(run_dir, 0, started)
                 for r in range(1, num_rounds(config) + 1):
                     round_started = time.monotonic()
-                    stages.extend(round_flow(run_dir, config.run_name, r, config))
+                    stages.extend(labelled_round(run_dir, r, config))
                     _round_end(run_dir, r, round_started)
             write_run_metrics(run_dir)
         except BaseException as exc:
@@ -173,6 +175,17 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         "messages": messages,
         "stages": [{k: s[k] for k in ("stage", "round", "state")} for s in stages],
     }
+
+
+def labelled_round(run_dir: str, round_index: int, config: JobConfig) -> list[dict[str, Any]]:
+    """The round flow of round ``round_index``; while its pairs wait for people's labels (``judge: human``), the
+    flow run waits for them (:func:`flows.labels.await_labels`: it suspends, or stops a run that cannot) and the
+    round flow runs again once they came (its finished stages Cached)."""
+    while True:
+        done = round_flow(run_dir, config.run_name, round_index, config)
+        if not done or done[-1]["state"] != AWAITING_LABELS:
+            return done
+        await_labels(run_dir, round_index, config)
 
 
 def _refuse_taking_over(folder: Path, resume: bool) -> None:
