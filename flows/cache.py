@@ -46,6 +46,7 @@ import stages
 from flows.ray_runner import run_shards, sharded
 from flows.retry import retry_options
 from pbrl.config import JobConfig, stage_config_hash
+from pbrl.data.folders import make_folder, run_folder_gone
 from pbrl.data.storage import (
     RunPaths,
     StageManifest,
@@ -154,11 +155,16 @@ def run_recorded(
     if cache_key is None:
         cache_key = _key_or_none(stage, run_dir, round_index, job)
     module = STAGE_MODULES[stage]
-    manifest = (
-        module.run(run_dir, round_index, job)
-        if shards is None
-        else module.run(run_dir, round_index, job, shards=shards)
-    )
+    try:
+        manifest = (
+            module.run(run_dir, round_index, job)
+            if shards is None
+            else module.run(run_dir, round_index, job, shards=shards)
+        )
+    except Exception as exc:
+        if (gone := run_folder_gone(run_dir)) is not None:  # the folder moved under the stage: say so, not what broke
+            raise gone from exc
+        raise
     return write_manifest(
         RunPaths(run_dir), manifest.model_copy(update={"code_version": code_version(), "cache_key": cache_key or ""})
     )
@@ -230,7 +236,7 @@ class ExpiringFileLocks(FileSystemLockManager):
 
 def write_owner(lock_dir: Path, holder: str) -> None:
     """Record this process as ``holder`` (``{"host", "pid"}`` in ``<lock_dir>/<holder>.owner``)."""
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(lock_dir)  # not under a run folder that moved away (pbrl.data.storage.working_in)
     write_json(lock_dir / f"{holder}.owner", {"host": socket.gethostname(), "pid": os.getpid()})
 
 

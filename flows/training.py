@@ -146,7 +146,9 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         take_submitted(folder, config)  # labels of forms submitted since this run last ran: stored before all else
         held.enter_context(tags(run_tag(folder.name)))  # the rounds' subflow runs carry the run's tag too
         _show_home(folder)
-        trackers = [RunTracker.for_run(folder)] if config.report_to else []  # report_to: opened at run_start
+        trackers = [RunTracker.for_run(folder)] if config.report_to else []
+        for tracker in trackers:  # before round 0: a tracker that cannot start stops the run with one line
+            tracker.open()
         held.enter_context(listening(folder, trackers))
         stages: list[dict[str, Any]] = []
         started = time.monotonic()

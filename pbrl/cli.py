@@ -23,6 +23,7 @@ from pbrl.cli_display import _expected_errors, _fail, _print_rounds, _stopped, _
 from pbrl.cli_label import label
 from pbrl.cli_setup import deploy, models_app, serve
 from pbrl.config import ConfigNotice, JobConfig, is_centralized, load_job, num_rounds
+from pbrl.data.run_health import damage_lines, damaged_outputs
 from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest, read_states
 from pbrl.distributed.shards import require_ray_extra
 from pbrl.errors import ConfigError
@@ -61,10 +62,10 @@ def validate(config: Path, set_: SetOption = None) -> None:
 
     Example: pbrl validate flows/configs/tiny-madpo-iter.yaml --set dpo_beta=0.2
     """
-    from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
-
     with _expected_errors(2):
-        job = _load(config, set_)
+        job = _load(config, set_)  # a config's own problems are said before torch is imported
+        from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
+
         preflight(job, prepare_models=False)  # task, import paths, datasets and models exist
     agents = f"{job.num_agents} roles, one actor" if is_centralized(job) else f"{job.num_agents} agents"
     console.print(f"OK: {config} ({job.trainer}, {agents})")
@@ -210,15 +211,17 @@ def stage(
 
 @app.command()
 def status(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
-    """Each round's stages: done / cached / failed / missing, with counts and seconds."""
+    """Each round's stages: done / cached / damaged / failed / missing, with counts and seconds; then every damaged
+    output and unexpected round folder with its fix (exit code 1 when there is one)."""
     paths = RunPaths(run)
     if not paths.run_json.is_file():
         raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
     with _expected_errors(2):  # a malformed manifest or state file is named
+        rounds = existing_rounds(paths)
         t = Table(title=f"{paths.root.name}: status")
         for col in ("round", "stage", "status", "counts", "seconds"):
             t.add_column(col)
-        for r in existing_rounds(paths):
+        for r in rounds:
             states = read_states(run, r)
             for s in STAGES:
                 m = read_manifest(paths, r, s)
@@ -229,14 +232,21 @@ def status(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
                     if s not in states:
                         continue
                     label = "missing"
+                elif damaged_outputs(paths, m, r, s):
+                    label = "[red]damaged[/]"
                 else:
                     label = "cached" if last == "Cached" else "done"
                 counts = ", ".join(f"{k}={v}" for k, v in (m.counts if m else {}).items())
                 if last == "AwaitingLabels" and m is None:
                     label = "[yellow]waiting for labels[/]"
                 t.add_row(str(r), s, label, counts, f"{m.seconds:.1f}" if m else "")
+        damage = damage_lines(paths)
     console.print(t)
     _print_waiting(paths)
+    for line in damage:
+        err.print(f"[bold red]damaged:[/] {escape(line)}")
+    if damage:
+        raise typer.Exit(1)
 
 
 def _print_waiting(paths: RunPaths) -> None:
@@ -265,7 +275,10 @@ def report(
     if not (run / "run.json").is_file():
         raise _fail(ValueError(f"{run} is not a run folder (no run.json)"))
     with _expected_errors(2):
+        damage = damage_lines(RunPaths(run))
         _print_rounds(run, wide=wide, every_metric=all_)
+    for line in damage:  # the table is shown, and what in it cannot be trusted is named after it
+        err.print(f"[bold red]damaged:[/] {escape(line)}")
 
 
 @app.command()

@@ -170,6 +170,8 @@ def _configure_logging() -> None:
     # Set before Prefect is first imported (it reads settings at import). Stage code logs with the stdlib
     # under "pbrl"; Prefect forwards it to the run's logs (docs/guides/prefect-ui.md#what-a-run-shows).
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "pbrl")
+    # pbrl lines logged before a flow run exists (a fresh storage's model conversion) go to the console, unwarned.
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     # The ephemeral server's default 20 s start-up limit is too short on a busy 2-core machine (13.5 s
     # measured cold, more under load).
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
@@ -344,22 +346,27 @@ def _parent_death_signal() -> Any:
 
 
 def train(job: JobConfig, *, resume: bool = False, run_dir: Path | None = None) -> dict[str, Any]:
-    """Run the training flow (ephemeral API unless PREFECT_API_URL points at a server) in ``run_dir``
-    (default ``<output_dir>/<run_name>``)."""
-    with _api_after_imports():
-        from flows.training import train_flow  # deferred: flows import Prefect, which reads settings at first import
-    with warnings.catch_warnings():
-        # The job's notices were said once, when it was built (pbrl.config); Prefect validates the flow parameter
-        # again for the run and for every round, which would say them once more each time.
-        warnings.simplefilter("ignore", ConfigNotice)
-        return train_flow(job, resume=resume, run_dir=None if run_dir is None else str(run_dir))
+    """Run the training flow in ``run_dir`` (default ``<output_dir>/<run_name>``), held before Prefect starts."""
+    from pbrl.run.folder import held_if_exists, run_dir_for  # deferred: imports torch
+
+    with held_if_exists(Path(run_dir) if run_dir is not None else run_dir_for(job) if job.run_name else None):
+        with _api_after_imports():
+            from flows.training import train_flow  # deferred: flows import Prefect (reads settings at first import)
+        with warnings.catch_warnings():
+            # The job's notices were said once, when it was built (pbrl.config); Prefect validates the flow parameter
+            # again for the run and for every round, which would say them once more each time.
+            warnings.simplefilter("ignore", ConfigNotice)
+            return train_flow(job, resume=resume, run_dir=None if run_dir is None else str(run_dir))
 
 
 def rerun_stage(stage: str, run_dir: Path, round_index: int, *, force: bool = False) -> dict[str, Any]:
-    """Run one stage as a one-task flow on an existing run folder."""
-    with _api_after_imports():
-        from flows.stage import stage_flow  # deferred: flows import Prefect, which reads its settings at first import
-    return stage_flow(stage, str(run_dir), round_index, force=force)
+    """Run one stage as a one-task flow on an existing run folder, held before Prefect starts (see :func:`train`)."""
+    from pbrl.run.folder import held_if_exists  # deferred: imports torch
+
+    with held_if_exists(Path(run_dir)):
+        with _api_after_imports():
+            from flows.stage import stage_flow  # deferred: flows import Prefect, which reads settings at first import
+        return stage_flow(stage, str(run_dir), round_index, force=force)
 
 
 def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, Any]:
@@ -375,12 +382,8 @@ def run_stage_plain(stage: str, run_dir: Path, round_index: int) -> dict[str, An
         configure_job_threads(job)
         manifest = run_recorded(stage, run_dir, round_index, job)
         write_run_metrics(run_dir)
-    return {
-        "stage": stage,
-        "round": round_index,
-        "state": "Completed (no Prefect)",
-        "manifest": manifest.model_dump(mode="json"),
-    }
+    state = "Completed (no Prefect)"
+    return {"stage": stage, "round": round_index, "state": state, "manifest": manifest.model_dump(mode="json")}
 
 
 def serve(**kwargs: Any) -> None:

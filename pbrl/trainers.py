@@ -10,9 +10,9 @@ Each trainer runs the same Prefect flows as ``pbrl train``; the run folder is th
 configuration. Callables (``reward_func``, ``formatters``, ``reward_processor``) may be given directly;
 module-level functions are also recorded by import path so that ``pbrl stage`` can rerun a stage later. Model
 objects (``agents=[model, ...]``) are saved once, by content, under ``<storage>/models/objects/`` (``PBRL_STORAGE``,
-else ``./storage``), and the run names that folder, so every stage, ``pbrl stage`` and ``pbrl train --resume`` load
-them as any local model. The arguments become config values in :mod:`pbrl.run.trainer_arguments`; model objects
-and ``peft_config`` are handled in :mod:`pbrl.run.model_objects`.
+else ``./storage``), and the run names them ``model-object:<name>``, never an absolute path, so every stage,
+``pbrl stage`` and ``pbrl train --resume`` load them as any local model. The arguments become config values in
+:mod:`pbrl.run.trainer_arguments`; model objects and ``peft_config`` are handled in :mod:`pbrl.run.model_objects`.
 """
 
 from __future__ import annotations
@@ -44,13 +44,16 @@ from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.errors import ConfigError, Problem
 from pbrl.judging.verdicts import PairwiseJudge
 from pbrl.models.loading import resolve_model_source
+from pbrl.models.packaged import PACKAGED_MODELS
 from pbrl.reporting.metrics import round_table
 from pbrl.reporting.tracker_tools import require_trackers, tracker_names
 from pbrl.reporting.trackers import RunTracker
 from pbrl.run.export import TrainedAgent, export_agents, load_trained_agents
-from pbrl.run.folder import generated_run_name, prepare_run
+from pbrl.run.folder import generated_run_name, held_if_exists, prepare_run, run_dir_for
 from pbrl.run.judging import IN_PROCESS_JUDGE, attach_judge, judge_object
 from pbrl.run.model_objects import lora_options, model_objects, peft_default_targets, save_model_object
+from pbrl.run.preflight_env import device_problems, folder_problems, thread_problems
+from pbrl.run.settings import policy_source
 from pbrl.run.task import IN_PROCESS_TASK, resolve_task
 from pbrl.run.trainer_arguments import (
     argument_errors,
@@ -170,7 +173,8 @@ class _PreferenceTrainer:
         Raises:
             TypeError: naming each argument that is not an option of this trainer (a trainer option belongs in
                 ``args``), an ``args`` of another trainer, or a callback without hooks.
-            ConfigError: every problem of the values at once, each naming its option.
+            ConfigError: every problem of the values at once, each naming its option; then the devices, folders and
+                thread count this machine cannot run (the models and items are checked by :meth:`train`).
         """
         cls_name = type(self).__name__
         wrong = argument_errors(self._trainer, cls_name, run_options, _EXPLICIT)
@@ -224,7 +228,11 @@ class _PreferenceTrainer:
         if problems:  # with the run-level options' own problems: every problem at once
             found = problems + collect_problems(RunConfig, self._run_values(self._run)[0])
             raise ConfigError(list({str(p): p for p in found}.values()))
-        self._job(self._run)  # every value checked now (model objects stand in by name)
+        job = self._job(self._run)  # every value checked now (model objects stand in by name)
+        stored = bool(self._objects) or any(m in PACKAGED_MODELS for m in policy_source(job).models)
+        machine = device_problems(job) + thread_problems(job) + folder_problems(job, packaged_models=stored)
+        if machine:  # what this machine cannot run, before anything is loaded (pbrl.run.preflight_env)
+            raise ConfigError(machine)
 
     def _run_values(
         self, run: Mapping[str, Any], sources: Mapping[str, str] | None = None
@@ -293,33 +301,34 @@ class _PreferenceTrainer:
         """
         orchestration.quiet_libraries()  # before models load: no weight-loading bars from transformers
         require_trackers(self._run.get("report_to"))
-        sources = {field: str(save_model_object(model, tok)) for field, (model, tok) in self._objects.items()}
+        sources = {field: save_model_object(model, tok) for field, (model, tok) in self._objects.items()}
         run = dict(self._run)
         if self._peft_default_targets:
             first = next(iter(sources.values()), None) or (run.get("agents") or [run.get("agent_model")])[0]
             run["lora_target_modules"] = peft_default_targets(resolve_model_source(str(first)))
         job = self._job(run, sources)
-        run_dir = prepare_run(
-            job,
-            resume=self.resume,
-            task=self._attached_task(job),
-            train_items=self._items["train_dataset"] if run.get("train_dataset") is None else None,
-            eval_items=self._items["eval_dataset"] if run.get("eval_dataset") is None else None,
-        )
-        if self._judge is not None and not isinstance(self._judge, str):
-            attach_judge(run_dir, judge_object(self._judge, job))
-        tracker = RunTracker.for_run(run_dir, tracker_names(job.report_to)) if job.report_to else None
-        with listening(run_dir, [*self.callbacks, *([tracker] if tracker else [])]):
-            try:
+        with held_if_exists(run_dir_for(job)):  # a busy run is refused before anything is written or started
+            run_dir = prepare_run(
+                job,
+                resume=self.resume,
+                task=self._attached_task(job),
+                train_items=self._items["train_dataset"] if run.get("train_dataset") is None else None,
+                eval_items=self._items["eval_dataset"] if run.get("eval_dataset") is None else None,
+            )
+            if self._judge is not None and not isinstance(self._judge, str):  # a judge object: this process only
+                attach_judge(run_dir, judge_object(self._judge, job))
+            tracker = RunTracker.for_run(run_dir, tracker_names(job.report_to)) if job.report_to else None
+            with listening(run_dir, [*self.callbacks, *([tracker] if tracker else [])]):
+                try:
+                    if tracker is not None:
+                        tracker.open()  # before the flow: a tracker that cannot start stops the run here
+                    out = orchestration.train(job, resume=True)
+                except BaseException:
+                    if tracker is not None:
+                        tracker.close(failed=True)
+                    raise
                 if tracker is not None:
-                    tracker.open()  # before the flow: a tracker that cannot start stops the run here
-                out = orchestration.train(job, resume=True)
-            except BaseException:
-                if tracker is not None:
-                    tracker.close(failed=True)
-                raise
-            if tracker is not None:
-                tracker.close()
+                    tracker.close()
         run_dir = Path(out["run_dir"])
         return TrainResult(run_dir=run_dir, stages=out["stages"], messages=out["messages"], rounds=round_table(run_dir))
 

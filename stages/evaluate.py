@@ -21,6 +21,7 @@ reward (role texts in ``eval_roles.parquet``; an unparsable draw fails with ``ce
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,11 +34,12 @@ from pbrl.data.seeds import derive_seed, numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import read_rows, write_table
 from pbrl.distributed.shards import ShardSet, gather_shards
-from pbrl.generation.collaboration import actor_prompts, score_joint, write_eval_roles
+from pbrl.errors import OracleError
+from pbrl.generation.collaboration import actor_prompts, is_parse_failure, score_joint, write_eval_roles
 from pbrl.generation.sampling import encode_prompt, generate
 from pbrl.judging.win_rate import SampleKey, draw_comparisons, win_values
 from pbrl.models.policies import load_agent, policy_checkpoint
-from pbrl.preference.oracle import OracleScore, score_batch
+from pbrl.preference.oracle import Oracle, OracleScore
 from pbrl.reporting.stats import mean_interval, paired_difference
 from pbrl.run.askings import position_swap
 from pbrl.run.judging import answer_store, judge_for
@@ -133,40 +135,44 @@ def collect(
         prompts.append(agent_prompts)
         completions.append(gens)
         del policy
-    scores = (
-        [OracleScore(None, None)] * len(draws)  # a task without a reward: the judge compares rounds (run)
-        if task.reward_func is None
-        else score_batch(
-            task.reward_func,
-            task.reward_processor,
-            [[g.text for g in gens] for gens in completions],
-            prompts=[[prompts[a][j] for a in range(job.num_agents)] for j in range(len(draws))],
-            batch_items=[item for item, _ in draws],
-            timeout_s=job.reward_timeout,
-        )
-        if draws and adapter is None
-        else []
-    )
-    if (
-        adapter is not None
-    ):  # centralized collaboration: the task reward on the role texts (pbrl.generation.collaboration)
-        scores, _ = score_joint(
-            adapter, task, [g.text for g in completions[0]], [item for item, _ in draws], job.reward_timeout
-        )
+    if task.reward_func is None:  # a task without a reward: the judge compares rounds (win_rate_metrics)
+        return _rows(draws, prompts, completions, [OracleScore(None, None)] * len(draws), job.num_agents), {}
+    every_draw = len(items_to_shard(paths, round_index, job)) * job.eval_samples_per_item  # of every shard's
+    budget = int(job.oracle_max_failure_share * every_draw)  # more failures stop the round (check_failures)
+    where = f"{NAME} round {round_index}"
+    with Oracle(task.reward_func, task.reward_processor, job.reward_timeout, budget, where) as oracle:
+        if adapter is not None:  # centralized collaboration: the task reward on the role texts
+            texts = [g.text for g in completions[0]]
+            scores, _ = score_joint(adapter, task, texts, [item for item, _ in draws], oracle) if draws else ([], [])
+        else:
+            scores = (
+                oracle.score(
+                    [[g.text for g in gens] for gens in completions],
+                    prompts=[[prompts[a][j] for a in range(job.num_agents)] for j in range(len(draws))],
+                    batch_items=[item for item, _ in draws],
+                )
+                if draws
+                else []
+            )
+    return _rows(draws, prompts, completions, scores, job.num_agents), {}
+
+
+def _rows(draws: list, prompts: list, completions: list, scores: list, num_agents: int) -> list[EvalRow]:
+    """The eval rows of the draws, item-major: every agent's prompt and completion, and the draw's score."""
     return [
         {
             "item_id": item["item_id"],
-            "prompts": [prompts[a][j] for a in range(job.num_agents)],
-            "completions": [completions[a][j].text for a in range(job.num_agents)],
-            "completion_ids": [completions[a][j].completion_ids for a in range(job.num_agents)],
-            "finish_reasons": [completions[a][j].finish_reason for a in range(job.num_agents)],
-            "stop_token_ids": [completions[a][j].stop_token_id for a in range(job.num_agents)],
+            "prompts": [prompts[a][j] for a in range(num_agents)],
+            "completions": [completions[a][j].text for a in range(num_agents)],
+            "completion_ids": [completions[a][j].completion_ids for a in range(num_agents)],
+            "finish_reasons": [completions[a][j].finish_reason for a in range(num_agents)],
+            "stop_token_ids": [completions[a][j].stop_token_id for a in range(num_agents)],
             "raw_reward": s.raw,
             "reward": s.reward,
             "failure": s.failure,
         }
         for j, ((item, _), s) in enumerate(zip(draws, scores, strict=True))
-    ], {}
+    ]
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet | None = None) -> StageManifest:
@@ -200,11 +206,43 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
             f"{len(seen)} of {len(items)} evaluation items are also training items (e.g. {seen[0]!r}): "
             "this evaluation is not held out; give eval_dataset or a task with its own eval items"
         )
+    check_failures(record, rows, job.oracle_max_failure_share)
     record.metrics = summary_metrics(paths, round_index, job.seed, rewards)
     if judged_evaluation(job, task.reward_func is not None) and round_index > BASELINE_ROUND:
         record.metrics |= win_rate_metrics(record, rows, task.role_names(job.num_agents), items)
     record.details = {"checkpoint": paths.rel(checkpoint), "samples_per_item": job.eval_samples_per_item}
     return record.finish(input_files(paths, round_index, job), outputs)
+
+
+def check_failures(record: StageRecord, rows: Sequence[EvalRow], max_share: float) -> None:
+    """Say how many draws failed and why, and stop the round when the reward failed on every draw or on more than
+    ``oracle_max_failure_share`` of them. Unparsable centralized responses never stop it (as in
+    score-with-oracle); when they leave nothing measured, the note says so.
+
+    Raises:
+        OracleError: naming the round, the counts, the items and the reasons (eval.parquet, already written,
+            holds each draw's failure).
+    """
+    reasons = Counter(str(row["failure"]).split(":")[0] for row in rows if row["failure"] is not None)
+    failed = sum(reasons.values())
+    if not failed:
+        return
+    nothing = failed == len(rows)
+    lead = "measured nothing: " if nothing else ""
+    record.say(f"{lead}{failed} of {len(rows)} evaluation draw(s) could not be scored: {dict(reasons)}")
+    counted = Counter(
+        row["item_id"] for row in rows if row["failure"] is not None and not is_parse_failure(row["failure"])
+    )
+    if counted and (nothing or counted.total() / len(rows) > max_share):
+        listing = ", ".join(f"{i} ({n})" for i, n in counted.most_common(20))
+        what = "every draw" if nothing else f"more than oracle_max_failure_share={max_share} of the draws"
+        table = record.paths.rel(record.paths.eval(record.round_index))
+        raise OracleError(
+            f"evaluate round {record.round_index} measured nothing reliable: the reward failed on {what} "
+            f"({failed} of {len(rows)} failed); items: {listing}; reasons: {dict(reasons)}; each draw's failure is "
+            f"in {table}; fix the reward, then resume the run or rerun this stage "
+            f"(pbrl stage evaluate --run {record.paths.root} --round {record.round_index})"
+        )
 
 
 def summary_metrics(paths: RunPaths, round_index: int, seed: int, rewards: dict[SampleKey, float]) -> dict[str, float]:

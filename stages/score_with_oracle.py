@@ -26,6 +26,7 @@ from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import read_joint_responses, write_table
 from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.errors import ArtifactError, OracleError
+from pbrl.generation.centralized import CentralizedAdapter
 from pbrl.generation.collaboration import (
     PARSE_FAILURE,
     is_parse_failure,
@@ -36,12 +37,13 @@ from pbrl.learning.joint_template import DROP_TOO_LONG
 from pbrl.learning.reward_scoring import RewardScorer, newest_reward_model, reward_device
 from pbrl.preference.joint import JointKey, joint_rows
 from pbrl.preference.joint import cross_refs as joint_cross_refs
-from pbrl.preference.oracle import OracleScore, score_batch
+from pbrl.preference.oracle import Oracle, OracleScore
 from pbrl.preference.pairs import CandidateRef
 from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task
+from pbrl.tasks.base import Task
 
 NAME = "score-with-oracle"
 BATCH = 256  # joint responses per reward_func call
@@ -102,40 +104,53 @@ def collect(
         )
     rows = []
     progress = Progress(str(paths.root), round_index, NAME, len(keys), "joint responses")
-    for start in range(0, len(keys), BATCH):
-        chunk = keys[start : start + BATCH]
-        groups = [joint[k] for k in chunk]
-        if scorer is not None:
-            scored = scorer.score(
-                [[r["prompt_ids"] for r in g] for g in groups], [[r["completion_ids"] for r in g] for g in groups]
-            )
-            scores = [OracleScore(x, x) if x is not None else OracleScore(None, None, DROP_TOO_LONG) for x, _ in scored]
-        elif adapter is not None:
-            scores, _ = score_joint(
-                adapter, task, [g[0]["completion"] for g in groups], [wanted[k[0]] for k in chunk], job.reward_timeout
-            )
-        else:
-            scores = score_batch(
-                task.reward_func,
-                task.reward_processor,
-                [[g[a]["completion"] for g in groups] for a in range(job.num_agents)],
-                prompts=[[r["prompt"] for r in g] for g in groups],
-                batch_items=[wanted[k[0]] for k in chunk],
-                timeout_s=job.reward_timeout,
-            )
-        rows += [
-            {
-                "item_id": item_id,
-                "side": side,
-                "candidate_index": index,
-                "raw_reward": s.raw,
-                "reward": s.reward,
-                "failure": s.failure,
-            }
-            for (item_id, side, index), s in zip(chunk, scores, strict=True)
-        ]
-        progress.advance(len(chunk))
+    budget = int(job.oracle_max_failure_share * len(joint))  # of every shard's: more failures stop the round
+    where = f"{NAME} round {round_index}"
+    with Oracle(task.reward_func, task.reward_processor, job.reward_timeout, budget, where) as oracle:  # one worker
+        for start in range(0, len(keys), BATCH):
+            chunk = keys[start : start + BATCH]
+            rows += _score_rows(chunk, [joint[k] for k in chunk], wanted, scorer, adapter, task, oracle, job)
+            progress.advance(len(chunk))
     return rows, {}
+
+
+def _score_rows(
+    chunk: list[JointKey],
+    groups: list[list[dict]],
+    wanted: dict[str, Item],
+    scorer: RewardScorer | None,
+    adapter: CentralizedAdapter | None,
+    task: Task,
+    oracle: Oracle,
+    job: JobConfig,
+) -> list[ScoreRow]:
+    """The score rows of one batch of joint responses: by the reward model, the centralized roles or the task."""
+    if scorer is not None:
+        scored = scorer.score(
+            [[r["prompt_ids"] for r in g] for g in groups], [[r["completion_ids"] for r in g] for g in groups]
+        )
+        scores = [OracleScore(x, x) if x is not None else OracleScore(None, None, DROP_TOO_LONG) for x, _ in scored]
+    elif adapter is not None:
+        scores, _ = score_joint(
+            adapter, task, [g[0]["completion"] for g in groups], [wanted[k[0]] for k in chunk], oracle
+        )
+    else:
+        scores = oracle.score(
+            [[g[a]["completion"] for g in groups] for a in range(job.num_agents)],
+            prompts=[[r["prompt"] for r in g] for g in groups],
+            batch_items=[wanted[k[0]] for k in chunk],
+        )
+    return [
+        {
+            "item_id": item_id,
+            "side": side,
+            "candidate_index": index,
+            "raw_reward": s.raw,
+            "reward": s.reward,
+            "failure": s.failure,
+        }
+        for (item_id, side, index), s in zip(chunk, scores, strict=True)
+    ]
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet | None = None) -> StageManifest:

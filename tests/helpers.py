@@ -90,7 +90,7 @@ def assert_same_artifacts(a: dict, b: dict) -> None:
     """Equal keys, equal bytes, equal tensors (exactly)."""
     import torch
 
-    assert a.keys() == b.keys()
+    assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())
     for key in a:
         if isinstance(a[key], dict):
             assert a[key].keys() == b[key].keys(), key

@@ -19,6 +19,7 @@ from pbrl.data.tables import read_rows, write_table
 from pbrl.errors import ConfigError
 from pbrl.generation.centralized import EqualSharesAdapter, TaggedAdapter
 from pbrl.generation.collaboration import ROLES, actor_prompts, roles_path, score_joint
+from pbrl.preference.oracle import Oracle
 from pbrl.run.settings import centralized_adapter
 from pbrl.tasks.registry import get_task
 from stages import STAGE_MODULES
@@ -148,7 +149,8 @@ def test_the_reward_sees_the_role_texts_and_role_prompts_and_a_missing_section_i
         "<agent_1>only one</agent_1>",
         "<agent_2>xy</agent_2><agent_1> z </agent_1>",
     ]
-    scores, parsed = score_joint(TaggedAdapter(), task, texts, [items[0], items[1], items[1]])
+    oracle = Oracle(task.reward_func)  # in this process (no reward_timeout), so that `seen` is filled here
+    scores, parsed = score_joint(TaggedAdapter(), task, texts, [items[0], items[1], items[1]], oracle)
     assert [s.raw for s in scores] == [3 + 60, None, 1 + 20]
     assert scores[1].failure == (
         "centralized_parse: missing or empty section(s) <agent_0> (numbered from 1: <agent_2>)"
@@ -161,7 +163,7 @@ def test_the_reward_sees_the_role_texts_and_role_prompts_and_a_missing_section_i
         "items": ["toy-000", "toy-001"],
         "prompts": [[p.format(t=t) for p in TOY_PROMPTS] for t in ("apples", "rivers")],
     }
-    empty, parsed = score_joint(EmptyRoleAdapter(), task, ["anything"], [items[0]])
+    empty, parsed = score_joint(EmptyRoleAdapter(), task, ["anything"], [items[0]], oracle)
     assert empty[0].failure == "centralized_parse: empty role(s) 2" and parsed[0].roles is None
 
 

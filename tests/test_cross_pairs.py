@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from itertools import product
 from pathlib import Path
@@ -55,14 +56,17 @@ from tests.helpers import madpo_step, tiny_job, tiny_policies
 
 T, C = "target", "comparator"
 LENGTH_CODE = "tests.test_cross_pairs:length_code"
-CALLS: list[int] = []  # the batch size of every length_code call
+CALLS_ENV = "PBRL_TEST_CROSS_CALLS"  # a file: the batch size of every length_code call, one per line (the reward runs
+# in a worker process forked by the stage, pbrl.preference.reward_worker, so it cannot append to a list here)
 RNG = np.random.default_rng(0)  # orderings other than 'random' never draw from it
 
 
 def length_code(*completions: Sequence[str], batch_items: Sequence[dict] | None = None) -> list[float]:
     """A reward that names its joint response: agent i's completion length is decimal digit i, so
-    ("a", "bbbb") scores 14 and ("a", "bb", "ccc") scores 123. One call per batch (recorded in ``CALLS``)."""
-    CALLS.append(len(completions[0]))
+    ("a", "bbbb") scores 14 and ("a", "bb", "ccc") scores 123. One call per batch (recorded in ``$CALLS_ENV``)."""
+    if log := os.environ.get(CALLS_ENV):
+        with open(log, "a") as f:
+            f.write(f"{len(completions[0])}\n")
     joint = zip(*completions, strict=True)
     return [float(sum(len(t) * 10 ** (len(texts) - 1 - i) for i, t in enumerate(texts))) for texts in joint]
 
@@ -135,7 +139,7 @@ def test_grid_numbers_every_combination_agent_0_slowest():
         three.ref(27)
 
 
-def test_two_agents_every_combination_scored_by_hand(tiny_model_dir, tmp_path):
+def test_two_agents_every_combination_scored_by_hand(tiny_model_dir, tmp_path, monkeypatch):
     job = base_job(tiny_model_dir, tmp_path, preference_num_candidates=3)
     run_dir = prepare_run(job, resume=False)
     paths = RunPaths(run_dir)
@@ -144,7 +148,7 @@ def test_two_agents_every_combination_scored_by_hand(tiny_model_dir, tmp_path):
         paths,
         {(item, T): [["a" * l0[k], "b" * l1[k]] for k in range(3)] for item, (l0, l1) in lengths.items()},
     )
-    CALLS.clear()
+    monkeypatch.setenv(CALLS_ENV, str(tmp_path / "calls"))
     manifest = run_stages(run_dir, job, ["score-with-oracle"])["score-with-oracle"]
     rows = read_rows(paths.scores(1), CROSS_SCORES)
     # By hand: 3^2 = 9 combinations per item, numbered 3 a + b, scored 10 * len(agent 0's) + len(agent 1's).
@@ -157,7 +161,7 @@ def test_two_agents_every_combination_scored_by_hand(tiny_model_dir, tmp_path):
     assert expected[:4] == [("toy-000", 0, [0, 0], 14.0), ("toy-000", 1, [0, 1], 15.0), ("toy-000", 2, [0, 2], 16.0),
                             ("toy-000", 3, [1, 0], 24.0)]  # fmt: skip
     assert all(r["side"] == T and r["candidate_sides"] == [T, T] and r["raw_reward"] == r["reward"] for r in rows)
-    assert CALLS == [18]  # one batched call, one entry per joint response
+    assert (tmp_path / "calls").read_text().split() == ["18"]  # one batched call, one entry per joint response
     assert manifest.counts == {"joint_responses": 18, "failed": 0, "joint_combinations": 18, "items_capped": 0}
     assert manifest.details["joint_mode"] == "cross" and manifest.details["max_joint_responses_per_item"] == 256
 

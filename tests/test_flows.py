@@ -80,7 +80,8 @@ def _assert_round_artifacts(run_dir: Path, round_index: int) -> None:
     rows = json.loads(table[-1].data) if isinstance(table[-1].data, str) else table[-1].data
     assert rows[-1]["round"] == str(round_index) and len(rows[-1]) > 3
     assert summary and "update-policies" in summary[-1].data
-    assert by_key["round-report-run"] and by_key["round-report-run"][-1].data.startswith("data:image/png;base64,")
+    report = [a for a in by_key["round-report-run"] if root in a.data]
+    assert report and report[-1].data.startswith(f"![report.png after round {round_index}](data:image/png;base64,")
 
 
 def test_changed_train_item_reruns_every_downstream_stage(tiny_model_dir, tmp_path):

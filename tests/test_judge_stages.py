@@ -166,3 +166,12 @@ def test_a_task_without_a_reward_trains_on_judged_pairs_and_reports_a_win_rate(t
     assert 0 <= metrics["eval/win_rate_ci_low"] <= metrics["eval/win_rate"] <= metrics["eval/win_rate_ci_high"] <= 1
     assert metrics["eval/win_rate_draws"] == 2 and counts["judge_askings"] == 4  # 2 draws, both orders
     assert "eval/reward_mean" not in metrics
+
+
+def test_marlhf_fits_its_reward_model_on_the_judged_pairs(tiny_model_dir, tmp_path):
+    run_dir, job = start(tiny_model_dir, tmp_path, trainer="marlhf_iter", judge="reward_noisy", judge_label_noise=0.1,
+                         num_generations=2, rl_algorithm="magrpo", **JUDGED)  # fmt: skip
+    manifests = run_round(run_dir, job, 1, until="update-policies")
+    judged = manifests["build-pairs"].counts["pairs"]
+    assert judged > 0 and manifests["fit-reward-model"].counts["pairs"] == judged
+    assert manifests["fit-reward-model"].details["fitted"] and manifests["update-policies"].counts["steps"] > 0

@@ -307,3 +307,30 @@ def test_every_problem_of_the_judge_options_is_reported_at_once():
     with pytest.raises(ConfigError) as err:
         load_job(DEMO, ["preference_source=judge", "judge=tests.judges_ab"])
     assert "import path 'pkg.module:function'" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------- asking
+class _PaidJudge:
+    """A judge whose every answer costs 30 tokens, counting what it is asked."""
+
+    name = "paid"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def answer(self, comparisons):
+        self.asked += len(comparisons)
+        return [Answer("A", raw="A", tokens=30) for _ in comparisons]
+
+
+def test_a_token_budget_stops_asking_once_spent_and_stored_answers_cost_nothing(tmp_path):
+    from pbrl.judging.asking import OVER_BUDGET, ask
+
+    store, judge = AnswerStore(tmp_path / "answers.jsonl"), _PaidJudge()
+    questions = [comparison(first=(f"a{i}", "x")) for i in range(10)]
+    asked = ask(judge, questions, store, batch_size=2, token_budget=100)
+    # batches of 2 cost 60 tokens each: after two batches (120 >= 100) the rest is not asked
+    assert judge.asked == 4 and [a.answer.verdict for a in asked] == ["A"] * 4 + [None] * 6
+    assert all(a.answer.reason == OVER_BUDGET for a in asked[4:]) and len(store) == 4
+    again = ask(judge, questions, store, batch_size=2, token_budget=100)
+    assert [a.stored for a in again[:4]] == [True] * 4 and judge.asked == 8  # the stored four cost nothing

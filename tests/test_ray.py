@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -38,15 +39,18 @@ ARTIFACTS = ("rounds/*/*.parquet", "replay/iteration_*.json", "checkpoints/round
 def reward_logged(*completions, prompts=None, batch_items=None):
     """:func:`pbrl.tasks.toy.toy_reward`, plus a test fault. Where ``PBRL_TEST_CALL_LOG`` is set (the Ray
     workers of these tests), each call appends its item ids to that file; where ``PBRL_TEST_KILL_MARKER``
-    is set, the first call that sees ``toy-002`` creates the marker and kills its own process (a worker that
-    dies in the middle of a shard)."""
+    is set, the first call that sees ``toy-002`` creates the marker and kills the Ray worker that runs the shard (a
+    worker that dies in the middle of a shard). The reward runs in a process forked from that worker
+    (:mod:`pbrl.preference.reward_worker`, where its own ``os._exit`` fails only its joint responses), so the worker
+    is its parent; the reward's process dies with it."""
     ids = [item["item_id"] for item in batch_items or ()]
     if log := os.environ.get("PBRL_TEST_CALL_LOG"):
         with open(log, "a") as f:
             f.write(json.dumps(ids) + "\n")
     marker = os.environ.get("PBRL_TEST_KILL_MARKER")
     if marker and KILL_ITEM in ids and not os.path.exists(marker):
-        Path(marker).write_text(str(os.getpid()))
+        Path(marker).write_text(str(os.getppid()))
+        os.kill(os.getppid(), signal.SIGKILL)
         os._exit(1)
     return toy_reward(*completions, prompts=prompts, batch_items=batch_items)
 
@@ -278,7 +282,7 @@ def test_shards_that_pad_their_rows_otherwise_give_the_local_runs_bytes(
     options = [*common_options(tmp_path, tiny_model_dir), "run_name=ray", "runner=ray", f"shard_size={shard_size}"]
     ray_dir = Path(train_flow(load_job(ITER_YAML, [*options, "num_iterations=1"]))["run_dir"])
     ray = run_artifacts(ray_dir, ARTIFACTS)
-    later = ("rounds/0002/", "replay/iteration_2.json", "checkpoints/round_0002/")  # the local run's round 2
+    later = ("rounds/0002/", "replay/iteration_0002.json", "checkpoints/round_0002/")  # the local run's round 2
     local = {k: v for k, v in run_artifacts(local_run, ARTIFACTS).items() if not k.startswith(later)}
     assert "rounds/0001/candidates.parquet" in ray and "checkpoints/round_0001/agent_1/optimizer.pt" in ray
     assert_same_artifacts(ray, local)

@@ -197,7 +197,15 @@ def test_reference_yaml_loads_with_one_warning_per_no_effect_option(trainer: str
 
 @pytest.mark.parametrize("trainer", ["madpo", "madpo_iter", "marlhf", "marlhf_iter"])
 def test_pbrl_validate_says_ok_for_the_reference_yamls(trainer: str) -> None:
+    """The MARLHF ones name the reference's ``reward_model_device: cuda:0``: without a CUDA device, ``train`` would
+    fail on it, so ``validate`` refuses it, naming the option (issue #53.3), and says OK with it unset."""
+    import torch
+
+    needs_cuda = trainer.startswith("marlhf") and not torch.cuda.is_available()
     out = runner.invoke(app, ["validate", str(DATA / f"{trainer}.yaml")])
+    if needs_cuda:
+        assert out.exit_code == 2 and "reward_model_device: got 'cuda:0'" in out.output, out.output
+        out = runner.invoke(app, ["validate", str(DATA / f"{trainer}.yaml"), "--set", "reward_model_device=null"])
     assert out.exit_code == 0, out.output
     assert "warning: " in out.output  # the no-effect options, as plain lines (not Python warnings)
     assert f"OK: {DATA / f'{trainer}.yaml'} ({trainer}, 2 agents)" in out.output.replace("\n", "")

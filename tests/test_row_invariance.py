@@ -117,6 +117,28 @@ def test_outside_the_block_the_model_is_as_it_was(bf16_model):
     assert torch.equal(bf16_model(input_ids=ids).logits, before)
 
 
+def test_weights_offloaded_to_disk_are_loaded_by_their_hooks_inside_the_block(tiny_model_dir, tmp_path):
+    """accelerate's offload hooks load a layer's weights before its forward: the row blocks ran around them and
+    read meta weights (NaN logits, `agent_devices: auto` with a small memory budget); the hooks stay after the
+    block."""
+    from accelerate import disk_offload
+
+    offloaded = disk_offload(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval(), tmp_path / "offload"
+    )
+    resident = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    with torch.inference_mode():
+        with row_invariant(resident):
+            expected = resident(input_ids=ids).logits
+        with row_invariant(offloaded):
+            got = offloaded(input_ids=ids).logits
+        assert torch.equal(got, expected)
+        hooked = [m for m in offloaded.modules() if hasattr(m, "_hf_hook") and type(m) is nn.Linear]
+        assert hooked and all("forward" in vars(m) and "_old_forward" in vars(m) for m in hooked)
+        assert torch.equal(offloaded(input_ids=ids).logits, resident(input_ids=ids).logits)
+
+
 def test_only_low_precision_cpu_models_need_it(tiny_model_dir, bf16_model):
     assert row_invariance.applies(bf16_model)
     assert not row_invariance.applies(AutoModelForCausalLM.from_pretrained(tiny_model_dir))  # float32

@@ -44,7 +44,10 @@ def fake_run(folder: Path, trainer: str, *, steps_per_round: int = 4) -> Path:
     run = folder / f"fake-{trainer}"
     run.mkdir(parents=True)
     config = {
-        "trainer": trainer,
+        # A base trainer's run has one round (pbrl status and report show no other): the layout of three rounds is
+        # that of its iterative trainer, which has the same columns.
+        "trainer": trainer if trainer.endswith("_iter") else f"{trainer}_iter",
+        "num_iterations": 3,
         "task": "toy",
         "agent_model": "smollm2-135m-instruct",
         "seed": 0,

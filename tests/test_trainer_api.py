@@ -16,6 +16,7 @@ from pbrl.cli import app
 from pbrl.config import RUN_FIELDS, MADPOConfig, MADPOIterConfig, MARLHFConfig
 from pbrl.data.storage import RunPaths, read_json
 from pbrl.errors import ConfigError
+from pbrl.models.loading import resolve_model_source
 from pbrl.run import progress
 from pbrl.run.model_objects import save_model_object
 from pbrl.run.progress import Event
@@ -112,9 +113,11 @@ def test_a_model_object_is_saved_once_by_content_and_loads_back(tiny_model_dir, 
     import torch
 
     model, tokenizer = tiny_objects(tiny_model_dir)
-    first = save_model_object(model, tokenizer, tmp_path)
+    name = save_model_object(model, tokenizer, tmp_path)
+    assert name.startswith("model-object:LlamaForCausalLM-")  # a name in the storage, never an absolute path
+    first = resolve_model_source(name, tmp_path)
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert save_model_object(model, tokenizer, tmp_path) == first  # the same weights: the same folder, not rewritten
+    assert save_model_object(model, tokenizer, tmp_path) == name  # the same weights: the same folder, not rewritten
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp and first.parent == tmp_path / "models" / "objects"
     loaded = AutoModelForCausalLM.from_pretrained(first)
     assert all(
@@ -122,7 +125,7 @@ def test_a_model_object_is_saved_once_by_content_and_loads_back(tiny_model_dir, 
     )
     with torch.no_grad():
         next(model.parameters()).add_(1.0)
-    assert save_model_object(model, tokenizer, tmp_path) != first  # other weights: another folder
+    assert save_model_object(model, tokenizer, tmp_path) != name  # other weights: another folder
 
 
 # ---------------------------------------------------------------------------------------------- callbacks
@@ -198,7 +201,7 @@ def test_model_objects_with_peft_config_train_two_rounds_and_rerun_cached_from_t
     run_dir = result.run_dir
     assert list(result.rounds.index) == [0, 1, 2]
     config = read_json(RunPaths(run_dir).run_json)["config"]
-    saved = [tmp_path / "storage" / "models" / "objects" / p.split("/")[-1] for p in config["agents"]]
+    saved = [tmp_path / "storage" / "models" / "objects" / p.removeprefix("model-object:") for p in config["agents"]]
     assert len(set(config["agents"])) == 2 and all((s / "model.safetensors").is_file() for s in saved)
     assert config["lora_r"] == 4 and config["lora_target_modules"] == ["q_proj", "v_proj"]
     adapter = json.loads((run_dir / "checkpoints" / "round_0002" / "agent_1" / "adapter_config.json").read_text())

@@ -71,9 +71,75 @@ _YAMLLoader.add_implicit_resolver(
 )
 
 
+# Bounds of a config document once its aliases are expanded (issue #53.4: a 500-byte file of nested aliases made
+# validate run for minutes). A config is a flat mapping of options; its largest values (a dataset spec, task options,
+# an agents list) hold hundreds of values, so these bounds leave room for any real config and stop every walk over
+# the values (validation, hashing, messages) from meeting more than this, whatever the input.
+MAX_VALUES = 200_000  # nodes (mappings, lists, scalars), each alias counted as often as it is used
+MAX_TEXT = 4_000_000  # characters of all scalars, each alias's counted as often as it is used
+MAX_DEPTH = 64  # nesting of mappings and lists
+
+
 def read_yaml(text: str) -> Any:
-    """``text`` parsed like ``yaml.safe_load``, with YAML 1.2 exponent floats. Raises yaml.YAMLError."""
-    return yaml.load(text, Loader=_YAMLLoader)  # a SafeLoader subclass: no arbitrary objects
+    """``text`` parsed like ``yaml.safe_load``, with YAML 1.2 exponent floats, within :data:`MAX_VALUES`,
+    :data:`MAX_TEXT` and :data:`MAX_DEPTH` once every alias is expanded; checked on the composed node graph, before
+    any value is built.
+
+    Raises:
+        yaml.YAMLError: not valid YAML, or past a bound (an alias that contains itself is past every bound).
+    """
+    loader = _YAMLLoader(text)  # a SafeLoader subclass: no arbitrary objects
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise yaml.YAMLError(f"nested more than {MAX_DEPTH} levels deep") from None
+        if node is None:
+            return None
+        _check_expanded_size(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Raise yaml.YAMLError when the document under ``root``, aliases expanded, passes a bound. Each node's expanded
+    size is computed once (a graph of shared nodes, not the tree it stands for: linear in the file's size)."""
+    sizes: dict[int, tuple[int, int, int]] = {}  # id(node) -> (values, characters, depth) of its expansion
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        children = _children(node)
+        if not children_done:
+            if key in open_nodes:
+                raise yaml.YAMLError(f"an alias at line {node.start_mark.line + 1} contains itself")
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+            continue
+        open_nodes.discard(key)
+        values = 1 + sum(sizes[id(c)][0] for c in children)
+        chars = len(node.value) if isinstance(node, yaml.ScalarNode) else sum(sizes[id(c)][1] for c in children)
+        depth = 1 + max((sizes[id(c)][2] for c in children), default=0)
+        if values > MAX_VALUES or chars > MAX_TEXT or depth > MAX_DEPTH:
+            raise yaml.YAMLError(
+                f"the value at line {node.start_mark.line + 1} expands to {values:,} values, {chars:,} characters and "
+                f"{depth} levels (its aliases counted each time they are used); a config holds at most "
+                f"{MAX_VALUES:,}, {MAX_TEXT:,} and {MAX_DEPTH}"
+            )
+        sizes[key] = (values, chars, depth)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
 
 
 def parse_job(data: Mapping[str, Any], *, warn: bool = True) -> JobConfig:

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.config.field_types import DeviceSpec, NameList, NonEmptyStr, StrictBool, StrictFloat, StrictInt, _Fields
 
 # The experiment trackers of ``report_to`` (pbrl.reporting.tracker_tools): one name or a list of them.
 TrackerName = Literal["tensorboard", "mlflow", "wandb", "trackio"]
+
+
+def _hugging_face_spellings(value: Any) -> Any:
+    # transformers' report_to spells "no tracker" 'none' (also as ['none']): the same as None here. Its 'all' (every
+    # installed tool) is kept as written and expanded where the trackers start (pbrl.reporting.tracker_tools).
+    return None if value == "none" or value == ["none"] else value
 
 
 def _gpu_index(key: int | str) -> int | str:
@@ -104,13 +110,16 @@ class _RunFields(_Fields):
         0.5,
         ge=0,
         le=1,
-        description="Share of joint responses whose reward may fail (dropped and counted) before the round stops.",
+        description="Share of joint responses whose reward may fail (dropped and counted) before the round stops; "
+        "the same share of evaluation draws, and an evaluation whose every draw failed stops it too.",
     )
     reward_timeout: StrictFloat = Field(
         600.0,
         gt=0,
-        description="Seconds one reward_func call may take; past it the call is abandoned and its joint responses "
-        "are dropped and counted like any reward failure.",
+        description="Seconds one reward_func call (reward_processor included) may take. The reward runs in a worker "
+        "process; past the limit the process is killed, and the call's joint responses are scored again one at a "
+        "time, each within the limit: only those that time out alone are dropped and counted like any reward "
+        "failure (after 2 timeouts of one item its other responses of that call are given up).",
     )
     max_joint_responses_per_item: StrictInt = Field(
         256,
@@ -151,7 +160,8 @@ class _RunFields(_Fields):
         "that waiting threads do not spin against another job's; only where the job computes in float32 and "
         "oneMKL's strict reproducibility mode, which importing pbrl sets, keeps results independent of the count: "
         "bfloat16 and float16 CPU products go through oneDNN, which it does not govern). Ray shards and actors use "
-        "the CPUs Ray reserved for them. The stage manifests record the mean and the fewest threads a stage ran with.",
+        "the CPUs Ray reserved for them. The stage manifests record the mean and the fewest threads a stage ran with. "
+        "More than this machine's CPUs is refused.",
     )
     gradient_checkpointing: StrictBool = Field(
         False,
@@ -175,7 +185,10 @@ class _RunFields(_Fields):
         "'500MB'. What does not fit is split over the next devices, then offloaded (frozen weights only). None = "
         "all free memory.",
     )
-    report_to: TrackerName | Annotated[list[TrackerName], Field(min_length=1)] | None = Field(
+    report_to: Annotated[
+        TrackerName | Literal["all"] | Annotated[list[TrackerName], Field(min_length=1)] | None,
+        BeforeValidator(_hugging_face_spellings),
+    ] = Field(
         None,
         description="Experiment trackers that follow the run (one name or a list): 'tensorboard' (event files in "
         "<run>/tensorboard), 'mlflow' (MLFLOW_TRACKING_URI, else a local store in <run>/mlruns), 'wandb' (online when "
@@ -183,6 +196,7 @@ class _RunFields(_Fields):
         "Each gets the config as hyper-parameters, the logged training steps, every round's row of the round table "
         "and report.png; a resumed run continues the same tracked run (its id is kept in <run>/tracking.json). "
         "Projects and credentials come from the tools' environment variables only (WANDB_PROJECT, WANDB_API_KEY, "
-        "MLFLOW_EXPERIMENT_NAME, ...). Each tool is an optional extra: pip install 'pbrl[tracking]'. None = no "
-        "tracker. Keys no stage cache: a resume may add or change it.",
+        "MLFLOW_EXPERIMENT_NAME, ...). Each tool is an optional extra: pip install 'pbrl[tracking]'. None (or 'none', "
+        "as in transformers) = no tracker; 'all' = every tool whose package is installed. Keys no stage cache: a "
+        "resume may add or change it.",
     )

@@ -77,7 +77,10 @@ def _file_items(source: str | Path, *, field: str) -> LoadedItems:
                     items.append(json.loads(line))
                 except json.JSONDecodeError as exc:
                     raise ConfigError([Problem(field, f"{path}:{n}", f"malformed JSON line ({exc})")]) from exc
+                except RecursionError:  # json's parser recurses once per level: '[[[[…' raises this, not a JSON error
+                    raise ConfigError([Problem(field, f"{path}:{n}", "nested too deeply to be an item")]) from None
     elif path.suffix == ".parquet":
+        _check_unpacked_size(path, field)
         try:
             items = pq.read_table(path).to_pylist()
         except Exception as exc:  # pyarrow raises several types for corrupt or non-Parquet files
@@ -93,6 +96,36 @@ def _file_items(source: str | Path, *, field: str) -> LoadedItems:
             ]
         )
     return LoadedItems(items, {"kind": "file", "path": str(source)})
+
+
+# A Parquet file's values are compressed (dictionary, run-length, zstd): a file of a few kB may hold millions of
+# repeated values, gigabytes once read (issue #53.4: no input under 100 kB may make validate use more than 200 MB).
+# Items are texts, each taking bytes on disk, so a table with more values than MAX_VALUES_PER_BYTE per byte of the
+# file (beyond a floor any small table passes) is refused from its footer, before a value is read. The footer's
+# uncompressed sizes do not tell: dictionary pages store one copy of a value repeated millions of times.
+MAX_VALUES_PER_BYTE = 4
+VALUES_FLOOR = 2_000_000
+
+
+def _check_unpacked_size(path: Path, field: str) -> None:
+    """Refuse a Parquet file with more values (rows x columns) than :data:`MAX_VALUES_PER_BYTE` per byte of the file
+    and more than :data:`VALUES_FLOOR`, read from its footer alone."""
+    try:
+        meta = pq.read_metadata(path)
+    except Exception as exc:  # pyarrow raises several types for corrupt or non-Parquet files
+        raise ConfigError([Problem(field, str(path), f"not a readable Parquet file ({exc})")]) from None
+    values, size = meta.num_rows * meta.num_columns, path.stat().st_size
+    if values > max(VALUES_FLOOR, MAX_VALUES_PER_BYTE * size):
+        raise ConfigError(
+            [
+                Problem(
+                    field,
+                    str(path),
+                    f"its {meta.num_rows:,} rows x {meta.num_columns} columns in {size:,} bytes are more values than "
+                    f"{MAX_VALUES_PER_BYTE} per byte of the file: repetition, not items",
+                )
+            ]
+        )
 
 
 def load_item_source(source: str | Path | Sequence[Mapping[str, Any]] | Any, *, field: str) -> list[Item]:
@@ -166,8 +199,8 @@ def load_run_items(
     if not evals:
         raise ConfigError([Problem("eval_dataset", job.eval_dataset, "no evaluation items")])
     # Unique ids and formattable items, checked before anything is written.
-    check_formatters(task, _with_ids(train, "item", "train_dataset"), "train_dataset")
-    check_formatters(task, _with_ids(evals, "eval", "eval_dataset"), "eval_dataset")
+    check_formatters(task, with_item_ids(train, "item", "train_dataset"), "train_dataset")
+    check_formatters(task, with_item_ids(evals, "eval", "eval_dataset"), "eval_dataset")
     return train, evals
 
 
@@ -196,7 +229,7 @@ def check_formatters(task: Task, items: list[tuple[str, dict]], field: str, *, m
         raise ConfigError(problems)
 
 
-def _with_ids(items: list[Item], prefix: str, field: str) -> list[tuple[str, dict]]:
+def with_item_ids(items: list[Item], prefix: str, field: str) -> list[tuple[str, dict]]:
     """``(item_id, item)`` for every item, by one rule for every source (list of dicts, JSONL / Parquet,
     dataset spec, ``datasets`` object), so a dataset and the equivalent list of dicts get the same ids:
 
@@ -223,7 +256,7 @@ def _with_ids(items: list[Item], prefix: str, field: str) -> list[tuple[str, dic
 
 
 def write_items(paths: RunPaths, train: list[Item], eval_: list[Item]) -> None:
-    """Store the run's items with stable ``item_id`` values (see :func:`_with_ids`), and where each split came
+    """Store the run's items with stable ``item_id`` values (see :func:`with_item_ids`), and where each split came
     from as items.parquet metadata (read back with :func:`pbrl.data.tables.read_items_sources`): the source
     description (a dataset spec as given, a file path, ``python``, a task) and a fingerprint, ``datasets:<fp>``
     for items loaded through ``datasets`` (the dataset's own fingerprint) else ``sha256:<hex>`` of the stored
@@ -236,7 +269,7 @@ def write_items(paths: RunPaths, train: list[Item], eval_: list[Item]) -> None:
     rows, sources = [], {}
     for split, items, prefix in (("train", train, "item"), ("eval", eval_, "eval")):
         content = hashlib.sha256()
-        for pos, (item_id, item) in enumerate(_with_ids(items, prefix, f"{split}_dataset")):
+        for pos, (item_id, item) in enumerate(with_item_ids(items, prefix, f"{split}_dataset")):
             try:
                 data = json.dumps(item, sort_keys=True, default=_json_default)
             except TypeError as exc:

@@ -18,8 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pbrl.config import is_marlhf
-from pbrl.errors import ArtifactError
+from pbrl.config import is_iterative, is_marlhf
+from pbrl.data.folders import FILE_MODE, make_folder, usual_modes
+from pbrl.errors import ArtifactError, ConfigError
 
 STAGES = (
     "sample-candidates",
@@ -55,7 +56,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     the final name (the temporary name starts with ``.tmp-`` and is never read).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     with _disk_full_named(path):
         fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
         os.close(fd)
@@ -64,6 +65,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
             yield tmp
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
+            os.chmod(tmp, FILE_MODE)  # mkstemp made it 0600
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -73,11 +75,12 @@ def atomic_path(path: Path) -> Iterator[Path]:
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; on success it replaces ``path`` (old contents removed)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     with _disk_full_named(path):
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}.", dir=path.parent))
         try:
             yield tmp
+            usual_modes(tmp)  # mkdtemp made it 0700; what was written in it keeps no private mode either
             replace_dir(tmp, path)
         finally:
             if tmp.exists():
@@ -338,8 +341,32 @@ def read_states(run_dir: str | Path, round_index: int) -> dict[str, Any]:
 
 
 def existing_rounds(paths: RunPaths) -> list[int]:
-    """Round numbers that have a folder (complete or not)."""
+    """Round numbers of this run that have a folder (complete or not): ``rounds/0000`` to the run's last round
+    (:func:`last_round`; every numbered folder while run.json is unreadable). Another folder there is no round of
+    the run (:func:`pbrl.data.run_health.round_folders` names it)."""
     base = paths.root / "rounds"
     if not base.is_dir():
         return []
-    return sorted(int(p.name) for p in base.iterdir() if re.fullmatch(r"\d{4}", p.name))
+    try:
+        last = last_round(paths)
+    except ArtifactError:
+        last = None  # every numbered folder
+    found = (int(p.name) for p in base.iterdir() if p.is_dir() and re.fullmatch(r"\d{4}", p.name))
+    return sorted(r for r in found if last is None or r <= last)
+
+
+def last_round(paths: RunPaths) -> int | None:
+    """The run's last round by its stored config (``num_iterations`` of an iterative trainer, else 1; None when
+    the stored config does not say).
+
+    Raises:
+        ArtifactError: run.json is missing or malformed.
+    """
+    data = read_json(paths.run_json)
+    config = data.get("config", {}) if isinstance(data, dict) else {}
+    try:
+        if not is_iterative(str(config.get("trainer", ""))):
+            return 1
+        return int(config["num_iterations"]) if "num_iterations" in config else None
+    except (ConfigError, TypeError, ValueError):
+        raise ArtifactError(f"{paths.run_json}: no valid trainer and num_iterations in its config") from None

@@ -42,7 +42,7 @@ from pbrl.data.schema import EvalRow, Item
 from pbrl.data.tables import read_joint_responses, write_table
 from pbrl.errors import ConfigError, Problem
 from pbrl.generation.centralized import ADAPTER_FIELD, CentralizedAdapter, parse_roles
-from pbrl.preference.oracle import OracleScore, score_batch
+from pbrl.preference.oracle import Oracle, OracleScore
 
 if TYPE_CHECKING:
     from pbrl.tasks.base import Task
@@ -119,7 +119,7 @@ def parse_joint(adapter: CentralizedAdapter, text: str, num_roles: int) -> Parse
 
 
 def score_joint(
-    adapter: CentralizedAdapter, task: Task, texts: Sequence[str], items: Sequence[Item], timeout_s: float | None = None
+    adapter: CentralizedAdapter, task: Task, texts: Sequence[str], items: Sequence[Item], oracle: Oracle
 ) -> tuple[list[OracleScore], list[ParsedJoint]]:
     """Score n joint responses with the task reward on their role texts (docs/design/algorithms.md#oracle, one batched
     call).
@@ -131,13 +131,14 @@ def score_joint(
     Args:
         texts: the n joint completions (actor 0's text).
         items: the n task items, in the same order.
-        timeout_s: ``reward_timeout`` of the reward call (:func:`pbrl.preference.oracle.score_batch`).
+        oracle: the task reward (``task.reward_func`` and ``reward_processor``) with its ``reward_timeout``
+            (:class:`pbrl.preference.oracle.Oracle`).
 
     Returns:
         (n scores, n parses), in input order.
 
     Raises:
-        As :func:`pbrl.preference.oracle.score_batch`; ValueError from a faulty adapter (:func:`parse_joint`).
+        As :meth:`pbrl.preference.oracle.Oracle.score`; ValueError from a faulty adapter (:func:`parse_joint`).
     """
     num_roles = len(task.formatters)
     parsed = [parse_joint(adapter, t, num_roles) for t in texts]
@@ -146,13 +147,10 @@ def score_joint(
     if ok:
         ok_items = [items[j] for j in ok]
         role_prompts = [format_prompts(f, ok_items, i) for i, f in enumerate(task.formatters)]
-        got = score_batch(
-            task.reward_func,
-            task.reward_processor,
+        got = oracle.score(
             [[parsed[j].roles[i] for j in ok] for i in range(num_roles)],  # type: ignore[index]
             prompts=[[role_prompts[i][n] for i in range(num_roles)] for n in range(len(ok))],
             batch_items=ok_items,
-            timeout_s=timeout_s,
         )
         for j, s in zip(ok, got, strict=True):
             scores[j] = s

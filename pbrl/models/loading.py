@@ -26,14 +26,14 @@ import torch
 from accelerate import init_empty_weights
 from huggingface_hub import constants, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from pbrl.data.storage import atomic_dir
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.cast_load import load_cast
 from pbrl.models.head_input import contiguous_head_input
 from pbrl.models.lora import LoraSettings, lora_module_names, save_pretrained_stably, with_lora
-from pbrl.models.packaged import PACKAGED_MODELS, prepare_packaged_model
+from pbrl.models.packaged import MODEL_OBJECT_PREFIX, PACKAGED_MODELS, model_object_dir, prepare_packaged_model
 from pbrl.models.placement import AUTO, auto_device_map
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_model_source(source: str | Path, root: Path | None = None, *, field: str = "agent_model") -> Path:
     """Turn a configured model source into something loadable offline.
 
-    Order: a packaged alias (converted once, its folder returned), an existing local folder, else a hub
+    Order: a packaged alias (converted once, its folder returned), a saved model object (``model-object:<name>``,
+    in the storage root), an existing local folder, else a hub
     id that must already be in the local Hugging Face cache: its snapshot folder there is returned.
     Returning a folder rather than the id matters: transformers 5.24 ``from_pretrained(id,
     local_files_only=True)`` still sends HEAD requests for ``adapter_config.json`` (retrying for about
@@ -55,6 +56,14 @@ def resolve_model_source(source: str | Path, root: Path | None = None, *, field:
     """
     if isinstance(source, str) and source in PACKAGED_MODELS:
         return prepare_packaged_model(source, root)
+    if isinstance(source, str) and source.startswith(MODEL_OBJECT_PREFIX):
+        folder = model_object_dir(source, root)
+        if not (folder / "config.json").is_file() or "/" in source.removeprefix(MODEL_OBJECT_PREFIX):
+            raise ConfigError(
+                [Problem(field, source, f"no such saved model object in {folder.parent} (the storage root: "
+                         "PBRL_STORAGE, else ./storage); point PBRL_STORAGE at the storage that holds it")]
+            )  # fmt: skip
+        return folder
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -261,7 +270,9 @@ def _fill_pad_ids(model: Any, src: Path) -> None:
         model.generation_config.pad_token_id = pad_id
 
 
-def check_lora_target_modules(model_source: str | Path, target_modules: list[str] | tuple[str, ...]) -> list[str]:
+def check_lora_target_modules(
+    model_source: str | Path | PretrainedConfig, target_modules: list[str] | tuple[str, ...]
+) -> list[str]:
     """The entries of ``target_modules`` (``lora_target_modules``) that name no adaptable module of the
     model, in the given order, each once. An empty list means every entry adapts at least one module.
 
@@ -272,14 +283,18 @@ def check_lora_target_modules(model_source: str | Path, target_modules: list[str
 
     Args:
         model_source: anything :func:`resolve_model_source` accepts (a packaged model is converted if it
-            has not been yet).
+            has not been yet), or the model's config itself.
         target_modules: module names, e.g. ``["q_proj", "v_proj"]`` or ``["layers.0.self_attn.q_proj"]``.
 
     Raises:
         ConfigError: the source cannot be resolved (see :func:`resolve_model_source`).
     """
 
-    config = AutoConfig.from_pretrained(_local(model_source), local_files_only=True)
+    config = (
+        model_source
+        if isinstance(model_source, PretrainedConfig)
+        else AutoConfig.from_pretrained(_local(model_source), local_files_only=True)
+    )
     with torch.random.fork_rng(devices=[]), init_empty_weights():
         model = AutoModelForCausalLM.from_config(config)
     known = lora_module_names(model)

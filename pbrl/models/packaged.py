@@ -77,6 +77,19 @@ def storage_root() -> Path:
     return Path(env).expanduser() if env else Path.cwd() / "storage"
 
 
+# Model objects given to the Python trainers are saved by content under <storage>/models/objects/<name>/ and named in a
+# run's config as "model-object:<name>", resolved against the storage root when used: a run folder names no absolute
+# path, and moving the storage (with PBRL_STORAGE) keeps every run that uses it working (issue #53.7).
+MODEL_OBJECT_PREFIX = "model-object:"
+MODEL_OBJECTS = ("models", "objects")
+
+
+def model_object_dir(source: str, root: Path | None = None) -> Path:
+    """The folder of the model object ``source`` (``model-object:<name>``) in the storage root."""
+    name = source.removeprefix(MODEL_OBJECT_PREFIX)
+    return (root if root is not None else storage_root()).joinpath(*MODEL_OBJECTS) / name
+
+
 def packaged_model_dir(name: str, root: Path | None = None) -> Path:
     """The converted folder of packaged model ``name``: ``<root>/models/<name>``."""
     return (root if root is not None else storage_root()) / "models" / name

@@ -211,12 +211,19 @@ def row_invariant(model: nn.Module) -> Iterator[None]:
         linears = [m for m in model.modules() if type(m) is nn.Linear]
         token = _GROUPS.set(())
         base.set_attn_implementation(ATTENTION)
-        for module in linears:
-            module.forward = lambda x, module=module: linear_rows(module, x)  # type: ignore[method-assign]
+        # accelerate's offload hooks wrap a module's forward around ``_old_forward`` (they load offloaded weights
+        # first): the row blocks replace the wrapped forward there, and the hook stays
+        slots = [(m, "_old_forward" if hasattr(m, "_hf_hook") else "forward") for m in linears]
+        saved = [m.__dict__.get(slot) for m, slot in slots]
+        for module, slot in slots:
+            setattr(module, slot, lambda x, module=module: linear_rows(module, x))
         try:
             yield
         finally:
-            for module in linears:
-                del module.forward
+            for (module, slot), old in zip(slots, saved, strict=True):
+                if old is None:
+                    delattr(module, slot)
+                else:
+                    setattr(module, slot, old)
             base.set_attn_implementation(before)
             _GROUPS.reset(token)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
+
 from pbrl.errors import ConfigError, Problem
+from pbrl.generation.redaction import Redactor
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +49,33 @@ TOOLS: dict[str, ToolSpec] = {
     "trackio": ToolSpec("trackio", "trackio==0.43.0"),
 }
 _OFFLINE_WANDB = ("offline", "dryrun", "disabled")
+WANDB_MODES = ("online", "offline", "dryrun", "disabled", "run", "shared")  # what W&B's own settings accept
+# Environment variables whose values are secrets of a tool: hidden from every message pbrl writes about it.
+SECRET_ENV = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY", "HF_TOKEN")
+PROBE_TIMEOUT_S = 5.0  # an MLflow tracking server that does not answer within this is taken for unreachable
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def hide_secrets(text: str) -> str:
+    """``text`` with the user and password of every URL (``https://user:pass@host`` -> ``https://***@host``) and the
+    values of the tools' secret environment variables (:data:`SECRET_ENV`) hidden."""
+    text = _USERINFO.sub("***@", text)
+    for name in SECRET_ENV:
+        secret = os.environ.get(name, "")
+        if len(secret) >= 4:
+            text = Redactor(secret)(text)
+    return text
 
 
 def tracker_names(report_to: str | Sequence[str] | None) -> tuple[str, ...]:
-    """The ``report_to`` option as names, each once, in the given order (None -> none)."""
-    if report_to is None:
+    """The ``report_to`` option as names, each once, in the given order (None or ``'none'`` -> none; ``'all'`` -> every
+    tool whose package is installed, as transformers reads it)."""
+    if report_to is None or report_to == "none":
         return ()
-    return tuple(dict.fromkeys([report_to] if isinstance(report_to, str) else report_to))
+    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    if "all" in names:
+        names = [n for n in TOOLS if importlib.util.find_spec(TOOLS[n].module) is not None]
+    return tuple(dict.fromkeys(names))
 
 
 def tracker_problems(report_to: str | Sequence[str] | None) -> list[Problem]:
@@ -67,6 +91,14 @@ def tracker_problems(report_to: str | Sequence[str] | None) -> list[Problem]:
                 Problem("report_to", name, f"needs the {spec.module} package, which is not installed: {EXTRA} (or "
                         f"pip install {spec.requirement})")
             )  # fmt: skip
+        elif name == "wandb" and os.environ.get("WANDB_MODE", "online") not in WANDB_MODES:
+            shown = os.environ["WANDB_MODE"][:40]
+            problems.append(
+                Problem("report_to", name, f"WANDB_MODE={shown!r} is not a W&B mode; set one of "
+                        f"{', '.join(WANDB_MODES)}, or unset it (online)")
+            )  # fmt: skip
+        elif name == "mlflow" and (why := mlflow_server_problem()):
+            problems.append(Problem("report_to", name, why))
         elif name == "wandb" and os.environ.get("WANDB_MODE", "online") not in _OFFLINE_WANDB and not _wandb_key():
             problems.append(
                 Problem("report_to", name, "W&B is online (WANDB_MODE is not offline) but no API key is found: run "
@@ -74,6 +106,28 @@ def tracker_problems(report_to: str | Sequence[str] | None) -> list[Problem]:
                         "network (`wandb sync` uploads them later)")
             )  # fmt: skip
     return problems
+
+
+def mlflow_server_problem() -> str | None:
+    """Why the MLflow tracking server of ``MLFLOW_TRACKING_URI`` (an ``http(s)://`` one) cannot take a run: it does not
+    answer within :data:`PROBE_TIMEOUT_S` (one try, where MLflow's client retries for minutes) or refuses the
+    credentials; None when it answers, or the URI is no server (a local store, unset, Databricks). The URI is shown
+    without its user and password."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri.startswith(("http://", "https://")):
+        return None
+    shown = hide_secrets(uri)
+    probe = uri.rstrip("/") + "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + DEFAULT_PROJECT
+    try:
+        status = httpx.get(probe, timeout=PROBE_TIMEOUT_S).status_code
+    except httpx.HTTPError as exc:
+        return (
+            f"the MLflow tracking server {shown} (MLFLOW_TRACKING_URI) does not answer ({type(exc).__name__}); start "
+            "it, fix MLFLOW_TRACKING_URI (unset: a local store in the run folder) or leave mlflow out of report_to"
+        )
+    if status in (401, 403):
+        return f"the MLflow tracking server {shown} refused the credentials (HTTP {status}): check them"
+    return None
 
 
 def require_trackers(report_to: str | Sequence[str] | None) -> None:
@@ -160,6 +214,12 @@ class MLflowTracker:
     def start(self, run: RunInfo, stored: Mapping[str, Any]) -> dict[str, Any]:
         from mlflow.tracking import MlflowClient  # deferred: an optional dependency
 
+        # MLflow's client retries a request 7 times with a doubling backoff (minutes against a server that went away
+        # after the start's probe); a few tries are enough for a hiccup. The user's own settings win.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        for name in ("mlflow.store", "alembic"):  # "Creating initial MLflow database tables..." in a run's output
+            logging.getLogger(name).setLevel(logging.WARNING)
         store = run.run_dir / "mlruns"
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         artifacts = None

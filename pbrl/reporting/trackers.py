@@ -13,22 +13,26 @@ rerun that comes back Cached) continues the same tracked run and logs each step 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import logging
 import threading
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pbrl.data.storage import RunPaths, read_json, write_json
+from pbrl.errors import ArtifactError, RemoteServiceError
 from pbrl.reporting.tracker_tools import (
     ROUND_AXIS,
     TRACKER_CLASSES,
     TRAIN_AXIS,
     RunInfo,
+    hide_secrets,
     require_trackers,
     tracker_names,
 )
@@ -60,6 +64,18 @@ def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str | 
 
 def _digest(metrics: Mapping[str, float]) -> str:
     return hashlib.sha256(json.dumps(sorted(metrics.items())).encode()).hexdigest()[:16]
+
+
+def _said(name: str, call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``, with what the tool prints to stdout logged as pbrl's lines (the run's log), not printed: a
+    line of trackio's printed at the run's end reached a redirected output after the final round table."""
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        try:
+            return call(*args)
+        finally:
+            for line in printed.getvalue().splitlines():
+                if line.strip():
+                    log.info("report_to %s: %s", name, hide_secrets(line.strip()))
 
 
 class RunTracker:
@@ -114,8 +130,7 @@ class RunTracker:
             config = stored.get("config", {})
             names = self.names if self.names is not None else tracker_names(config.get("report_to"))
             require_trackers(names)
-            self.state = read_json(self.state_file) if self.state_file.is_file() else {}
-            self.state.setdefault("trackers", {})
+            self.state = self._stored_state()
             info = RunInfo(
                 self.paths.root,
                 self.paths.root.resolve().name,
@@ -123,24 +138,53 @@ class RunTracker:
                 str(config.get("trainer", "")),
             )
             params = flat_params(config)
+            name = ""
             try:
                 for name in names:
                     tool = TRACKER_CLASSES[name]()
-                    self.state["trackers"][name] = tool.start(info, self.state["trackers"].get(name, {}))
+                    self.state["trackers"][name] = _said(name, tool.start, info, self.state["trackers"].get(name, {}))
                     self.tools[name] = tool
                     write_json(self.state_file, self.state)  # the id first: a kill from here on resumes this run
+            except Exception as exc:
+                self._finish_all(failed=True)
+                # One line, without the tool's traceback and chain: their messages may hold a URL's password.
+                raise RemoteServiceError(
+                    f"report_to {name}: the tracker could not start ({type(exc).__name__}: "
+                    f"{hide_secrets(str(exc))[:300]}); fix its settings (its environment variables) or leave it out "
+                    "of report_to"
+                ) from None
             except BaseException:
                 self._finish_all(failed=True)
                 raise
             self.opened = True
             self._each("log_params", params)
 
+    def _stored_state(self) -> dict[str, Any]:
+        """tracking.json, or a fresh record for a run never tracked.
+
+        Raises:
+            ArtifactError: tracking.json is damaged: the tracked runs it names cannot be continued, and starting
+                new ones silently would split the run's history (the fix is named).
+        """
+        if not self.state_file.is_file():
+            return {"trackers": {}}
+        try:
+            state = read_json(self.state_file)
+            if not isinstance(state, dict) or not isinstance(state.setdefault("trackers", {}), dict):
+                raise ArtifactError(f"{self.state_file}: not a tracking record")
+        except ArtifactError as exc:
+            raise ArtifactError(
+                f"{exc}; the tracked runs it names cannot be continued: restore it, or move it away to start new "
+                "tracked runs"
+            ) from None
+        return state
+
     # -------------------------------------------------------------------------------- hooks
     def on_run_start(self, event: Any) -> None:
         try:
-            self.open()
-        except Exception:
-            log.exception("report_to: the trackers of %s could not start; this run is not tracked", self.paths.root)
+            self.open()  # the front ends open it before run_start; here for a listener wired on its own
+        except Exception as exc:
+            log.error("report_to: this run is not tracked: %s", hide_secrets(str(exc)))
 
     def on_log(self, event: Any) -> None:
         """A training step: ``train/<metric>`` (and ``train/env_step``, ``train/round``) at the run's next
@@ -190,13 +234,13 @@ class RunTracker:
         tools, self.tools, self.opened = self.tools, {}, False
         for name, tool in tools.items():
             try:
-                tool.finish(failed)
-            except Exception:
-                log.exception("report_to %s: could not end the tracked run", name)
+                _said(name, tool.finish, failed)
+            except Exception as exc:
+                log.error("report_to %s: could not end the tracked run: %s", name, hide_secrets(str(exc)))
 
     def _each(self, method: str, *args: Any) -> None:
         for name, tool in self.tools.items():
             try:
-                getattr(tool, method)(*args)
-            except Exception:  # a tracker's hiccup must not stop training
-                log.exception("report_to %s: %s failed", name, method)
+                _said(name, getattr(tool, method), *args)
+            except Exception as exc:  # a tracker's hiccup must not stop training; one line, no secret in it
+                log.error("report_to %s: %s failed: %s: %s", name, method, type(exc).__name__, hide_secrets(str(exc)))

@@ -30,17 +30,18 @@ from typing import Any, NamedTuple
 import torch
 
 from pbrl.config import JobConfig, is_centralized, parse_job
+from pbrl.data.folders import usual_modes
 from pbrl.data.storage import RunPaths, atomic_dir, existing_rounds, read_json, read_manifest, write_json
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.head_input import contiguous_head_input
 from pbrl.models.loading import DTYPES, load_tokenizer, resolve_devices, resolve_model_source
 from pbrl.models.lora import quiet_peft_wrapping, save_pretrained_stably
-from pbrl.models.packaged import PACKAGED_MODELS
+from pbrl.models.packaged import MODEL_OBJECT_PREFIX, PACKAGED_MODELS
 from pbrl.models.policies import SOURCE_FILE, UPDATE_STAGE, PolicySource, policy_checkpoint
+from pbrl.run.export_target import EXPORT_FILE, export_target, replace_export
 from pbrl.run.settings import policy_source
 
 OPTIMIZER_FILE = "optimizer.pt"
-EXPORT_FILE = "pbrl-export.json"  # in an export folder: what was exported (and that the folder is an export)
 CARD_FILE = "README.md"
 
 
@@ -173,15 +174,23 @@ def _load_agent(source: PolicySource, agent: int, checkpoint: Path, merge_lora: 
     # Weights that trained are float32 master weights (pbrl/models/loading.py): full weights and a merged adapter
     # keep that precision; only the frozen base under an unmerged adapter is in the run's torch_dtype.
     dtype = DTYPES[source.dtype] if source.lora is not None and not merge_lora else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(
-        agent_dir if full else base, dtype=dtype, local_files_only=True, use_safetensors=True
-    )
-    tokenizer = load_tokenizer(base)
-    if source.lora is not None:
-        with quiet_peft_wrapping():  # peft reads a deprecated transformers flag: a FutureWarning per load
-            model = PeftModel.from_pretrained(model, str(agent_dir))
-        if merge_lora:
-            model = model.merge_and_unload()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            agent_dir if full else base, dtype=dtype, local_files_only=True, use_safetensors=True
+        )
+        tokenizer = load_tokenizer(base)
+        if source.lora is not None:
+            with quiet_peft_wrapping():  # peft reads a deprecated transformers flag: a FutureWarning per load
+                model = PeftModel.from_pretrained(model, str(agent_dir))
+            if merge_lora:
+                model = model.merge_and_unload()
+    except (ArtifactError, ConfigError):
+        raise
+    except Exception as exc:  # a truncated or edited weights file: the loaders' own errors name no fix
+        raise ArtifactError(
+            f"{agent_dir}: cannot be loaded ({type(exc).__name__}: {str(exc)[:200]}); the checkpoint is damaged: "
+            "`pbrl status` names it, and `pbrl stage update-policies --run <run> --round <r> --force` writes it again"
+        ) from None
     for config in (model.config, model.generation_config):  # as the run's loader fills them (pad = EOS when none)
         if getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = tokenizer.pad_token_id
@@ -202,58 +211,81 @@ def export_agents(
     run named, else the local base folder), with the tokenizer and a model card (:func:`model_card`).
     ``push_to_hub`` then uploads one as it is (``model.push_to_hub("me/agent-0")`` after loading it).
 
-    ``out`` is assembled under a temporary name and renamed into place; an earlier export in ``out`` (it has
-    ``pbrl-export.json``) is replaced, any other non-empty folder is refused.
+    A new ``out`` is assembled under a temporary name and renamed into place; an earlier export in ``out`` (it has
+    ``pbrl-export.json``) has its own files replaced and nothing else (:mod:`pbrl.run.export_target`); any other
+    non-empty folder is refused. Every file gets the modes of the process's umask.
 
     Returns:
         The agent folders, in agent order.
 
     Raises:
-        ConfigError: ``out`` is a non-empty folder that is not an export, or ``round`` is not a round of the run
-            (both named).
-        ArtifactError: run.json or the round's checkpoint is missing or incomplete.
+        ConfigError: ``out`` cannot take the export (:func:`pbrl.run.export_target.export_target`), or ``round`` is
+            not a round of the run (both named).
+        ArtifactError: run.json or the round's checkpoint is missing, incomplete or damaged, or ``out`` cannot be
+            written (permissions, a full disk).
     """
     out = Path(out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / EXPORT_FILE).is_file())):
-        raise ConfigError([Problem("out", str(out), "exists and is not an earlier export; give a new or empty folder")])
+    earlier = export_target(out, Path(run_dir))
     job = stored_job(run_dir)
     paths = RunPaths(run_dir)
     round_index = trained_round(run_dir, round)
     checkpoint = policy_checkpoint(paths, round_index)
+
+    def write(folder: Path) -> None:
+        _write_export(folder, job, paths, round_index, checkpoint, merge_lora)
+
+    try:
+        if earlier is None:
+            with atomic_dir(out) as tmp:  # a new (or empty) folder: renamed into place whole
+                write(tmp)
+        else:
+            replace_export(out, earlier, write)
+    except OSError as exc:  # a target that cannot be written (permissions, a full disk): one line naming it
+        raise ArtifactError(f"{out}: the export cannot be written there ({exc.strerror or exc})") from None
+    return [out / f"agent_{i}" for i in range(policy_source(job).num_agents)]
+
+
+def _write_export(
+    folder: Path, job: JobConfig, paths: RunPaths, round_index: int, checkpoint: Path, merge_lora: bool
+) -> None:
+    """Write every agent's folder and, last, ``pbrl-export.json`` (with every file written) into ``folder``."""
     source = policy_source(job)
     run = read_json(paths.run_json)
-    with atomic_dir(out) as tmp:
-        for agent in range(source.num_agents):
-            loaded = _load_agent(source, agent, checkpoint, merge_lora)
-            folder = tmp / f"agent_{agent}"
-            if source.lora is not None and not merge_lora and _hub_id(source.models[agent]):
-                loaded.model.peft_config["default"].base_model_name_or_path = source.models[agent]
-            save_pretrained_stably(loaded.model, folder)  # the same adapter_config.json bytes in every process
-            # saved as the run used it: transformers saves the init kwargs, not the attribute set after loading
-            loaded.tokenizer.init_kwargs["padding_side"] = loaded.tokenizer.padding_side
-            loaded.tokenizer.save_pretrained(folder)
-            card = model_card(job, run, paths, round_index, checkpoint, agent, merge_lora=merge_lora)
-            (folder / CARD_FILE).write_text(card, encoding="utf-8")
-            del loaded
-        write_json(
-            tmp / EXPORT_FILE,
-            {
-                "run": paths.root.resolve().name,
-                "run_id": run.get("run_id"),
-                "round": round_index,
-                "checkpoint": paths.rel(checkpoint),
-                "trainer": job.trainer,
-                "agents": [f"agent_{i}" for i in range(source.num_agents)],
-                "lora": source.lora is not None,
-                "merged": bool(merge_lora and source.lora is not None),
-            },
-        )
-    return [out / f"agent_{i}" for i in range(source.num_agents)]
+    for agent in range(source.num_agents):
+        loaded = _load_agent(source, agent, checkpoint, merge_lora)
+        target = folder / f"agent_{agent}"
+        if source.lora is not None and not merge_lora and _hub_id(source.models[agent]):
+            loaded.model.peft_config["default"].base_model_name_or_path = source.models[agent]
+        save_pretrained_stably(loaded.model, target)  # the same adapter_config.json bytes in every process
+        # saved as the run used it: transformers saves the init kwargs, not the attribute set after loading
+        loaded.tokenizer.init_kwargs["padding_side"] = loaded.tokenizer.padding_side
+        loaded.tokenizer.save_pretrained(target)
+        card = model_card(job, run, paths, round_index, checkpoint, agent, merge_lora=merge_lora)
+        (target / CARD_FILE).write_text(card, encoding="utf-8")
+        del loaded
+    written = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    write_json(
+        folder / EXPORT_FILE,
+        {
+            "run": paths.root.resolve().name,
+            "run_id": run.get("run_id"),
+            "round": round_index,
+            "checkpoint": paths.rel(checkpoint),
+            "trainer": job.trainer,
+            "agents": [f"agent_{i}" for i in range(source.num_agents)],
+            "lora": source.lora is not None,
+            "merged": bool(merge_lora and source.lora is not None),
+            "files": [*written, EXPORT_FILE],  # what a later export may replace; nothing else is touched
+        },
+    )
+    usual_modes(folder)
 
 
 def _hub_id(source: str) -> bool:
     """Whether an agent source is a hub id (neither a packaged alias nor a local folder)."""
-    return source not in PACKAGED_MODELS and not Path(source).expanduser().is_dir()
+    if source in PACKAGED_MODELS or source.startswith(MODEL_OBJECT_PREFIX):
+        return False
+    return not Path(source).expanduser().is_dir()
 
 
 TRAINER_CLASSES = {

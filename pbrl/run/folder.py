@@ -269,6 +269,17 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def held_if_exists(run_dir: Path | None) -> Iterator[None]:
+    """:func:`run_lock` on ``run_dir`` for the block when it is a run folder already (a new run's folder does not
+    exist until the flow builds it, and the flow takes the lock then); nothing otherwise."""
+    if run_dir is not None and RunPaths(run_dir).run_json.is_file():
+        with run_lock(run_dir):
+            yield
+    else:
+        yield
+
+
 def run_holder(run_dir: Path) -> dict[str, object] | None:
     """The process holding ``run_dir`` (``{"pid", "host", "since"}``), or None when it is free or held by this
     process."""

@@ -2,9 +2,10 @@
 ``peft_config`` (docs/guides/python-api.md#the-python-api).
 
 Model objects are checked, given their tokenizers, and saved once, by content, under ``<storage>/models/objects/``
-(``PBRL_STORAGE``, else ``./storage``), and the run names that folder, so every stage, ``pbrl stage`` and
-``pbrl train --resume`` load them as any local model. A ``peft.LoraConfig`` becomes pbrl's LoRA options
-(``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``); what pbrl's LoRA cannot do is named.
+(``PBRL_STORAGE``, else ``./storage``), and the run names them ``model-object:<name>`` (never an absolute path), so
+every stage, ``pbrl stage`` and ``pbrl train --resume`` load them as any local model, wherever the storage moved. A
+``peft.LoraConfig`` becomes pbrl's LoRA options (``lora_r``, ``lora_alpha``, ``lora_dropout``,
+``lora_target_modules``); what pbrl's LoRA cannot do is named.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 from pbrl.data.storage import atomic_dir, hash_path
 from pbrl.errors import ConfigError, Problem
 from pbrl.models.loading import load_tokenizer, resolve_model_source
-from pbrl.models.packaged import storage_root
+from pbrl.models.packaged import MODEL_OBJECT_PREFIX, model_object_dir
 
-MODEL_STORE = ("models", "objects")  # under the storage root: model objects saved by content
 # LoraConfig fields pbrl's LoRA takes (pbrl.models.lora.LoraSettings) or that change nothing; any other set to a
 # value other than peft's default is refused.
 _LORA_FIELDS = {"r", "lora_alpha", "lora_dropout", "target_modules"}
@@ -49,29 +49,38 @@ def _model_digest(model: PreTrainedModel, tokenizer: Any) -> str:
     return h.hexdigest()
 
 
-def save_model_object(model: PreTrainedModel, tokenizer: Any, root: Path | None = None) -> Path:
-    """Save ``model`` (safetensors) and ``tokenizer`` once, by content, to
-    ``<root>/models/objects/<class>-<hash>/`` (root: the storage root, ``PBRL_STORAGE`` or ``./storage``) and return
-    that folder (absolute); an equal object saved before is not written again.
+def save_model_object(model: PreTrainedModel, tokenizer: Any, root: Path | None = None) -> str:
+    """Save ``model`` (safetensors) and ``tokenizer`` once, by content, to ``<root>/models/objects/<class>-<hash>/``
+    (root: the storage root, ``PBRL_STORAGE`` or ``./storage``); an equal object saved before is not written again.
+
+    Returns:
+        Its name in a run's config, ``model-object:<class>-<hash>``: resolved against the storage root where it is
+        used (:func:`pbrl.models.loading.resolve_model_source`), so the run folder names no absolute path and a
+        moved storage keeps working with ``PBRL_STORAGE``.
 
     Raises:
         ArtifactError: the disk is full (named).
     """
-    folder = (root or storage_root()).joinpath(
-        *MODEL_STORE
-    ) / f"{type(model).__name__}-{_model_digest(model, tokenizer)[:16]}"
+    name = f"{type(model).__name__}-{_model_digest(model, tokenizer)[:16]}"
+    folder = model_object_dir(MODEL_OBJECT_PREFIX + name, root)
     if not (folder / "config.json").is_file():
         with atomic_dir(folder) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-    return folder.resolve()
+    return MODEL_OBJECT_PREFIX + name
 
 
 def _check_model(field: str, model: Any) -> list[Problem]:
     if isinstance(model, PeftModel):
         return [Problem(field, type(model).__name__, "a peft model: give its base model with peft_config, or merge it "
                         "first (model.merge_and_unload())")]  # fmt: skip
-    if isinstance(model, (str, Path, PreTrainedModel)):
+    if isinstance(model, PreTrainedModel):
+        placed = {p.device.type for p in model.parameters()}
+        if "meta" in placed:
+            return [Problem(field, type(model).__name__, "its weights are on the meta device (never loaded): load "
+                            "them (from_pretrained without init_empty_weights or device_map='meta')")]  # fmt: skip
+        return []
+    if isinstance(model, (str, Path)):
         return []
     return [Problem(field, type(model).__name__, "give a model id, a local folder or a transformers PreTrainedModel")]
 

@@ -7,19 +7,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig
 
-from pbrl.config import JobConfig, is_iterative
-from pbrl.data.items import load_run_items
+from pbrl.config import JobConfig, is_centralized, is_iterative
+from pbrl.data.items import load_run_items, with_item_ids
 from pbrl.errors import ArtifactError, ConfigError, Problem
+from pbrl.generation.collaboration import actor_prompts
 from pbrl.generation.comparator_factory import preflight_problems as comparator_preflight_problems
-from pbrl.models.loading import check_lora_target_modules, load_tokenizer, resolve_model_source
-from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
+from pbrl.models.loading import load_tokenizer, resolve_model_source
+from pbrl.models.packaged import PACKAGED_MODELS
 from pbrl.models.placement import auto_device_map
 from pbrl.models.precision import autocast_problem
 from pbrl.reporting.reward_hist import check_reward_range
 from pbrl.reporting.tracker_tools import tracker_problems
 from pbrl.run.judging import preflight_problems as judge_preflight_problems
+from pbrl.run.preflight_env import (
+    adapter_problems,
+    device_problems,
+    folder_problems,
+    parameter_size_problems,
+    thread_problems,
+)
+from pbrl.run.preflight_models import agent_model_problems, with_ids
 from pbrl.run.settings import centralized_adapter, concrete_precision, policy_source
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task
@@ -38,8 +46,10 @@ def preflight(
     """Check what a config cannot check on its own, before any run folder is touched or Prefect started:
     the trainer is available, the task and its import paths resolve, the items load and every agent's
     formatter formats every item, every model source exists offline (a packaged model is converted here,
-    once), ``lora_target_modules`` name modules of the model, the comparator policy is available, and with
-    centralized collaboration the adapter imports.
+    once, unless ``prepare_models`` is false), ``lora_target_modules`` name modules of the model, the tokenizer fits
+    the model's vocabulary and every prompt its context (:mod:`pbrl.run.preflight_models`), the comparator policy is
+    available, with centralized collaboration the adapter imports and keeps its contract, and the devices, folders,
+    thread count and config size suit this machine and Prefect (:mod:`pbrl.run.preflight_env`).
     ``check_items=False`` skips the items (a resumed run reads its stored ``items.parquet``).
 
     Returns:
@@ -75,36 +85,61 @@ def preflight(
             check_reward_range(getattr(task.reward_func, "reward_range", None) or task.reward_range, source=task.name)
         except ValueError as exc:
             problems.append(Problem("log_reward_distribution", True, str(exc)))
-    missing_files = False
-    for name in ("train_dataset", "eval_dataset"):
-        path = getattr(job, name)
-        if isinstance(path, str) and not Path(path).is_file():  # a DatasetSpec is checked when loaded
-            problems.append(Problem(name, path, "file not found"))
-            missing_files = True
-    if task is not None and check_items and not missing_files:
+    items = _item_problems(job, task, train_items, eval_items, check_items, problems)
+    models = policy_source(job).models
+    if task is not None and items is not None:
         try:
-            load_run_items(job, task, train_items, eval_items)
-        except ConfigError as exc:
-            problems += exc.problems
-    field = "agents" if job.agents else "agent_model"
-    for source in dict.fromkeys(policy_source(job).models):
-        try:
-            if not prepare_models and source in PACKAGED_MODELS:
-                locate_packaged_file(source)  # the packaged file is there; conversion waits for training
-            else:
-                resolved = resolve_model_source(source, field=field)
-                problems += _lora_target_problems(job, resolved)
-        except ConfigError as exc:
-            problems += exc.problems
-        except ArtifactError as exc:
-            problems.append(Problem(field, source, str(exc)))
-    problems += _reward_layers_problems(job, prepare_models)
+            prompts = with_ids(actor_prompts(task, [item for _, item in items], centralized_adapter(job)), items)
+        except ConfigError:
+            prompts = None  # the formatters' and the adapter's problems are reported with the items
+    else:
+        prompts = None
+    problems += agent_model_problems(job, models, prompts, prepare=prepare_models)
+    problems += _environment_problems(job, task, items, models)
     problems += judge_preflight_problems(job, task, prepare_models=prepare_models)
     problems += _precision_and_placement_problems(job)
     problems += tracker_problems(getattr(job, "report_to", None))
     if problems:
         raise ConfigError(list({str(p): p for p in problems}.values()))  # the same problem once
     return task  # type: ignore[return-value]
+
+
+def _item_problems(
+    job: JobConfig, task: Task | None, train_items: Any, eval_items: Any, check_items: bool, problems: list[Problem]
+) -> list[tuple[str, dict[str, Any]]] | None:
+    """Load the items (every problem added to ``problems``); the train and eval items with their ids
+    (``(item_id, item)``), or None."""
+    missing_files = False
+    for name in ("train_dataset", "eval_dataset"):
+        path = getattr(job, name)
+        if isinstance(path, str) and not Path(path).is_file():  # a DatasetSpec is checked when loaded
+            problems.append(Problem(name, path, "file not found"))
+            missing_files = True
+    if task is None or not check_items or missing_files:
+        return None
+    try:
+        train, evals = load_run_items(job, task, train_items, eval_items)
+    except ConfigError as exc:
+        problems += exc.problems
+        return None
+    return with_item_ids(train, "item", "train_dataset") + with_item_ids(evals, "eval", "eval_dataset")
+
+
+def _environment_problems(
+    job: JobConfig, task: Task | None, items: list[tuple[str, dict[str, Any]]] | None, models: tuple[str, ...]
+) -> list[Problem]:
+    """What the job asks of this machine: devices, folders, threads, Prefect's parameter size, and the centralized
+    adapter's contract (:mod:`pbrl.run.preflight_env`)."""
+    problems = device_problems(job) + thread_problems(job) + parameter_size_problems(job)
+    problems += folder_problems(job, packaged_models=any(m in PACKAGED_MODELS for m in models))
+    if task is not None and is_centralized(job):
+        try:
+            adapter = centralized_adapter(job)
+        except ConfigError:
+            adapter = None  # reported above
+        if adapter is not None:
+            problems += adapter_problems(adapter, len(task.formatters), items[0][1] if items else None)
+    return problems
 
 
 def _precision_and_placement_problems(job: JobConfig) -> list[Problem]:
@@ -162,39 +197,3 @@ def _actor_critic_problems(job: JobConfig) -> list[Problem]:
         except ArtifactError as exc:
             problems.append(Problem("critic_model_name", job.critic_model_name, str(exc)))
     return problems
-
-
-def _reward_layers_problems(job: JobConfig, prepare_models: bool) -> list[Problem]:
-    """``reward_backbone_layers`` beyond the reward model backbone's layers (read from its config; a packaged
-    model not converted yet is checked when the reward model is built)."""
-    layers = getattr(job, "reward_backbone_layers", None)
-    if layers is None:
-        return []
-    source = job.reward_model_name or policy_source(job).models[0]
-    if not prepare_models and source in PACKAGED_MODELS:
-        return []
-    try:
-        total = AutoConfig.from_pretrained(resolve_model_source(source, field="reward_model_name")).num_hidden_layers
-    except (ConfigError, ArtifactError, OSError, ValueError):
-        return []  # an unusable source is reported by the model checks
-    if layers <= total:
-        return []
-    return [Problem("reward_backbone_layers", layers, f"the reward model backbone {source} has {total} layers")]
-
-
-def _lora_target_problems(job: JobConfig, resolved: Any) -> list[Problem]:
-    """``lora_target_modules`` entries that name no module of the model (LoRA only)."""
-    if job.lora_r is None or not job.lora_target_modules:
-        return []
-
-    unknown = check_lora_target_modules(resolved, list(job.lora_target_modules))
-    if not unknown:
-        return []
-    return [
-        Problem(
-            "lora_target_modules",
-            unknown,
-            f"no module of {resolved} is named so; check the model's "
-            "module names (e.g. q_proj, k_proj, v_proj, o_proj for Llama-style models)",
-        )
-    ]

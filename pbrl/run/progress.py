@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,13 @@ class Event:
     seconds: float | None = None
     state: str | None = None
     messages: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Read-only for every listener: a callback that changed the metrics changed what the trackers logged and
+        # what the next callback saw (issue #53.2). The mappings are copies behind read-only views.
+        object.__setattr__(self, "metrics", MappingProxyType(dict(self.metrics)))
+        object.__setattr__(self, "counts", MappingProxyType(dict(self.counts)))
+        object.__setattr__(self, "messages", tuple(self.messages))
 
 
 Listener = Callable[[Event], None]
@@ -107,12 +115,18 @@ HOOKS: dict[str, str] = {
 
 class CallbackHandler:
     """A listener of run events (:func:`pbrl.run.progress.subscribe`) that calls each callback's hook for the events
-    of the run in ``run_dir``."""
+    of the run in ``run_dir``.
+
+    A hook that raises (``sys.exit`` included: a callback cannot end the run, nor make it look finished) is reported
+    once, by callback and hook, with its error; its later failures are counted and summed up at ``run_end``. The
+    training and the other callbacks go on. ``KeyboardInterrupt`` (Ctrl-C) is not caught.
+    """
 
     def __init__(self, run_dir: str | Path, callbacks: Sequence[Any]) -> None:
         self.run_dir = str(Path(run_dir).resolve())
         self.callbacks = list(callbacks)
         self._same: dict[str, bool] = {}
+        self.failures: dict[str, int] = {}  # "Callback.hook" -> failed calls
 
     def _ours(self, run_dir: str | None) -> bool:
         if run_dir is None:
@@ -131,8 +145,27 @@ class CallbackHandler:
                 continue
             try:
                 hook(event)
-            except Exception:  # a broken callback must not stop training or the other callbacks
-                log.exception("callback %s.%s failed on a %s event", type(callback).__name__, name, event.kind)
+            except (Exception, SystemExit) as exc:  # a broken callback must not stop training or the other callbacks
+                self._failed(f"{type(callback).__name__}.{name}", event, exc)
+        if event.kind == "run_end":
+            for where, count in self.failures.items():
+                if count > 1:
+                    log.error("callback %s failed on %d events in this run (the first is reported above)", where, count)
+
+    def _failed(self, where: str, event: Event, exc: BaseException) -> None:
+        self.failures[where] = self.failures.get(where, 0) + 1
+        if self.failures[where] > 1:
+            return
+        if isinstance(exc, SystemExit):  # a callback cannot end the run (it ended with exit status 0 before)
+            what = f"called sys.exit({exc.code!r})"
+        else:
+            what = f"raised {type(exc).__name__}: {str(exc)[:300] or '(no message)'}"
+        log.error(
+            "callback %s %s on a %s event; the run goes on, and its later failures are counted, not shown",
+            where,
+            what,
+            event.kind,
+        )
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pbrl.config import JobConfig, stage_config_hash
+from pbrl.data.folders import working_in
 from pbrl.data.storage import RunPaths, StageManifest, hash_files, write_manifest
 from pbrl.models.threads import mkl_mode_note, thread_usage
 from pbrl.run.progress import Event, Progress, publish
@@ -67,6 +68,7 @@ class StageRecord:
         release_free_memory()
         self.stage, self.round_index, self.job = stage, round_index, job
         self.paths = RunPaths(run_dir)
+        working_in(run_dir)  # a write after the folder moved fails naming it, leaving no phantom folder behind
         self.started = time.perf_counter()
         self._thread_clock = time.monotonic()  # the load follower's clock (pbrl/models/threads.py)
         self.counts: dict[str, int] = {}
