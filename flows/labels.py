@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +26,8 @@ from typing import Any, Literal
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStateType
+from prefect.client.schemas.objects import StateType
 from prefect.context import FlowRunContext
 from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
@@ -42,6 +46,8 @@ log = logging.getLogger("pbrl.flows.labels")
 FORM_KEY = "pbrl-labels"  # the start of every label form's pause key: r<round>-<id> follows
 INPUT_PREFIX = f"suspended-{FORM_KEY}-"  # Prefect keeps a suspension's input under "suspended-<pause key>-..."
 FIELD_PREFIX = "pair_"
+DEADLINE_LABEL = "pbrl.labels_deadline"  # on a suspended flow run whose round goes on without labels at this time
+CHECK_SECONDS = float(os.environ.get("PBRL_LABEL_DEADLINE_CHECK_SECONDS", "60"))
 FORMS_DIR = Path("judge") / "forms"  # <run>/judge/forms/<pause key>.json: what each form showed, and its fate
 Choice = Literal["later", "A", "B", "tie", "skip"]
 CHOICE_HELP = (
@@ -132,6 +138,9 @@ def await_labels(run_dir: str, round_index: int, job: JobConfig) -> None:
     timeout = None
     if waiting.deadline is not None and job.judge_label_timeout_policy == "fail":  # Prefect fails it at the deadline
         timeout = max(1, int((waiting.deadline - datetime.now(UTC)).total_seconds()))
+    elif waiting.deadline is not None:  # continue: `pbrl serve` resumes it at the deadline (keep_label_deadlines)
+        with get_client(sync_client=True) as client:
+            client.update_flow_run_labels(context.flow_run.id, {DEADLINE_LABEL: waiting.deadline.isoformat()})
     log.info("round %d waits for %d labels: form %s", round_index, len(waiting.missing), key)
     submitted = suspend_flow_run(wait_for_input=label_form(waiting, batch, job), key=key, timeout=timeout)
     take_form(paths, key, submitted.model_dump(), job)
@@ -198,3 +207,39 @@ def take_submitted(run_dir: str | Path, job: JobConfig) -> list[str]:
     for line in said:
         log.info(line)
     return said
+
+
+def resume_past_deadlines(now: datetime | None = None) -> list[str]:
+    """Resume, with an empty form, every suspended flow run whose round goes on without labels
+    (``judge_label_timeout_policy: continue``) and whose deadline (its label ``pbrl.labels_deadline``) has passed:
+    it runs again and trains on the labels given. Returns their ids."""
+    now = now or datetime.now(UTC)
+    resumed = []
+    with get_client(sync_client=True) as client:
+        paused = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(state=dict(type=FlowRunFilterStateType(any_=[StateType.PAUSED]))),
+            limit=200,
+        )
+        for run in paused:
+            deadline = (run.labels or {}).get(DEADLINE_LABEL)
+            if deadline and datetime.fromisoformat(str(deadline)) <= now:
+                client.resume_flow_run(run.id, run_input={})
+                resumed.append(str(run.id))
+    return resumed
+
+
+def keep_label_deadlines(stop: threading.Event, every: float = CHECK_SECONDS) -> threading.Thread:
+    """A daemon thread of ``pbrl serve`` that calls :func:`resume_past_deadlines` every ``every`` seconds until
+    ``stop`` is set (Prefect has no timer that resumes a suspended flow run without input)."""
+
+    def keep() -> None:
+        while not stop.wait(every):
+            try:
+                for run_id in resume_past_deadlines():
+                    log.info("resumed flow run %s: its round's labelling time is over", run_id)
+            except Exception as exc:  # the server may be restarting: try again next time
+                log.warning("could not check the label deadlines: %s", exc)
+
+    thread = threading.Thread(target=keep, name="pbrl-label-deadlines", daemon=True)
+    thread.start()
+    return thread

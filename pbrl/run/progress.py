@@ -200,7 +200,7 @@ class Progress:
 
 
 # How a run that waits for people's labels ended, in words (the others: their state's name in lower case).
-RUN_ENDS = {"Suspended": "suspended until its labels come", "AwaitingLabels": "stopped to wait for labels"}
+RUN_ENDS = {"Suspended": "suspended (waiting for labels)", "AwaitingLabels": "stopped (waiting for labels)"}
 
 
 def describe(event: Event) -> str | None:
