@@ -25,9 +25,11 @@ from pbrl.preference.questions import (
     cross_questions,
     iterative_questions,
     keep,
+    least_sure,
     order_questions,
     within_budget,
 )
+from pbrl.run.pair_margins import question_margins
 
 STAGE = "judge-pairs"  # the stage whose seeds draw the orders and the budget (the same draws as before the move)
 
@@ -99,11 +101,10 @@ def round_askings(
         per_item.append(
             (item_id, keep(order_questions(usable, job.pair_selection, rng), job.preference_pairs_per_sample))
         )
-    chosen = within_budget([q for _, q in per_item], job.judge_max_pairs,
-                           numpy_rng(job.seed, round_index=round_index, stage=STAGE, side="budget"))  # fmt: skip
+    flat = [(item_id, q) for item_id, questions in per_item for q in questions]
+    chosen = _choose(paths, round_index, job, rows_of, flat, [q for _, q in per_item], counts)
     counts["questions_kept"] = len(chosen)
     askings: list[Asking] = []
-    flat = [(item_id, q) for item_id, questions in per_item for q in questions]
     for number, ((item_id, q), asked) in enumerate(zip(flat, chosen, strict=True)):
         if not asked:
             continue
@@ -122,6 +123,28 @@ def round_askings(
             askings.append(Asking(question_id, item_id, q, shown, comparison))
     counts["questions_asked"] = len({a.question_id for a in askings})
     return askings, counts
+
+
+def _choose(
+    paths: RunPaths,
+    round_index: int,
+    job: JobConfig,
+    rows_of: dict[JointKey, list[dict]],
+    flat: list[tuple[str, Question]],
+    per_item: list[list[Question]],
+    counts: Counter[str],
+) -> list[bool]:
+    """Which questions fit the label budget (``judge_max_pairs``): drawn at random, or with ``judge_pair_choice:
+    uncertain`` those the current model is least sure about (:mod:`pbrl.run.pair_margins`; at random while there
+    is no model to ask). ``counts["questions_by_margin"]`` says which."""
+    rng = numpy_rng(job.seed, round_index=round_index, stage=STAGE, side="budget")
+    over = job.judge_max_pairs is not None and len(flat) > job.judge_max_pairs
+    if job.judge_pair_choice == "uncertain" and over:
+        margins = question_margins(paths, round_index, job, rows_of, flat)
+        if margins is not None:
+            counts["questions_by_margin"] = job.judge_max_pairs or 0
+            return least_sure(margins, job.judge_max_pairs, rng)
+    return within_budget(per_item, job.judge_max_pairs, rng)
 
 
 def _has_empty(rows_of: dict[JointKey, list[dict]], item_id: str, q: Question) -> bool:
