@@ -11,12 +11,14 @@ suspended in Prefect, labelling its last pair here resumes it.
 
 from __future__ import annotations
 
+import os
 import sys
+import termios
 import time
+import tty
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -61,11 +63,19 @@ def pair_panel(asking, number: int, total: int, left: int, run: str, round_index
 
 
 def _key() -> str:
-    """One key from the terminal (a line's first letter when the input is not a terminal)."""
-    if sys.stdin.isatty():
-        return click.getchar().lower()
-    line = sys.stdin.readline()
-    return line.strip()[:1].lower() if line else "q"
+    """One key from the terminal (a line's first letter when the input is not a terminal). The terminal is put in
+    cbreak mode without flushing its input, so a key pressed while the pair was still being drawn is kept (click's
+    getchar flushes it); Ctrl-C still interrupts."""
+    if not sys.stdin.isatty():
+        line = sys.stdin.readline()
+        return line.strip()[:1].lower() if line else "q"
+    fd = sys.stdin.fileno()
+    before = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd, termios.TCSANOW)
+        return os.read(fd, 1).decode(errors="replace").lower()
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, before)
 
 
 def label(
