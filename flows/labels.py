@@ -88,7 +88,7 @@ def label_form(waiting: Waiting, batch: list[Asking], job: JobConfig) -> type[Ru
     for asking in batch:
         title = f"Pair {numbers[asking.question_id]} ({asking.question_id}): which is better?"
         fields[field_name(asking.question_id)] = (Choice, Field("later", title=title, description=CHOICE_HELP))
-    fields["labeller"] = (str, Field("", title="Your name (optional)", description="Kept with each label."))
+    fields["labeller"] = (str, Field("", title="Your name", description="Kept with each label (optional)."))
     form = create_model("PairLabels", __base__=RunInput, **fields)
     form._description = form_description(waiting, batch, numbers, job)  # type: ignore[attr-defined]
     return form
