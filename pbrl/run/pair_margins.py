@@ -1,6 +1,7 @@
 """How sure the current model is about each question of a round (``judge_pair_choice: uncertain``,
-docs/guides/label-pairs.md#a-label-budget): the margin that the model after the previous round gives the question's
-``x`` over its ``y``, so that a label budget (``judge_max_pairs``) asks the pairs with the smallest |margin|.
+docs/guides/label-pairs.md#a-label-budget-which-pairs-to-ask): the margin that the model after the previous round
+gives the question's ``x`` over its ``y``, so that a label budget (``judge_max_pairs``) asks the pairs with the
+smallest |margin|.
 
 - MADPO (``madpo``, ``madpo_iter``): the policies' implicit DPO reward, summed over the agents,
   ``margin = β Σ_i [(log π_i(x_i) − log π_ref,i(x_i)) − (log π_i(y_i) − log π_ref,i(y_i))]`` (Rafailov et al. 2023,
