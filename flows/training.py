@@ -220,15 +220,14 @@ def _show_home(folder: Path, ended: str | None = None) -> None:
 
 
 def resumes_on_retry(folder: Path) -> bool:
-    """Whether the current flow run is one that Prefect runs again (its *Retry* in the UI, ``prefect flow-run retry``:
-    ``run_count`` > 1; or its Resume after it suspended to wait for labels) and ``folder`` holds the run it created
-    before (the run id it recorded as the flow run's label ``pbrl.run_id``); then it resumes that run instead of
-    failing with "already exists". False outside a flow run, for a first run, and for a folder of another run."""
+    """Whether the current flow run runs again (its *Retry* in the UI, ``prefect flow-run retry``, or its Resume after
+    it suspended to wait for labels) and ``folder`` holds the run it created before: the run id it recorded as its
+    own label ``pbrl.run_id`` (set once the folder is made, so a first run has none); then it resumes that run
+    instead of failing with "already exists". Not ``run_count``: Prefect does not count a resume after a suspension,
+    and clears its ``resuming`` flag before the flow runs. False outside a flow run, for a first run, and for a folder
+    of another run."""
     context = FlowRunContext.get()
     if context is None or context.flow_run is None:
-        return False
-    resumed = bool(getattr(context.flow_run.empirical_policy, "resuming", False))  # resumed after a suspension
-    if context.flow_run.run_count <= 1 and not resumed:
         return False
     recorded = context.flow_run.labels.get(RUN_ID_LABEL)
     if recorded is None or not RunPaths(folder).run_json.is_file():

@@ -25,7 +25,7 @@ PARAMS = {
     "num_iterations": 1,
     "preference_num_candidates": 2,
     "max_new_tokens": 8,
-    "judge": {"preference_source": "judge", "judge": "human", "judge_label_batch_size": 2, "judge_max_pairs": 4},
+    "judge": {"preference_source": "judge", "judge": "human", "judge_label_batch_size": 2, "judge_max_pairs": 6},
     "collection": {"pair_selection": "all", "preference_pairs_per_sample": None},
     "evaluation": {"eval_num_samples": 2},
 }
@@ -94,12 +94,15 @@ def label_in_the_form(browser, ui: dict, run_id: str, choices: list[str], name: 
 
 def test_a_round_labelled_in_the_ui_trains_on_exactly_those_labels_and_a_cancel_keeps_them(browser, ui):
     run_id = create_run(ui, "madpo-iter", RUN, PARAMS)
-    suspended(ui, run_id)
+    form = suspended(ui, run_id)
     no_process_left(run_id)  # suspended: Prefect ended its process; nothing holds a worker
     run_dir = ui["cwd"] / "storage" / "runs" / RUN
     request = json.loads((run_dir / "rounds" / "0001" / "labels.json").read_text())
-    assert request["form"].endswith(f"/runs/flow-run/{run_id}") and len(request["keys"]) == 4
+    assert request["form"].endswith(f"/runs/flow-run/{run_id}") and len(request["keys"]) == 6
     first = label_in_the_form(browser, ui, run_id, ["A", "tie"], "ada", "labels-form")
+    suspended(ui, run_id, other_than=form)  # resumed from the form's input, it took the labels and asks the next
+    no_process_left(run_id)
+    second = label_in_the_form(browser, ui, run_id, ["B", "skip"], "bo", "labels-form-2")
     # Cancel right after the submission, before or while the run goes on: the labels are kept either way
     body = {"state": {"type": "CANCELLED", "name": "Cancelled"}, "force": True}
     httpx.post(f"{ui['api']}/flow_runs/{run_id}/set_state", json=body, timeout=10)
@@ -108,12 +111,13 @@ def test_a_round_labelled_in_the_ui_trains_on_exactly_those_labels_and_a_cancel_
     continued = create_run(ui, "continue", f"{RUN}-continue", {"run_name": RUN})
     suspended(ui, continued)
     no_process_left(continued)
-    second = label_in_the_form(browser, ui, continued, ["B", "skip"], "bo", "labels-form-2")
-    assert not set(first) & set(second)  # a labelled pair is never shown again
+    third = label_in_the_form(browser, ui, continued, ["A", "B"], "ada", "labels-form-3")
+    assert len(set(first + second + third)) == 6  # a labelled pair is never shown again
     completed(ui, continued)  # resumed from the UI's input, it trained on the labels
     answers = [json.loads(line) for line in (run_dir / "judge" / "answers.jsonl").read_text().splitlines()]
-    people = ["ada", "ada", "bo", "bo"]
-    given = {q: (c, who) for q, c, who in zip(first + second, ["A", "tie", "B", "skip"], people, strict=True)}
+    people = ["ada", "ada", "bo", "bo", "ada", "ada"]
+    choices = ["A", "tie", "B", "skip", "A", "B"]
+    given = {q: (c, who) for q, c, who in zip(first + second + third, choices, people, strict=True)}
     assert sorted(a["question_id"] for a in answers) == sorted(given)  # each label stored once
     assert {a["question_id"]: (a["verdict"] or "skip", a["labeller"]) for a in answers} == given
     assert {a["via"] for a in answers} == {"ui"}
@@ -123,10 +127,10 @@ def test_a_round_labelled_in_the_ui_trains_on_exactly_those_labels_and_a_cancel_
     assert {v["question_id"]: v["verdict"] or "skip" for v in verdicts} == {q: c for q, (c, _) in given.items()}
     pairs = pq.read_table(run_dir / "rounds" / "0001" / "pairs.parquet").to_pylist()
     decided = [v for v in verdicts if v["verdict"] in ("A", "B")]
-    # A and B give a pair each, the tie and the skip none
-    assert sorted(p["item_id"] for p in pairs) == sorted(v["item_id"] for v in decided) and len(pairs) == 2
+    # each A and B gives a pair, the tie and the skip none
+    assert sorted(p["item_id"] for p in pairs) == sorted(v["item_id"] for v in decided) and len(pairs) == 4
     for v in decided:  # the preferred joint response is the one the person chose (A: the one shown first)
         assert v["preference"] == (v["shown_first"] if v["verdict"] == "A" else {"x": "y", "y": "x"}[v["shown_first"]])
     update = json.loads((run_dir / "rounds" / "0001" / "update-policies.manifest.json").read_text())
-    assert update["counts"]["pairs"] == 2, update["counts"]
+    assert update["counts"]["pairs"] == 4, update["counts"]
     assert flow_run(ui, continued)["state_type"] == "COMPLETED"
