@@ -28,6 +28,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStateType
 from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.responses import SetStateStatus
 from prefect.context import FlowRunContext
 from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
@@ -212,7 +213,8 @@ def take_submitted(run_dir: str | Path, job: JobConfig) -> list[str]:
 def resume_past_deadlines(now: datetime | None = None) -> list[str]:
     """Resume, with an empty form, every suspended flow run whose round goes on without labels
     (``judge_label_timeout_policy: continue``) and whose deadline (its label ``pbrl.labels_deadline``) has passed:
-    it runs again and trains on the labels given. Returns their ids."""
+    it runs again and trains on the labels given. Returns the ids of those the server resumed (one it refuses is
+    logged)."""
     now = now or datetime.now(UTC)
     resumed = []
     with get_client(sync_client=True) as client:
@@ -222,9 +224,14 @@ def resume_past_deadlines(now: datetime | None = None) -> list[str]:
         )
         for run in paused:
             deadline = (run.labels or {}).get(DEADLINE_LABEL)
-            if deadline and datetime.fromisoformat(str(deadline)) <= now:
-                client.resume_flow_run(run.id, run_input={})
+            if not deadline or datetime.fromisoformat(str(deadline)) > now:
+                continue
+            result = client.resume_flow_run(run.id, run_input={})
+            if result.status == SetStateStatus.ACCEPT:
                 resumed.append(str(run.id))
+            else:
+                reason = getattr(result.details, "reason", None) or result.status.value
+                log.warning("could not resume flow run %s past its labelling time: %s", run.id, reason)
     return resumed
 
 
