@@ -18,6 +18,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	  && (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)); } \
 	  || echo "note: bubblewrap is not installed; humaneval_coop will refuse to run model-written code without it"
+	# Debian's Chromium drives the browser tests of the Prefect UI (tests/test_ui_browser*.py); they fail without it.
+	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)); } \
+	  || echo "note: Chromium is not installed; the browser tests will fail: sudo apt-get install -y chromium"
 	touch $@
 
 install: $(VENV)/.installed

@@ -9,7 +9,10 @@ The learning benchmark (``benchmarks/learning.py``: the demo's job, SmolLM2 agen
   ask are the same construction with no scores to order them (counterfactual pairs first, agents in turn, in a
   seeded order);
 * ``judge, noise 0, budget b``: at most b pairs judged per round (``judge_max_pairs``), drawn at random from the
-  ones kept: half and a quarter of the round's 16 items x 2 pairs.
+  ones kept: half and a quarter of the round's 16 items x 2 pairs;
+* ``judge, noise 0.1, budget 1/4, random`` / ``least sure`` (issue #52): a labeller who errs on 10 % of the pairs and
+  labels a quarter of them, chosen at random or where the current policies are least sure
+  (``judge_pair_choice: uncertain``; round 1 draws at random either way, since the policies are still the reference).
 
 Every setting is evaluated the same way, by the task reward on the 16 held-out problems (the judge decides pairs
 only): the paired gain of round r over round 0 on the same draws, with its 95 % item-level interval, and whether
@@ -47,6 +50,18 @@ SETTINGS: dict[str, list[str]] = {
     "judge, noise 0.25": [*JUDGE, "judge_label_noise=0.25"],
     "judge, noise 0, budget 1/2": [*JUDGE, f"judge_max_pairs={PAIRS_PER_ROUND // 2}"],
     "judge, noise 0, budget 1/4": [*JUDGE, f"judge_max_pairs={PAIRS_PER_ROUND // 4}"],
+    # issue #52: which pairs a label budget asks, with a person who errs (the simulator with noise 0.1)
+    "judge, noise 0.1, budget 1/4, random": [
+        *JUDGE,
+        "judge_label_noise=0.1",
+        f"judge_max_pairs={PAIRS_PER_ROUND // 4}",
+    ],
+    "judge, noise 0.1, budget 1/4, least sure": [
+        *JUDGE,
+        "judge_label_noise=0.1",
+        f"judge_max_pairs={PAIRS_PER_ROUND // 4}",
+        "judge_pair_choice=uncertain",
+    ],
 }
 
 

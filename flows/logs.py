@@ -23,13 +23,14 @@ from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
-from prefect.exceptions import TerminationSignal
+from prefect.exceptions import Pause, TerminationSignal
 from prefect.logging.handlers import APILogHandler
 from prefect.logging.loggers import PrefectLogAdapter
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
 from pbrl.config import ConfigNotice
+from pbrl.errors import LabelsNeeded, in_chain
 from pbrl.run.progress import Event, describe, subscribe
 
 LOGGER_NAME = "pbrl.flows.run_log"  # API only: it does not propagate to pbrl's or the root's console handlers
@@ -80,7 +81,9 @@ class RunLog:
         line = describe(event)
         if line is None:
             return
-        level = {"Failed": logging.ERROR, "Cancelled": logging.WARNING}.get(event.state or "", logging.INFO)
+        level = {"Failed": logging.ERROR, "Cancelled": logging.WARNING, "AwaitingLabels": logging.WARNING}.get(
+            event.state or "", logging.INFO
+        )
         self.logger.log(level, line)
         for message in event.messages:
             self.logger.info(f"round {event.round} {event.stage}: note: {message}")
@@ -128,9 +131,15 @@ def _from_deployment() -> bool:
 
 
 def end_state(exc: BaseException) -> str:
-    """How a flow run that ``exc`` stops ends, in the words of the run's log: ``Cancelled`` when a person cancelled
-    it (Prefect stops a cancelled run's process with SIGTERM, raised in it as :class:`TerminationSignal`, after the
-    server has set the flow run, or the one above it, to Cancelling), else ``Failed``."""
+    """How a flow run that ``exc`` stops ends, in the words of the run's log: ``Suspended`` when it waits for
+    people's labels (Prefect's :class:`Pause`), ``AwaitingLabels`` when it stopped for them because it cannot suspend
+    (:class:`~pbrl.errors.LabelsNeeded`), ``Cancelled`` when a person cancelled it (Prefect stops a cancelled run's
+    process with SIGTERM, raised in it as :class:`TerminationSignal`, after the server has set the flow run, or the
+    one above it, to Cancelling), else ``Failed``."""
+    if isinstance(exc, Pause):
+        return "Suspended"
+    if in_chain(exc, LabelsNeeded) is not None:
+        return "AwaitingLabels"
     if not isinstance(exc, TerminationSignal):
         return "Failed"
     ids = {i for i in (flow_run.get_id(), flow_run.get_root_flow_run_id()) if i}

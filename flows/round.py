@@ -10,12 +10,16 @@ from prefect import flow
 
 from flows.artifacts import publish_round
 from flows.cache import run_stage_task
+from flows.labels import labels_pending
 from flows.logs import end_state
 from flows.run_home import publish_run_home
 from pbrl.config import JobConfig
+from pbrl.config.judge_fields import HUMAN_JUDGE
 from pbrl.data.storage import record_state
 from pbrl.run.judging import round_stages
 from pbrl.run.progress import Event, publish
+
+AWAITING_LABELS = "AwaitingLabels"  # the state of judge-pairs while its round waits for people's labels
 
 
 def call_stage(stage: str, run_dir: str, round_index: int, job: JobConfig, *, force: bool = False) -> dict[str, Any]:
@@ -48,6 +52,15 @@ def call_stage(stage: str, run_dir: str, round_index: int, job: JobConfig, *, fo
     return {"stage": stage, "round": round_index, "state": state.name, "manifest": manifest}
 
 
+def awaiting_labels(run_dir: str, round_index: int, waiting: dict[str, Any]) -> dict[str, Any]:
+    """The round's entry for judge-pairs while pairs wait for labels (recorded for ``pbrl status`` and said)."""
+    words = f"waiting for {waiting['missing']} labels (of {waiting['total']} pairs)"
+    record_state(run_dir, round_index, "judge-pairs", AWAITING_LABELS, words)
+    counts = {"labels_missing": waiting["missing"], "pairs": waiting["total"]}
+    publish(Event("stage_end", run_dir, round_index, "judge-pairs", state=AWAITING_LABELS, counts=counts))
+    return {"stage": "judge-pairs", "round": round_index, "state": AWAITING_LABELS, "manifest": {}, **waiting}
+
+
 def evaluation_due(job: JobConfig, round_index: int) -> bool:
     """Round 0 is the baseline; then every ``eval_interval`` rounds (0 disables evaluation)."""
     return job.eval_interval > 0 and round_index % job.eval_interval == 0
@@ -55,11 +68,18 @@ def evaluation_due(job: JobConfig, round_index: int) -> bool:
 
 @flow(name="pbrl-round", flow_run_name="{run_name}-round-{round_index}", log_prints=True)
 def round_flow(run_dir: str, run_name: str, round_index: int, job: JobConfig) -> list[dict[str, Any]]:
-    """Collect, store, select and learn: one round of preference-based training."""
+    """Collect, store, select and learn: one round of preference-based training. A round whose pairs wait for
+    people's labels (``judge: human``) stops before judge-pairs, its last entry ``{"state": "AwaitingLabels"}``."""
     publish(Event("round_start", run_dir, round_index))
+    done = []
     # sample-candidates, score-with-oracle (a task with a reward), judge-pairs (a judge's preferences), build-pairs,
     # store-round, replay-select, fit-reward-model (MARLHF), update-policies: pbrl.run.judging.round_stages
-    done = [call_stage(stage, run_dir, round_index, job) for stage in round_stages(job, run_dir) if stage != "evaluate"]
+    for stage in (s for s in round_stages(job, run_dir) if s != "evaluate"):
+        if stage == "judge-pairs" and job.judge == HUMAN_JUDGE:
+            waiting = labels_pending(run_dir, round_index, job)
+            if waiting["missing"]:
+                return [*done, awaiting_labels(run_dir, round_index, waiting)]
+        done.append(call_stage(stage, run_dir, round_index, job))
     if evaluation_due(job, round_index):
         done.append(call_stage("evaluate", run_dir, round_index, job))
     if publish_round(run_dir, round_index, done):

@@ -62,6 +62,11 @@ def _flow_runs(client: SyncPrefectClient, tag: str) -> list[FlowRun]:
             return sorted(found, key=lambda r: r.created or datetime.min.replace(tzinfo=UTC))
 
 
+def run_flow_runs(client: SyncPrefectClient, run_name: str) -> list[FlowRun]:
+    """The top-level flow runs of the run ``run_name`` (tagged :func:`run_tag`), oldest first."""
+    return [r for r in _flow_runs(client, run_tag(run_name)) if r.parent_task_run_id is None]
+
+
 def _link(run: FlowRun) -> str:
     return f"[{run.name}]({UI_BASE}runs/flow-run/{run.id})"
 

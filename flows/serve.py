@@ -13,6 +13,7 @@ schedule; each at most one run at a time.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from prefect import serve
@@ -22,6 +23,7 @@ from prefect.deployments.runner import EntrypointType
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron
 
+from flows.labels import keep_label_deadlines
 from flows.training import add_iteration_flow, continue_run, train_flow
 from flows.ui import DEPLOYMENT_NAMES, TRAINER_FLOWS, config_file
 from flows.ui_form import form_defaults, form_layout
@@ -144,5 +146,11 @@ def deploy_to_pool(pool: str, **kwargs: Any) -> dict[str, Any]:
 
 
 def serve_deployments(**kwargs: Any) -> None:
-    """Register the deployments and serve them until stopped (runs start as subprocesses of this one)."""
-    serve(*build_deployments(**kwargs), pause_on_shutdown=False)
+    """Register the deployments and serve them until stopped (runs start as subprocesses of this one); meanwhile a
+    thread resumes the runs whose labelling time is over (:func:`flows.labels.keep_label_deadlines`)."""
+    stop = threading.Event()
+    keep_label_deadlines(stop)
+    try:
+        serve(*build_deployments(**kwargs), pause_on_shutdown=False)
+    finally:
+        stop.set()

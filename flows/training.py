@@ -24,9 +24,10 @@ from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import BaseModel, Field, WithJsonSchema
 
+from flows.labels import await_labels, take_submitted
 from flows.logs import end_state, run_log
 from flows.ray_runner import ray_session
-from flows.round import call_stage, evaluation_due, round_flow
+from flows.round import AWAITING_LABELS, call_stage, evaluation_due, round_flow
 from flows.run_home import publish_run_home, run_tag, tag_flow_run
 from pbrl.config import ConfigNotice, JobConfig, is_iterative, num_rounds, parse_job
 from pbrl.data.storage import RunPaths, existing_rounds, read_run_id
@@ -142,6 +143,7 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         config = open_job(folder)  # as stored: torch_dtype/mixed_precision 'auto' made concrete when it started
         configure_job_threads(config)  # the CPUs this process owns (pbrl/models/threads.py)
         _label_flow_run(folder)
+        take_submitted(folder, config)  # labels of forms submitted since this run last ran: stored before all else
         held.enter_context(tags(run_tag(folder.name)))  # the rounds' subflow runs carry the run's tag too
         _show_home(folder)
         trackers = [RunTracker.for_run(folder)] if config.report_to else []
@@ -159,7 +161,7 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
                     _round_end(run_dir, 0, started)
                 for r in range(1, num_rounds(config) + 1):
                     round_started = time.monotonic()
-                    stages.extend(round_flow(run_dir, config.run_name, r, config))
+                    stages.extend(labelled_round(run_dir, r, config))
                     _round_end(run_dir, r, round_started)
             write_run_metrics(run_dir)
         except BaseException as exc:
@@ -175,6 +177,17 @@ def run_training(config: JobConfig, *, resume: bool = False, run_dir: str | None
         "messages": messages,
         "stages": [{k: s[k] for k in ("stage", "round", "state")} for s in stages],
     }
+
+
+def labelled_round(run_dir: str, round_index: int, config: JobConfig) -> list[dict[str, Any]]:
+    """The round flow of round ``round_index``; while its pairs wait for people's labels (``judge: human``), the
+    flow run waits for them (:func:`flows.labels.await_labels`: it suspends, or stops a run that cannot) and the
+    round flow runs again once they came (its finished stages Cached)."""
+    while True:
+        done = round_flow(run_dir, config.run_name, round_index, config)
+        if not done or done[-1]["state"] != AWAITING_LABELS:
+            return done
+        await_labels(run_dir, round_index, config)
 
 
 def _refuse_taking_over(folder: Path, resume: bool) -> None:
@@ -207,12 +220,14 @@ def _show_home(folder: Path, ended: str | None = None) -> None:
 
 
 def resumes_on_retry(folder: Path) -> bool:
-    """Whether the current flow run is one that Prefect runs again (its *Retry* in the UI, ``prefect flow-run retry``:
-    ``run_count`` > 1) and ``folder`` holds the run it created before (the run id it recorded as the flow run's label
-    ``pbrl.run_id``); then it resumes that run instead of failing with "already exists". False outside a flow run,
-    for a first run, and for a folder of another run."""
+    """Whether the current flow run runs again (its *Retry* in the UI, ``prefect flow-run retry``, or its Resume after
+    it suspended to wait for labels) and ``folder`` holds the run it created before: the run id it recorded as its
+    own label ``pbrl.run_id`` (set once the folder is made, so a first run has none); then it resumes that run
+    instead of failing with "already exists". Not ``run_count``: Prefect does not count a resume after a suspension,
+    and clears its ``resuming`` flag before the flow runs. False outside a flow run, for a first run, and for a folder
+    of another run."""
     context = FlowRunContext.get()
-    if context is None or context.flow_run is None or context.flow_run.run_count <= 1:
+    if context is None or context.flow_run is None:
         return False
     recorded = context.flow_run.labels.get(RUN_ID_LABEL)
     if recorded is None or not RunPaths(folder).run_json.is_file():

@@ -1,5 +1,6 @@
 """The ``pbrl`` command line (typer): the commands that make, run and read a run (``validate``, ``train``,
-``stage``, ``status``, ``report``, ``export``). What they print (consoles, error lines and exit codes, the round
+``stage``, ``status``, ``report``, ``export``; ``label``, people's labels in the terminal, is :mod:`pbrl.cli_label`).
+What they print (consoles, error lines and exit codes, the round
 table, the live display of a run) is :mod:`pbrl.cli_display`; ``serve``, ``deploy`` and ``models``, which set
 things up, are :mod:`pbrl.cli_setup`, registered here.
 
@@ -19,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pbrl.cli_display import _expected_errors, _fail, _print_rounds, _stopped, _train_with_progress, console, err
+from pbrl.cli_label import label
 from pbrl.cli_setup import deploy, models_app, serve
 from pbrl.config import ConfigNotice, JobConfig, is_centralized, load_job, num_rounds
 from pbrl.data.run_health import damage_lines, damaged_outputs
@@ -235,13 +237,26 @@ def status(run: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
                 else:
                     label = "cached" if last == "Cached" else "done"
                 counts = ", ".join(f"{k}={v}" for k, v in (m.counts if m else {}).items())
+                if last == "AwaitingLabels" and m is None:
+                    label = "[yellow]waiting for labels[/]"
                 t.add_row(str(r), s, label, counts, f"{m.seconds:.1f}" if m else "")
         damage = damage_lines(paths)
     console.print(t)
+    _print_waiting(paths)
     for line in damage:
         err.print(f"[bold red]damaged:[/] {escape(line)}")
     if damage:
         raise typer.Exit(1)
+
+
+def _print_waiting(paths: RunPaths) -> None:
+    """A line per round that waits for people's labels, with the link to its form."""
+    if not any((paths.root / "rounds").glob("*/labels.json")):
+        return
+    from pbrl.run.labelling import waiting_words  # deferred: imports the run's task code (torch)
+
+    for line in waiting_words(paths):
+        console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
 
 
 @app.command()
@@ -304,6 +319,7 @@ def export(
 # serve, deploy and models set things up (pbrl.cli_setup); registered here, after the run commands.
 app.command()(serve)
 app.command()(deploy)
+app.command()(label)
 
 
 def main() -> None:  # pragma: no cover

@@ -23,15 +23,16 @@ from rich.table import Table
 from rich.text import Text
 
 from pbrl.config import JobConfig
-from pbrl.errors import expected_error
+from pbrl.errors import LabelsNeeded, expected_error
 from pbrl.run import progress
 
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
 
 
-# Exit codes: 2 = the input is wrong and nothing ran (config, options, run folder); 1 = a run failed;
-# 130 = stopped by Ctrl-C (128 + SIGINT, as shells report it).
+# Exit codes: 2 = the input is wrong and nothing ran (config, options, run folder); 1 = a run failed; 3 = a run
+# stopped to wait for people's labels (judge: human); 130 = stopped by Ctrl-C (128 + SIGINT, as shells report it).
+WAITING_FOR_LABELS = 3
 INTERRUPTED = 130
 
 
@@ -43,13 +44,17 @@ def _fail(exc: Exception, code: int = 2) -> typer.Exit:
 @contextmanager
 def _expected_errors(code: int) -> Iterator[None]:
     """Every expected error (``pbrl.errors.EXPECTED_ERRORS``, also when Prefect re-raised or wrapped it)
-    becomes one ``error:`` line and exit ``code``; anything else is a bug and keeps its traceback."""
+    becomes one ``error:`` line and exit ``code``; a run that stopped to wait for labels, one ``waiting:`` line and
+    exit 3; anything else is a bug and keeps its traceback."""
     try:
         yield
     except Exception as exc:
         found = expected_error(exc)
         if found is None:
             raise
+        if isinstance(found, LabelsNeeded):
+            err.print(f"[bold yellow]waiting:[/] {escape(str(found))}")
+            raise typer.Exit(WAITING_FOR_LABELS) from None
         raise _fail(found, code) from None
 
 
@@ -81,6 +86,12 @@ def _print_rounds(run_dir: Path, *, wide: bool = False, every_metric: bool = Fal
     if every_metric:
         _print_wide_enough(all_metrics_rich(run_dir), fit=False)
     console.print(f"report: {write_report_png(run_dir, table)}")
+    if any((Path(run_dir) / "rounds").glob("*/labels.json")):
+        from pbrl.data.storage import RunPaths
+        from pbrl.run.labelling import waiting_words  # deferred: imports the run's task code (torch)
+
+        for line in waiting_words(RunPaths(run_dir)):
+            console.print(Text(line, style="yellow"), soft_wrap=True)
 
 
 class RunDisplay:

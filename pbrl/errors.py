@@ -55,6 +55,20 @@ class IsolationError(RuntimeError):
     """Untrusted code would have to run without operating-system isolation; the message says why and how to fix."""
 
 
+class LabelsNeeded(RuntimeError):
+    """A round judged by people (``judge: human``) has pairs without a label: the run stops (or its flow run
+    suspends) until they are labelled. The message says how many, and how to label them and go on."""
+
+    def __init__(self, message: str, *, run: str = "", round_index: int = 0, missing: int = 0) -> None:
+        super().__init__(message)
+        self.run, self.round_index, self.missing = run, round_index, missing
+
+
+class LabelError(ValueError):
+    """A submission of labels that cannot be taken (pair ids that are not asked in the round, an unknown choice),
+    or a round whose labelling time ran out; the message names the pairs or the option and what to do."""
+
+
 # Every error above, in one place: the front ends (CLI, Prefect log filter) show these as one `error:` line
 # with no traceback, because their message already says what, where and how to fix. A class added to this
 # module belongs here too; anything else is a bug and keeps its traceback.
@@ -67,6 +81,8 @@ EXPECTED_ERRORS: tuple[type[Exception], ...] = (
     SamplingError,
     RemoteServiceError,
     IsolationError,
+    LabelsNeeded,
+    LabelError,
 )
 
 

@@ -41,6 +41,7 @@ from pbrl.judging.win_rate import SampleKey, draw_comparisons, win_values
 from pbrl.models.policies import load_agent, policy_checkpoint
 from pbrl.preference.oracle import Oracle, OracleScore
 from pbrl.reporting.stats import mean_interval, paired_difference
+from pbrl.run.askings import position_swap
 from pbrl.run.judging import answer_store, judge_for
 from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter, policy_source, sampling_settings
@@ -294,7 +295,7 @@ def win_rate_metrics(record: StageRecord, rows: list[EvalRow], roles: tuple[str,
         return numpy_rng(job.seed, round_index=round_index, stage=NAME, side="judge", item=key[0], index=key[1])
 
     askings = draw_comparisons(current, baseline, roles, {i["item_id"]: i for i in items},
-                               swap=job.judge_position_swap, order_rng=order_rng)  # fmt: skip
+                               swap=position_swap(job), order_rng=order_rng)  # fmt: skip
     progress = record.progress(len(askings), "judged draws")
     values, counts = win_values(judge, answer_store(paths), askings, disagreement=job.judge_swap_disagreement,
                                 on_answers=progress.advance)  # fmt: skip

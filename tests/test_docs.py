@@ -50,6 +50,7 @@ SHELL_TESTS = {
     ("guides/rerun-a-stage.md", 0): "test_rerun_a_stage_block_runs_as_written",
     ("guides/prefect-ui.md", 0): "test_prefect_ui_block_registers_the_deployments",
     ("guides/ray.md", 0): "test_ray_guide_block_runs_as_written",
+    ("guides/label-pairs.md", 0): "test_label_pairs_guide_block_runs_as_written",
 }
 # Where code may cite the docs: every `docs/<page>.md#<anchor>` found here must resolve.
 CITING = ("pbrl", "stages", "flows", "tests", "benchmarks", "mutate")
@@ -629,3 +630,38 @@ def test_ray_guide_block_runs_as_written(tmp_path):
         assert {d["work_pool_name"] for d in deployments} == {"pbrl-pool"}
     finally:
         _stop(procs, wait=60)  # `ray start --block` stops its Ray processes first (up to ~40 s here)
+
+
+@pytest.mark.flow
+def test_label_pairs_guide_block_runs_as_written(tmp_path):
+    """The guide's commands as written: train stops for labels (exit 3, "waiting:"), status says how many and how,
+    ``pbrl label`` takes one key per pair (here from its input, a line per key), and the resume trains round 1 on
+    exactly those labels, then stops for round 2's."""
+    import pyarrow.parquet as pq
+
+    page = "guides/label-pairs.md"
+    folder = workdir(page, tmp_path)
+    env = {**_env(tmp_path, folder), "PBRL_STORAGE": str(folder / "storage")}
+    train, status, label, resume = _commands(_block(page, "bash"))
+    assert [train[:2], status[:2], label[:2], resume[:2]] == [["pbrl", "train"], ["pbrl", "status"]] + [
+        ["pbrl", "label"],
+        ["pbrl", "train"],
+    ]
+
+    def run(words: list[str], keys: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(words, cwd=folder, env=env, input=keys, capture_output=True, text=True, timeout=900)
+
+    out = run(train)
+    assert out.returncode == 3 and "waiting for 8 labels (of 8 pairs)" in out.stderr, (out.stdout, out.stderr)
+    out = run(status)
+    assert "round 1: waiting for 8 labels (of 8 pairs)" in out.stdout and "waiting for labels" in out.stdout, out.stdout
+    keys = ["a", "b", "t", "s", "a", "b", "a", "b"]
+    out = run(label, "\n".join(keys) + "\n")
+    assert out.returncode == 0 and "0 of 8 left in round 1" in out.stdout, (out.stdout, out.stderr)
+    out = run(resume)
+    assert out.returncode == 3 and "round 2: waiting for 8 labels" in out.stderr, (out.stdout, out.stderr)
+    round_1 = folder / "storage" / "runs" / "labelled" / "rounds" / "0001"
+    verdicts = pq.read_table(round_1 / "verdicts.parquet").to_pylist()
+    chosen = {"a": "A", "b": "B", "t": "tie", "s": None}
+    assert [(v["verdict"], v["labeller"]) for v in verdicts] == [(chosen[k], "ada") for k in keys]
+    assert pq.read_table(round_1 / "pairs.parquet").num_rows == 6  # every A and B; the tie and the skip give none

@@ -22,7 +22,6 @@ from datetime import datetime
 import pytest
 
 from tests.ui_kit import (
-    CHROMIUM,
     FINAL,
     FIRST_SCREEN,
     STAGES,
@@ -45,9 +44,6 @@ from tests.ui_kit import (
 
 pytestmark = [
     pytest.mark.flow,
-    pytest.mark.skipif(
-        not CHROMIUM.is_file(), reason="needs Debian's Chromium at /usr/bin/chromium (apt-get install -y chromium)"
-    ),
 ]
 
 

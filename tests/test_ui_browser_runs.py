@@ -15,7 +15,6 @@ import time
 import pytest
 
 from tests.ui_kit import (
-    CHROMIUM,
     FINAL,
     NIGHTLY_RUN,
     completed,
@@ -36,9 +35,6 @@ from tests.ui_kit import (
 
 pytestmark = [
     pytest.mark.flow,
-    pytest.mark.skipif(
-        not CHROMIUM.is_file(), reason="needs Debian's Chromium at /usr/bin/chromium (apt-get install -y chromium)"
-    ),
 ]
 RUN = NIGHTLY_RUN  # the run made from the V1 form below; the nightly deployment names it
 

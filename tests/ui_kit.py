@@ -61,7 +61,8 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def serve_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """A Prefect server on a free loopback port and ``pbrl serve --nightly-run NIGHTLY_RUN`` against it (working
     folder: a temporary folder, so runs land in its ``storage/runs``). Yields ``{"url", "api", "ids", "cwd"}``."""
-    httpx = pytest.importorskip("httpx")
+    import httpx
+
     cwd = tmp_path_factory.mktemp("ui")
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -125,12 +126,21 @@ def _healthy(httpx, api: str) -> bool:
         return False
 
 
+NO_CHROMIUM = (
+    "the browser tests need Debian's Chromium at /usr/bin/chromium: `sudo apt-get install -y chromium` (`make test` "
+    "installs it where it may: as root with apt-get; .ci/run too)"
+)
+
+
 def chromium_browser() -> Iterator[Any]:
-    """Debian's Chromium, headless, launched by Playwright."""
-    sync_api = pytest.importorskip(
-        "playwright.sync_api",
-        reason="needs the playwright Python package (pip install playwright; the browser is Debian's chromium)",
-    )
+    """Debian's Chromium, headless, launched by Playwright. A missing Chromium or playwright package fails the
+    browser tests (never a silent skip): ``make test`` installs both."""
+    if not CHROMIUM.is_file():
+        pytest.fail(NO_CHROMIUM)
+    try:
+        from playwright import sync_api
+    except ImportError:
+        pytest.fail("the browser tests need the playwright Python package: `pip install -e '.[dev]'` (make install)")
     with sync_api.sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield chromium

@@ -14,7 +14,8 @@ from pydantic import Field
 
 from pbrl.config.field_types import NonEmptyStr, StrictBool, StrictFloat, StrictInt, StrictStr, _Fields
 
-BUILT_IN_JUDGES = ("reward_noisy", "api", "local")
+BUILT_IN_JUDGES = ("reward_noisy", "api", "local", "human")
+HUMAN_JUDGE = "human"  # people label the pairs: in the Prefect UI or with `pbrl label` (docs/guides/label-pairs.md)
 IN_PROCESS_JUDGE = "python"  # the judge of a run that got one as a Python object from the trainer API (in-process)
 
 
@@ -29,8 +30,10 @@ class _JudgeFields(_Fields):
         None,
         description="With preference_source 'judge': 'reward_noisy' (the task reward as a labeller that errs: "
         "judge_label_noise or judge_bt_temperature), 'api' (a model behind an API: judge_api_*), 'local' (a causal "
-        "LM, judge_model, judging by the log-probabilities of 'A' and 'B') or the import path 'pkg.module:function' "
-        "of a Python judge (docs/guides/judges.md). The Python API also takes a function or a judge object.",
+        "LM, judge_model, judging by the log-probabilities of 'A' and 'B'), 'human' (people label the pairs in the "
+        "Prefect UI or with `pbrl label`: judge_label_*; docs/guides/label-pairs.md) or the import path "
+        "'pkg.module:function' of a Python judge (docs/guides/judges.md). The Python API also takes a function or a "
+        "judge object.",
     )
     judge_label_noise: StrictFloat = Field(
         0.0, ge=0, le=0.5, description="judge 'reward_noisy': share of decided preferences flipped (seeded)."
@@ -41,10 +44,11 @@ class _JudgeFields(_Fields):
         description="judge 'reward_noisy': draw Bradley–Terry labels, P(A) = σ((r_A − r_B) / T), with this "
         "temperature T instead of flipping (seeded); None = flips of judge_label_noise.",
     )
-    judge_position_swap: StrictBool = Field(
-        True,
+    judge_position_swap: StrictBool | None = Field(
+        None,
         description="Ask every pair in both orders (first as A, then as B): language-model judges prefer a "
-        "position. False: one order per pair, drawn from the run seed and recorded.",
+        "position. False: one order per pair, drawn from the run seed and recorded. None: True for every judge but "
+        "'human' (a person labels each pair once, in a drawn order).",
     )
     judge_swap_disagreement: Literal["tie", "drop"] = Field(
         "tie",
@@ -61,8 +65,31 @@ class _JudgeFields(_Fields):
     judge_max_pairs: StrictInt | None = Field(
         None,
         ge=1,
-        description="Label budget: at most this many pairs are asked per round, drawn at random (seeded) from the "
+        description="Label budget: at most this many pairs are asked per round, chosen by judge_pair_choice from the "
         "pairs that pair_selection keeps; None = all of them.",
+    )
+    judge_pair_choice: Literal["random", "uncertain"] = Field(
+        "random",
+        description="With judge_max_pairs: which pairs are asked. 'random': drawn at random (seeded); 'uncertain': "
+        "those the current model is least sure about (the smallest |margin|: the policies' implicit DPO reward for "
+        "MADPO, the last reward model's for MARLHF; drawn at random while there is no model to ask, as in round 1).",
+    )
+    judge_label_batch_size: StrictInt = Field(
+        5,
+        ge=1,
+        le=50,
+        description="judge 'human': pairs per form in the Prefect UI (a flow run waits for one form at a time).",
+    )
+    judge_label_timeout_hours: StrictFloat | None = Field(
+        None,
+        gt=0,
+        description="judge 'human': hours a round waits for its labels, from when it first asked for them; then "
+        "judge_label_timeout_policy applies. None = wait as long as it takes.",
+    )
+    judge_label_timeout_policy: Literal["fail", "continue"] = Field(
+        "fail",
+        description="judge 'human', after judge_label_timeout_hours: 'fail' (the round fails, saying how many pairs "
+        "are unlabelled; label them and resume) or 'continue' (the round trains on the pairs labelled so far).",
     )
     judge_model: NonEmptyStr | None = Field(
         None,

@@ -11,7 +11,7 @@ from pbrl.config.credentials import (
     safe_url,
     url_credential_problems,
 )
-from pbrl.config.judge_fields import BUILT_IN_JUDGES, IN_PROCESS_JUDGE
+from pbrl.config.judge_fields import BUILT_IN_JUDGES, HUMAN_JUDGE, IN_PROCESS_JUDGE
 from pbrl.config.rules import CENTRALIZED, ENV_NAME_PATTERN, HIDDEN, Rule, Values, import_path_problems, only_with, rule
 from pbrl.errors import Problem
 
@@ -20,6 +20,7 @@ JUDGE_RULES: list[Rule] = []
 SCORE_ORDERINGS = ("reward_gap", "comparator_reward")
 _SIMULATOR_FIELDS = {"judge_label_noise": 0.0, "judge_bt_temperature": None}
 _API_FIELDS = ("judge_api_url", "judge_api_key_env", "judge_api_max_tokens_per_round")
+_LABEL_FIELDS = {"judge_label_batch_size": 5, "judge_label_timeout_hours": None, "judge_label_timeout_policy": "fail"}
 
 
 @rule(JUDGE_RULES, "preference_source", "judge")
@@ -75,6 +76,28 @@ def _shown(field: str, value: object) -> object:
     if field == "judge_api_key_env":
         return HIDDEN
     return safe_url(str(value)) if field == "judge_api_url" else value
+
+
+@rule(JUDGE_RULES, "judge", *_LABEL_FIELDS, "judge_position_swap")
+def _labelling_options(v: Values) -> list[Problem]:
+    human = v["judge"] == HUMAN_JUDGE
+    problems = [Problem(f, v[f], "allowed only with judge='human' (people label the pairs); leave it out")
+                for f, default in _LABEL_FIELDS.items() if not human and v[f] != default]  # fmt: skip
+    if human and v["judge_position_swap"]:
+        why = "a person labels each pair once, in an order drawn per pair and recorded; leave it unset (or false)"
+        problems.append(Problem("judge_position_swap", True, why))
+    if human and v["judge_label_timeout_policy"] != "fail" and v["judge_label_timeout_hours"] is None:
+        problems.append(Problem("judge_label_timeout_policy", v["judge_label_timeout_policy"],
+                                "applies after judge_label_timeout_hours; set that too"))  # fmt: skip
+    return problems
+
+
+@rule(JUDGE_RULES, "judge_pair_choice", "judge_max_pairs")
+def _pair_choice_with_a_budget(v: Values) -> list[Problem]:
+    if v["judge_pair_choice"] != "random" and v["judge_max_pairs"] is None:
+        return [Problem("judge_pair_choice", v["judge_pair_choice"], "chooses which pairs fit the label budget; set "
+                        "judge_max_pairs (every pair is asked without one)")]  # fmt: skip
+    return []
 
 
 @rule(JUDGE_RULES, "preference_source", "pair_selection")

@@ -114,6 +114,7 @@ VERDICTS = pa.schema(
         ("reason", pa.string()),  # why there is no verdict; null otherwise
         ("preference", pa.string()),  # the question's: "x" | "y" | "tie"; null: none (preference_reason)
         ("preference_reason", pa.string()),
+        ("labeller", pa.string()),  # judge 'human': who labelled the pair (the name given; null when none)
     ]
 )
 

@@ -16,12 +16,14 @@ OVER_BUDGET = "not asked: the round's token budget (judge_api_max_tokens_per_rou
 
 @dataclass(frozen=True)
 class Asked:
-    """What became of one asking: its content ``key``, the answer (None: not asked, over the budget) and whether
-    it came from the store (asked in an earlier attempt, round or stage run)."""
+    """What became of one asking: its content ``key``, the answer (None: not asked, over the budget), whether
+    it came from the store (asked in an earlier attempt, round or stage run) and, for a person's label, who gave it
+    (the labeller's name, or None when not given)."""
 
     key: str
     answer: Answer
     stored: bool
+    by: str | None = None
 
 
 def ask(

@@ -85,22 +85,47 @@ class AnswerStore:
         """Append every (key, answer, extra fields) with one flush to disk, before returning."""
         if not entries:
             return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(self.path) as f:
+            self._append(f, entries)
+
+    def put_new(self, entries: list[tuple[str, Answer, dict]]) -> list[str]:
+        """Append the entries whose question has no answer yet, with one flush to disk, before returning: the first
+        answer stands (two people labelling one round never overwrite each other). The file is read again under
+        the lock, so an answer another process stored a moment ago counts. Of entries with one key, the first.
+
+        Returns:
+            the keys written, in order.
+        """
+        if not entries:
+            return []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(self.path) as f:
+            self.reload()
+            fresh: dict[str, tuple[str, Answer, dict]] = {}
+            for key, answer, extra in entries:
+                if key not in self._answers and key not in fresh:
+                    fresh[key] = (key, answer, extra)
+            self._append(f, list(fresh.values()))
+        return list(fresh)
+
+    def _append(self, f: _Text, entries: list[tuple[str, Answer, dict]]) -> None:
+        if not entries:
+            return
         lines = "".join(
             json.dumps({"key": key, **asdict(answer), **extra}, ensure_ascii=False) + "\n"
             for key, answer, extra in entries
         )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(self.path) as f:
-            f.write(lines)
-            f.flush()
-            os.fsync(f.fileno())
+        f.write(lines)
+        f.flush()
+        os.fsync(f.fileno())
         for key, answer, extra in entries:
             self._answers[key] = answer
             self._extra[key] = dict(extra)
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator:
+def _locked(path: Path) -> Iterator[_Text]:
     """``path`` open for appending under an exclusive lock, a line cut off by a crash removed first (it was never an
     answer: its question is asked again)."""
     with open(path, "a+b") as f:

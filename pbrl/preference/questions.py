@@ -120,3 +120,17 @@ def within_budget(per_item: Sequence[Sequence[Question]], budget: int | None, rn
         return [True] * total
     chosen = set(int(i) for i in rng.choice(total, size=budget, replace=False))
     return [i in chosen for i in range(total)]
+
+
+def least_sure(margins: Sequence[float | None], budget: int | None, rng: np.random.Generator) -> list[bool]:
+    """Which questions are asked under a budget of ``budget`` pairs when the current model's ``margins`` (x over y,
+    one per question in order; None: it could not tell) say how sure it is: the ``budget`` smallest |margin|, a
+    question without a margin counting as the least sure of all; equal ones in an order drawn from ``rng``
+    (every question when None or enough)."""
+    total = len(margins)
+    if budget is None or total <= budget:
+        return [True] * total
+    tiebreak = rng.permutation(total)
+    order = sorted(range(total), key=lambda i: (-1.0 if margins[i] is None else abs(margins[i]), tiebreak[i]))  # type: ignore[arg-type]
+    chosen = set(order[:budget])
+    return [i in chosen for i in range(total)]

@@ -13,6 +13,7 @@ from pbrl.data.storage import RunPaths, trainer_stages
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.judging.callable_judge import CallableJudge
 from pbrl.judging.factory import api_judge_from_options, local_judge_from_options
+from pbrl.judging.human import HumanJudge
 from pbrl.judging.prompt import DEFAULT_TEMPLATE, template_problems
 from pbrl.judging.simulated import RewardLabelJudge
 from pbrl.judging.store import AnswerStore
@@ -104,6 +105,8 @@ def judge_for(job: JobConfig, run_dir: Path, task: Task) -> PairwiseJudge:
         return RewardLabelJudge(job.judge_label_noise, job.judge_bt_temperature, job.tie_tolerance, job.seed)
     if judge in ("api", "local"):
         return _model_judge(job, judge)
+    if judge == HumanJudge.name:
+        return HumanJudge()
     try:
         found = import_object(judge)
     except ImportError as exc:
@@ -158,6 +161,10 @@ def preflight_problems(job: JobConfig, task: Task | None, *, prepare_models: boo
                 "judge", job.judge, f"simulates labels from the task's reward, and task {task.name!r} has none"
             )  # fmt: skip
         )
+    if job.judge == HumanJudge.name and task is not None and task.reward_func is None and job.eval_interval > 0:
+        problems.append(Problem("judge", job.judge, f"task {task.name!r} has no reward, so evaluation asks the judge "
+                                "for win rates, and people label training pairs only; give the task a reward_func "
+                                "or set eval_interval: 0"))  # fmt: skip
     if job.judge not in BUILT_IN_JUDGES:
         try:
             found = import_object(job.judge)

@@ -199,6 +199,10 @@ class Progress:
             )
 
 
+# How a run that waits for people's labels ended, in words (the others: their state's name in lower case).
+RUN_ENDS = {"Suspended": "suspended (waiting for labels)", "AwaitingLabels": "stopped (waiting for labels)"}
+
+
 def describe(event: Event) -> str | None:
     """The one line a person reads for ``event`` (the CLI's redirected output and the Prefect run log show the
     same lines); None for events that have no line of their own."""
@@ -206,6 +210,9 @@ def describe(event: Event) -> str | None:
     if event.kind == "stage_start":
         return f"{where}: started"
     if event.kind == "stage_end":
+        if event.state == "AwaitingLabels":
+            missing, pairs = event.counts.get("labels_missing"), event.counts.get("pairs")
+            return f"{where}: waiting for {missing} labels (of {pairs} pairs)"
         if event.state in ("Failed", "Cancelled"):
             return f"{where}: {event.state.lower()} after {event.seconds or 0:.1f} s"
         counts = ", ".join(f"{k} {v}" for k, v in event.counts.items())
@@ -228,7 +235,8 @@ def describe(event: Event) -> str | None:
     if event.kind == "run_start":
         return f"run {event.run_dir}: started"
     if event.kind == "run_end":
-        return f"run {event.run_dir}: {(event.state or 'ended').lower()} after {event.seconds or 0:.0f} s"
+        ended = RUN_ENDS.get(event.state or "", (event.state or "ended").lower())
+        return f"run {event.run_dir}: {ended} after {event.seconds or 0:.0f} s"
     return None
 
 
