@@ -33,6 +33,7 @@ from transformers import AutoConfig
 from pbrl.config import JobConfig, load_job
 from pbrl.models.loading import resolve_model_source
 from pbrl.run.folder import open_job, prepare_run
+from pbrl.run.judging import round_stages
 from pbrl.run.settings import configure_job_threads, policy_source
 from stages import STAGE_MODULES
 
@@ -87,10 +88,8 @@ def one_round(model: str, trainer: str, device: str, out: Path, extra: list[str]
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     stages = []
-    for round_index, names in ((0, ["evaluate"]), (1, [s for s in STAGE_MODULES if s != "evaluate"] + ["evaluate"])):
+    for round_index, names in ((0, ["evaluate"]), (1, round_stages(job, run_dir))):  # the trainer's own stages
         for name in names:
-            if name == "fit-reward-model" and trainer != "marlhf_iter":
-                continue
             start = time.perf_counter()
             manifest = STAGE_MODULES[name].run(run_dir, round_index, job)
             seconds = time.perf_counter() - start

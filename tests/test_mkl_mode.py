@@ -8,6 +8,7 @@ import torch
 
 from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.models import threads
+from pbrl.run.folder import write_run_json
 from pbrl.run.stage_record import StageRecord
 from tests.helpers import tiny_job
 
@@ -19,6 +20,7 @@ NOTE = (
 
 def _messages(job, run_dir) -> list[str]:
     RunPaths(run_dir).round_dir(1).mkdir(parents=True)
+    write_run_json(RunPaths(run_dir), job)  # a run folder (a stage refuses to write into a folder with no run.json)
     StageRecord("build-pairs", run_dir, 1, job).finish([], [])
     return read_manifest(RunPaths(run_dir), 1, "build-pairs").messages
 

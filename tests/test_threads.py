@@ -12,17 +12,9 @@ import time
 import pytest
 import torch
 
-from pbrl.models import threads
-from pbrl.models.threads import (
-    LoadFollower,
-    available_cpus,
-    busy_cpu_seconds,
-    cgroup_cpu_limit,
-    cgroup_cpu_seconds,
-    configure_threads,
-    load_meter,
-    one_thread,
-)
+from pbrl.models import cpus, threads
+from pbrl.models.cpus import available_cpus, busy_cpu_seconds, cgroup_cpu_limit, cgroup_cpu_seconds, load_meter
+from pbrl.models.threads import LoadFollower, configure_threads, one_thread
 
 
 @pytest.fixture(autouse=True)
@@ -36,9 +28,9 @@ def _restore_threads(monkeypatch):
 
 def test_cgroup_quota_of_v2_and_v1_in_cpus(tmp_path, monkeypatch):
     v2 = tmp_path / "cpu.max"
-    monkeypatch.setattr(threads, "_CGROUP_V2", v2)
+    monkeypatch.setattr(cpus, "_CGROUP_V2", v2)
     quota, period = tmp_path / "quota", tmp_path / "period"
-    monkeypatch.setattr(threads, "_CGROUP_V1", (quota, period))
+    monkeypatch.setattr(cpus, "_CGROUP_V1", (quota, period))
     v2.write_text("150000 100000\n")
     assert cgroup_cpu_limit() == 1.5
     v2.write_text("max 100000\n")
@@ -52,12 +44,12 @@ def test_cgroup_quota_of_v2_and_v1_in_cpus(tmp_path, monkeypatch):
 
 
 def test_available_cpus_is_the_affinity_mask_capped_by_the_quota_rounded_up(monkeypatch):
-    monkeypatch.setattr(threads, "_affinity", lambda: {0, 1, 2, 3})
-    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(cpus, "affinity", lambda: {0, 1, 2, 3})
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
     assert available_cpus() == 4
-    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: 1.5)
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 1.5)
     assert available_cpus() == 2
-    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: 0.2)
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 0.2)
     assert available_cpus() == 1
 
 
@@ -82,8 +74,8 @@ def test_busy_seconds_count_user_system_irq_softirq_and_nice_if_asked_of_the_nam
 
 def test_cgroup_usage_in_seconds_from_v2_then_v1(tmp_path, monkeypatch):
     v2, v1 = tmp_path / "cpu.stat", tmp_path / "cpuacct.usage"
-    monkeypatch.setattr(threads, "_CGROUP_V2_USAGE", v2)
-    monkeypatch.setattr(threads, "_CGROUP_V1_USAGE", v1)
+    monkeypatch.setattr(cpus, "_CGROUP_V2_USAGE", v2)
+    monkeypatch.setattr(cpus, "_CGROUP_V1_USAGE", v1)
     assert cgroup_cpu_seconds() is None
     v1.write_text("2500000000\n")  # nanoseconds
     assert cgroup_cpu_seconds() == pytest.approx(2.5)
@@ -92,14 +84,14 @@ def test_cgroup_usage_in_seconds_from_v2_then_v1(tmp_path, monkeypatch):
 
 
 def test_load_meter_measures_the_quota_under_a_cgroup_limit_else_the_listed_cpus(monkeypatch):
-    monkeypatch.setattr(threads, "cgroup_cpu_seconds", lambda: 7.0)
-    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: 2.0)  # --cpus=2 on a 64-CPU host
+    monkeypatch.setattr(cpus, "cgroup_cpu_seconds", lambda: 7.0)
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 2.0)  # --cpus=2 on a 64-CPU host
     meter = load_meter(range(64))
     assert meter is not None and meter.capacity == 2.0 and meter.busy() == 7.0
-    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: 1.5)
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 1.5)
     assert load_meter(range(64)) is None  # under 2 CPUs: nothing to follow
-    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
-    monkeypatch.setattr(threads, "_PROC_STAT", type("Stat", (), {"read_text": staticmethod(lambda: STAT)}))
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(cpus, "_PROC_STAT", type("Stat", (), {"read_text": staticmethod(lambda: STAT)}))
     meter = load_meter({0, 1, 5})  # cpu5 has no line (a container's renumbered view): not counted
     assert meter is not None and meter.capacity == 2.0
     assert load_meter({0, 5}) is None
@@ -238,14 +230,14 @@ def test_results_independent_of_threads_applies_the_followed_count_inside_and_th
 
 def test_configure_threads_fixed_count_has_no_follower_and_unset_follows_the_load(monkeypatch):
     monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: True)  # as under MKL's strict mode
-    monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
-    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
-    monkeypatch.setattr(threads, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
+    monkeypatch.setattr(cpus, "affinity", lambda: {0, 1})
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(cpus, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
     assert configure_threads(1) == 1 and threads._follower is None and torch.get_num_threads() == 1
     assert threads.thread_usage(time.monotonic()) == (1.0, 1, 0)
     assert configure_threads(None) == 2 and torch.get_num_threads() == 2
     assert threads._follower is not None and threads._follower.owned == 2
-    monkeypatch.setattr(threads, "_affinity", lambda: {0})  # one CPU: nothing to follow
+    monkeypatch.setattr(cpus, "affinity", lambda: {0})  # one CPU: nothing to follow
     assert configure_threads(None) == 1 and threads._follower is None
     with pytest.raises(ValueError, match="num_threads: got 0"):
         configure_threads(0)
@@ -254,9 +246,9 @@ def test_configure_threads_fixed_count_has_no_follower_and_unset_follows_the_loa
 def test_configure_threads_follows_the_load_only_where_the_count_cannot_change_a_product(monkeypatch):
     """Without MKL's strict reproducibility mode a matrix product's bits may change with the thread count: the
     count then stays at the CPUs the process owns, and the user is told why."""
-    monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
-    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
-    monkeypatch.setattr(threads, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
+    monkeypatch.setattr(cpus, "affinity", lambda: {0, 1})
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(cpus, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
     monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: False)
     with pytest.warns(UserWarning, match=r"thread count stays at 2, .*MKL_CBWR=AUTO,STRICT"):
         assert configure_threads(None) == 2
@@ -277,9 +269,9 @@ def test_a_job_in_low_precision_follows_the_load_only_in_row_invariant_work(
     from tests.helpers import tiny_job
 
     monkeypatch.setattr(threads, "gemm_independent_of_threads", lambda: True)
-    monkeypatch.setattr(threads, "_affinity", lambda: {0, 1})
-    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
-    monkeypatch.setattr(threads, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
+    monkeypatch.setattr(cpus, "affinity", lambda: {0, 1})
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(cpus, "busy_cpu_seconds", lambda cpus, stat=None, count_nice=True: 1.0)
     job = tiny_job(tiny_model_dir, tmp_path, torch_dtype=torch_dtype, mixed_precision=mixed_precision)
     assert configure_job_threads(job) == 2 and torch.get_num_threads() == 2
     assert threads._follower is not None and threads._follower.pinned == pinned

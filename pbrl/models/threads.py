@@ -8,13 +8,13 @@ of one alone (docs/results/benchmarks.md#two-stage-processes-on-2-cores). So pbr
 * gives torch as many threads as the CPUs this process may use: ``num_threads`` when set, else its affinity mask
   (``os.sched_getaffinity``) capped by a cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``); a Ray
   shard or actor gets the CPUs Ray reserved for it;
-* with ``num_threads`` unset, **follows the load** (:class:`LoadFollower`). At most once a second, at the safe
-  points of the work (calls of :func:`follow_load`: each sampled token, each forward block, i.e. ``eval_mode`` and
+* with ``num_threads`` unset, **follows the load** (:class:`LoadFollower`). At most once a second, at the safe points of
+  the work (calls of :func:`follow_load`: each sampled token, each forward block, i.e. ``eval_mode`` and
   ``training_forward`` of ``pbrl/models/forward.py``, each optimizer step), it measures how much of its CPUs other
-  processes used since the last look (:func:`load_meter`: ``/proc/stat``, or the cgroup's usage under a CPU
-  quota, less this process's own CPU time) and uses only the CPUs left free, at least 1. It takes a CPU back once
-  others use under a quarter of it for two looks in a row. Alone, nothing changes; beside another busy process,
-  each runs with one thread per free CPU instead of spinning against the other.
+  processes used since the last look (:func:`pbrl.models.cpus.load_meter`: ``/proc/stat``, or the cgroup's usage under a
+  CPU quota, less this process's own CPU time) and uses only the CPUs left free, at least 1. It takes a CPU back once
+  others use under a quarter of it for two looks in a row. Alone, nothing changes; beside another busy process, each
+  runs with one thread per free CPU instead of spinning against the other.
 
 OpenMP's wait policy is not changed: ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep instead of spinning) also removes
 the spinning, but on an idle machine it made training 1.35-1.85x slower (docs/results/benchmarks.md); it is read
@@ -47,123 +47,19 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from pbrl import STRICT_MKL_CBWR  # the value `import pbrl` sets when the environment sets none
+from pbrl.models import cpus
 
-_CGROUP_V2 = Path("/sys/fs/cgroup/cpu.max")
-_CGROUP_V1 = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
-_CGROUP_V2_USAGE = Path("/sys/fs/cgroup/cpu.stat")  # usage_usec: CPU microseconds of the cgroup's processes
-_CGROUP_V1_USAGE = Path("/sys/fs/cgroup/cpuacct/cpuacct.usage")  # CPU nanoseconds of the cgroup's processes
-_PROC_STAT = Path("/proc/stat")
 _INTERVAL_S = 1.0  # how often the follower looks at the load, at most
 _RAISE_AFTER = 2  # looks in a row with more CPUs free before the follower takes them back
 _TAKEN, _FREE = 0.5, 0.25  # a CPU others use half of counts as taken; under a quarter, as free again (a dead band)
-
-
-def cgroup_cpu_limit() -> float | None:
-    """The CPU quota of this process's cgroup in CPUs (e.g. 1.5), or None when unlimited or unknown."""
-    try:
-        quota, period = _CGROUP_V2.read_text().split()[:2]
-        if quota != "max":
-            return int(quota) / int(period)
-        return None
-    except (OSError, ValueError):
-        pass
-    try:
-        quota_us, period_us = (int(p.read_text()) for p in _CGROUP_V1)
-    except (OSError, ValueError):
-        return None
-    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
-
-
-def _affinity() -> set[int] | None:
-    try:
-        return set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return None
-
-
-def available_cpus() -> int:
-    """The CPUs this process may use: its affinity mask, capped by the cgroup quota (rounded up), at least 1."""
-    mask = _affinity()
-    count = len(mask) if mask is not None else os.cpu_count() or 1
-    limit = cgroup_cpu_limit()
-    if limit is not None:
-        count = min(count, math.ceil(limit))
-    return max(1, count)
-
-
-def busy_cpu_seconds(cpus: Collection[int], stat: str | None = None, *, count_nice: bool = True) -> float | None:
-    """CPU seconds the CPUs ``cpus`` were busy since boot, by every process: ``/proc/stat``'s user, system, irq and
-    softirq, and nice (processes of a lower priority) when ``count_nice``; idle, iowait and steal (a virtual CPU's
-    time the host gave to another machine, which no thread count of ours changes) are not counted. ``stat`` is the
-    file's text (read when None). None where there is no ``/proc/stat`` or no line of these CPUs."""
-    if stat is None:
-        try:
-            stat = _PROC_STAT.read_text()
-        except OSError:
-            return None
-    wanted = {f"cpu{c}" for c in cpus}
-    ticks, found = 0, False
-    for line in stat.splitlines():
-        name, *fields = line.split()
-        if name in wanted and len(fields) >= 7:
-            user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
-            ticks += user + system + irq + softirq + (nice if count_nice else 0)
-            found = True
-    return ticks / os.sysconf("SC_CLK_TCK") if found else None
-
-
-def cgroup_cpu_seconds() -> float | None:
-    """CPU seconds used by every process of this process's cgroup (v2 ``cpu.stat`` ``usage_usec``, v1
-    ``cpuacct.usage``), or None when neither can be read."""
-    try:
-        for line in _CGROUP_V2_USAGE.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "usage_usec":
-                return int(value) / 1e6
-    except (OSError, ValueError):
-        pass
-    try:
-        return int(_CGROUP_V1_USAGE.read_text()) / 1e9
-    except (OSError, ValueError):
-        return None
-
-
-@dataclass(frozen=True)
-class LoadMeter:
-    """What the follower measures: ``busy()``, CPU seconds used so far by every process that competes for
-    ``capacity`` CPUs (this one included)."""
-
-    capacity: float
-    busy: Callable[[], float | None]
-
-
-def load_meter(cpus: Collection[int]) -> LoadMeter | None:
-    """The meter of a process whose affinity mask is ``cpus``: under a cgroup CPU quota, the cgroup's usage against
-    the quota (the host's other load does not take our quota); else ``/proc/stat``'s busy time of the CPUs of the
-    mask that it lists, against their number. Processes of a lower priority (``nice``) yield to this one, so their
-    time is not counted unless this process is niced too. None where nothing can be read, or fewer than 2 CPUs."""
-    limit = cgroup_cpu_limit()
-    if limit is not None:
-        meter = LoadMeter(min(float(len(cpus)), limit), cgroup_cpu_seconds)
-    else:
-        try:
-            stat = _PROC_STAT.read_text()
-        except OSError:
-            return None
-        listed = [c for c in cpus if busy_cpu_seconds([c], stat) is not None]
-        niced = os.getpriority(os.PRIO_PROCESS, 0) > 0
-        meter = LoadMeter(float(len(listed)), lambda: busy_cpu_seconds(listed, count_nice=niced))
-    return meter if meter.capacity >= 2 and meter.busy() is not None else None
-
 
 _MKL_CBWR_ALL, _MKL_CBWR_STRICT = -1, 0x10000  # oneMKL's mkl_service.h: every setting; the strict-mode bit
 
@@ -233,12 +129,12 @@ def one_thread() -> Iterator[None]:
 class LoadFollower:
     """Fits torch's intra-op threads to the CPUs other processes leave free (see the module docstring).
 
-    ``tick()`` is cheap (a clock read) except once per ``interval_s``, when it reads ``busy()`` (CPU seconds of
-    every process competing for the ``capacity`` CPUs, :func:`load_meter`) and this process's CPU seconds
-    (``time.process_time``, every thread's). Others' use over the interval, in CPUs, is ``(busy - own) / wall``;
-    of the ``capacity - others`` free CPUs, a CPU counts as taken when others use more than half of it (the count
-    is lowered at once: spinning against another process costs several times the work) and as free again when
-    they use under a quarter of it, for ``_RAISE_AFTER`` looks in a row. The count stays between 1 and ``owned``.
+    ``tick()`` is cheap (a clock read) except once per ``interval_s``, when it reads ``busy()`` (CPU seconds of every
+    process competing for the ``capacity`` CPUs, :func:`pbrl.models.cpus.load_meter`) and this process's CPU seconds
+    (``time.process_time``, every thread's). Others' use over the interval, in CPUs, is ``(busy - own) / wall``; of the
+    ``capacity - others`` free CPUs, a CPU counts as taken when others use more than half of it (the count is lowered at
+    once: spinning against another process costs several times the work) and as free again when they use under a quarter
+    of it, for ``_RAISE_AFTER`` looks in a row. The count stays between 1 and ``owned``.
     ``tick()`` must be called from the thread that runs the work: an OpenMP thread count is the calling thread's
     own. The clock, the readers and the thread setter are parameters for tests.
 
@@ -355,15 +251,14 @@ def results_independent_of_threads() -> Iterator[None]:
 
 
 def configure_threads(num_threads: int | None = None, *, float32: bool = True) -> int:
-    """Set torch's intra-op threads to ``num_threads`` (the ``num_threads`` option or a Ray reservation: fixed),
-    else to :func:`available_cpus`, following the load from then on (:class:`LoadFollower`, where the process
-    owns more than one CPU, :func:`load_meter` can measure and :func:`gemm_independent_of_threads` says the count
-    cannot change a float32 result; otherwise the count stays, with a warning when MKL's mode is the reason);
-    returns the count now in use. ``float32``: false when the process computes in bfloat16 or float16
-    (``torch_dtype``, ``mixed_precision``), whose CPU products go through oneDNN, which MKL's strict mode does not
-    govern: the follower is then pinned, following the load only inside :func:`results_independent_of_threads`.
-    Call it from the thread that runs the stages. The affinity mask and the quota are read when it is called; later
-    changes to them are not followed.
+    """Set torch's intra-op threads to ``num_threads`` (the ``num_threads`` option or a Ray reservation: fixed), else to
+    :func:`pbrl.models.cpus.available_cpus`, following the load from then on (:class:`LoadFollower`, where the process
+    owns more than one CPU, :func:`pbrl.models.cpus.load_meter` can measure and :func:`gemm_independent_of_threads` says
+    the count cannot change a float32 result; otherwise the count stays, with a warning when MKL's mode is the reason);
+    returns the count now in use. ``float32``: false when the process computes in bfloat16 or float16 (``torch_dtype``,
+    ``mixed_precision``), whose CPU products go through oneDNN, which MKL's strict mode does not govern: the follower is
+    then pinned, following the load only inside :func:`results_independent_of_threads`. Call it from the thread that
+    runs the stages. The affinity mask and the quota are read when it is called; later changes to them are not followed.
 
     Raises:
         ValueError: ``num_threads`` below 1.
@@ -372,9 +267,9 @@ def configure_threads(num_threads: int | None = None, *, float32: bool = True) -
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads: got {num_threads}; must be >= 1")
     _follower = None
-    count = num_threads if num_threads is not None else available_cpus()
-    cpus = _affinity()
-    meter = load_meter(cpus) if num_threads is None and count > 1 and cpus else None
+    count = num_threads if num_threads is not None else cpus.available_cpus()
+    owned = cpus.affinity()
+    meter = cpus.load_meter(owned) if num_threads is None and count > 1 and owned else None
     if meter is not None and not gemm_independent_of_threads():
         why = (
             "MKL's strict reproducibility mode (MKL_CBWR=AUTO,STRICT) is not in effect: MKL ran before pbrl was "
