@@ -116,6 +116,7 @@ def test_the_runs_page_and_its_tag_lead_to_every_prefect_run_of_it_in_both_uis(b
             page.get_by_role("heading", name=f"Run {RUN}").wait_for()
             for run in tagged:
                 link = page.get_by_role("link", name=run["name"], exact=True)
+                link.first.wait_for()  # V2 draws the heading before the rest of the markdown (a CI run saw no links)
                 hrefs = [a.evaluate("a => a.href") for a in link.all()]
                 assert f"{ui['url']}{base}/runs/flow-run/{run['id']}" in hrefs, (run["name"], hrefs)
             shot(page, f"run-page{base.replace('/', '-') or '-v1'}")
