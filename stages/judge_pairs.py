@@ -24,6 +24,7 @@ from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import write_table
 from pbrl.errors import OracleError
 from pbrl.judging.asking import Asked, ask
+from pbrl.judging.callable_judge import JUDGE_FAILED
 from pbrl.judging.verdicts import preference_of
 from pbrl.run.askings import Asking, round_askings
 from pbrl.run.judging import answer_store, judge_for
@@ -91,17 +92,18 @@ def _verdict_rows(askings: list[Asking], asked: list[Asked], judge: str, disagre
 
 
 def _check_failures(rows: list[dict], round_index: int, max_share: float) -> None:
-    """Stop the round when the judge raised on more than ``max_share`` (``oracle_max_failure_share``) of its askings.
+    """Stop the round when the judge raised or failed (timed out, its process died: ``JUDGE_FAILED``) on more than
+    ``max_share`` (``oracle_max_failure_share``) of its askings.
 
     Raises:
         OracleError: naming the items and the first reasons.
     """
-    raised = [r for r in rows if (r["reason"] or "").startswith(JUDGE_RAISED)]
+    raised = [r for r in rows if (r["reason"] or "").startswith((JUDGE_RAISED, JUDGE_FAILED))]
     if rows and len(raised) / len(rows) > max_share:
         items = Counter(r["item_id"] for r in raised).most_common(20)
         reasons = Counter(r["reason"] for r in raised).most_common(3)
         raise OracleError(
-            f"round {round_index}: the judge raised on {len(raised)} of {len(rows)} askings (more than "
+            f"round {round_index}: the judge raised or failed on {len(raised)} of {len(rows)} askings (more than "
             f"oracle_max_failure_share={max_share}); items: {', '.join(f'{i} ({n})' for i, n in items)}; "
             f"reasons: {', '.join(f'{r} ({n})' for r, n in reasons)}"
         )

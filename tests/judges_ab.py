@@ -1,13 +1,16 @@
 """Python judges named by import path in the judge tests (``judge: tests.judges_ab:longer_first_agent``).
 
 Where ``PBRL_TEST_JUDGE_LOG`` is set, :func:`counted` appends one line per comparison it is asked (the tests count
-what a rerun asks again); where ``PBRL_TEST_JUDGE_KILL_AFTER`` is set to n, it kills its own process after answering
-n comparisons in that process (a crash in the middle of judging).
+what a rerun asks again); where ``PBRL_TEST_JUDGE_KILL_AFTER`` is set to n, it kills the stage's process (the
+parent of the judge's worker) after answering n comparisons in that worker (a crash in the middle of judging).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import time
 from collections.abc import Sequence
 
 _answered = 0
@@ -27,8 +30,9 @@ def counted(prompts: Sequence[str], first: Sequence[str], second: Sequence[str],
             f.write(f"{item_id}\t{first[0]!r}\t{second[0]!r}\n")
     _answered += 1
     limit = os.environ.get("PBRL_TEST_JUDGE_KILL_AFTER")
-    if limit and _answered > int(limit):
-        os._exit(9)  # as a kill -9 would: no cleanup, no flush of anything not yet written
+    if limit and _answered > int(limit):  # the judge runs in a worker forked from the stage's process: kill both
+        os.kill(os.getppid(), signal.SIGKILL)  # as a kill -9 of the stage would: no cleanup, no flush
+        os._exit(9)
     return longer_first_agent(prompts, first, second)
 
 
@@ -42,3 +46,15 @@ def raising(prompts: Sequence[str], first: Sequence[str], second: Sequence[str])
 
 def junk(prompts: Sequence[str], first: Sequence[str], second: Sequence[str]) -> object:
     return {"winner": "A"}
+
+
+def hangs_on_short(prompts: Sequence[str], first: Sequence[str], second: Sequence[str]) -> str:
+    """Loops forever when the first joint response's first agent wrote under 3 characters; else
+    :func:`longer_first_agent`."""
+    while len(first[0]) < 3:
+        time.sleep(0.01)
+    return longer_first_agent(prompts, first, second)
+
+
+def exits(prompts: Sequence[str], first: Sequence[str], second: Sequence[str]) -> str:
+    sys.exit(3)

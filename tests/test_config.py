@@ -1298,7 +1298,8 @@ SPEC_MARLHF |= {"reward_head_components"}
 # pbrl's own options (issue #51): preferences from a pairwise judge (pbrl/config/judge_fields.py), every trainer.
 SPEC_COMMON |= {
     "preference_source", "judge", "judge_label_noise", "judge_bt_temperature", "judge_position_swap",
-    "judge_swap_disagreement", "judge_tie_margin", "judge_max_pairs", "judge_pair_choice", "judge_label_batch_size",
+    "judge_swap_disagreement", "judge_tie_margin", "judge_timeout", "judge_max_pairs", "judge_pair_choice",
+    "judge_label_batch_size",
     "judge_label_timeout_hours", "judge_label_timeout_policy", "judge_model", "judge_prompt_template",
     "judge_batch_size", "judge_api_format", "judge_api_url", "judge_api_key_env", "judge_api_key_header",
     "judge_api_key_prefix", "judge_api_headers", "judge_api_extra_body", "judge_api_response_field",

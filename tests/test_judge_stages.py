@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -112,7 +113,7 @@ def test_a_kill_during_judging_resumes_to_the_uninterrupted_verdicts_and_pairs(t
     )
     env = {**os.environ, "PBRL_TEST_JUDGE_KILL_AFTER": "10", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", script, str(killed_dir)], env=env, capture_output=True, cwd=ROOT)
-    assert proc.returncode == 9, proc.stderr[-2000:]
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]  # the stage itself was killed
     stored = (killed_dir / "judge" / "answers.jsonl").read_text().count("\n")
     assert stored == 10 and not RunPaths(killed_dir).verdicts(1).exists()  # answers kept, no verdicts yet
     log = tmp_path / "asked.log"
@@ -132,7 +133,8 @@ def test_a_judge_that_raises_or_answers_junk_drops_those_pairs_and_too_many_stop
     assert manifests["build-pairs"].counts["pairs"] == 0
     assert any("the judge returned {'winner': 'A'}" in m for m in manifests["judge-pairs"].messages)
     run_dir, job = start(tiny_model_dir, tmp_path / "raising", judge="tests.judges_ab:raising", **JUDGED)
-    with pytest.raises(OracleError, match=r"the judge raised on (\d+) of \1 askings .*oracle_max_failure_share=0.5"):
+    raised = r"the judge raised or failed on (\d+) of \1 askings .*oracle_max_failure_share=0.5"
+    with pytest.raises(OracleError, match=raised):
         run_round(run_dir, job, 1, until="judge-pairs")
 
 

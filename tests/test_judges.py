@@ -5,6 +5,8 @@ The stages and flows that use them: tests/test_judge_stages.py."""
 from __future__ import annotations
 
 import math
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -228,15 +230,35 @@ def test_a_python_judge_that_raises_drops_that_comparison_only():
 
 
 def test_a_python_judge_gets_the_keywords_it_accepts():
-    seen = {}
+    def judge(prompts, first, second, *, item, roles):  # runs in the worker: what it saw comes back as its answer
+        seen = item == {"topic": "t"} and roles == ["writer", "explainer"] and prompts == ["write", "explain"]
+        item["topic"] = "changed"  # a copy: the next comparison sees the item as it was
+        return "A" if seen else "B"
 
-    def judge(prompts, first, second, *, item, roles):
-        seen.update(item=item, roles=roles, prompts=prompts)
-        item["topic"] = "changed"  # a deep copy: the next comparison sees the item as it was
-        return "A"
+    answers = CallableJudge(judge, "j").answer([comparison(), comparison()])
+    assert [a.verdict for a in answers] == ["A", "A"]
 
-    CallableJudge(judge, "j").answer([comparison(), comparison()])
-    assert seen == {"item": {"topic": "changed"}, "roles": ["writer", "explainer"], "prompts": ["write", "explain"]}
+
+def test_a_python_judge_that_hangs_is_stopped_and_fails_only_that_comparison():
+    """Issue #53's kind (user code that can hang runs where it can be stopped), for a Python judge: the worker is
+    killed at judge_timeout, that comparison has no verdict, the next one gets a fresh worker."""
+    short, long = comparison(first=("ab", "x")), comparison(first=("abcd", "x"))
+    started = time.monotonic()
+    answers = CallableJudge(judges_ab.hangs_on_short, "h", timeout_s=1.0).answer([short, long, short])
+    assert time.monotonic() - started < 30
+    assert [a.verdict for a in answers] == [None, "B", None]
+    assert answers[0].reason == "the judge failed: no answer within 1 s (judge_timeout); its process was stopped"
+
+
+def test_a_python_judge_that_exits_or_dies_fails_only_its_comparison():
+    (exited,) = CallableJudge(judges_ab.exits, "e").answer([comparison()])
+    assert exited.verdict is None and exited.reason == "the judge raised SystemExit: 3"
+
+    def dies(prompts, first, second):
+        os._exit(7)
+
+    (died,) = CallableJudge(dies, "d").answer([comparison()])
+    assert died.verdict is None and died.reason.startswith("the judge failed: its process ended without answering")
 
 
 # ---------------------------------------------------------------------------------------------- the questions

@@ -55,6 +55,13 @@ class _JudgeFields(_Fields):
         description="With judge_position_swap, when the two orders disagree: 'tie' (no pair, counted as a tie) or "
         "'drop' (no pair, counted as dropped).",
     )
+    judge_timeout: StrictFloat = Field(
+        600.0,
+        gt=0,
+        description="A Python judge given as a function: seconds one comparison may take. The function runs in a "
+        "worker process; past the limit the process is killed and that comparison has no verdict (dropped and "
+        "counted with its reason), and the next comparison starts a fresh worker.",
+    )
     judge_tie_margin: StrictFloat = Field(
         0.0,
         ge=0,

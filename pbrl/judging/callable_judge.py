@@ -13,6 +13,13 @@ Anything else, or an exception, is that comparison's answer without a verdict, w
 the exception's type and message); the stage counts it, and too many stop the round
 (``oracle_max_failure_share``). A :class:`~pbrl.errors.TransientError` is not an answer: it fails the stage so that
 Prefect retries it.
+
+The function runs in a worker process forked for the stage (:class:`~pbrl.preference.reward_worker.ForkedWorker`,
+as the reward does), one comparison at a time within ``judge_timeout`` seconds: a judge that hangs on one pair (a
+regular expression that backtracks forever, a server that never answers) is killed, that comparison alone has no
+verdict, and the next one starts a fresh worker. ``sys.exit`` or a crash in the judge fails only its comparison.
+The function works on copies (its changes to globals stay in the worker) and cannot use a CUDA device that the
+stage's process has initialised; a judge object (with ``answer``) runs in the stage's process instead.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ from typing import Any
 
 from pbrl.errors import TransientError
 from pbrl.judging.verdicts import Answer, Comparison, parse_verdict, verdict_of_probability
+from pbrl.preference.reward_worker import CallTimeout, ForkedWorker, RemoteError, WorkerDied
 
+JUDGE_FAILED = "the judge failed"  # the start of the reason when the judge timed out or its process died
 _SHOWN = 200  # characters of a junk value or an exception message kept in the reason
 KEYWORDS = ("roles", "item_id", "item")
 
@@ -77,33 +86,46 @@ def _probability(value: Any) -> bool:
 @dataclass(frozen=True)
 class CallableJudge:
     """``func`` (see the module docstring) as a :class:`~pbrl.judging.verdicts.PairwiseJudge` named ``name`` (its
-    import path; the key of its stored answers)."""
+    import path; the key of its stored answers); ``timeout_s``: ``judge_timeout``, seconds per comparison."""
 
     func: Callable[..., Any]
     name: str
     tie_margin: float = 0.0
+    timeout_s: float = 600.0
 
     def answer(
         self, comparisons: Sequence[Comparison], *, on_answer: Callable[[int, Answer], None] | None = None
     ) -> list[Answer]:
         """One answer per comparison, in order; ``on_answer(index, answer)`` as each is given (the stage stores it
-        before the function is called again)."""
+        before the function is called again).
+
+        Raises:
+            TransientError: the function raised one (the stage fails and Prefect retries it).
+        """
         accepted = _accepted(self.func)
         answers: list[Answer] = []
-        for c in comparisons:
-            extra = {"roles": list(c.roles), "item_id": c.item_id, "item": copy.deepcopy(dict(c.item))}
-            started = time.monotonic()
-            try:
-                value = self.func(
-                    list(c.prompts), list(c.first), list(c.second), **{k: v for k, v in extra.items() if k in accepted}
-                )
-            except TransientError:
-                raise
-            except Exception as exc:  # the judge's own fault: this comparison has no verdict, the round goes on
-                answer = Answer(None, reason=_cut(f"the judge raised {type(exc).__name__}: {exc}"))
-            else:
-                answer = replace(read_value(value, self.tie_margin), seconds=round(time.monotonic() - started, 6))
-            answers.append(answer)
-            if on_answer is not None:
-                on_answer(len(answers) - 1, answer)
+        with ForkedWorker(self.func, name="pbrl-judge") as worker:
+            for c in comparisons:
+                extra = {"roles": list(c.roles), "item_id": c.item_id, "item": copy.deepcopy(dict(c.item))}
+                args = (list(c.prompts), list(c.first), list(c.second))
+                started = time.monotonic()
+                try:
+                    value = worker.call(args, {k: v for k, v in extra.items() if k in accepted}, self.timeout_s)
+                except TransientError:
+                    raise
+                except CallTimeout:
+                    why = f"no answer within {self.timeout_s:g} s (judge_timeout); its process was stopped"
+                    answer = Answer(None, reason=f"{JUDGE_FAILED}: {why}")
+                except WorkerDied as exc:
+                    why = str(exc).removeprefix("the worker process ")
+                    answer = Answer(None, reason=_cut(f"{JUDGE_FAILED}: its process {why}"))
+                except RemoteError as exc:  # SystemExit, or an exception that could not be sent back as itself
+                    answer = Answer(None, reason=_cut(f"the judge raised {exc}"))
+                except Exception as exc:  # the judge's own fault: this comparison has no verdict, the round goes on
+                    answer = Answer(None, reason=_cut(f"the judge raised {type(exc).__name__}: {exc}"))
+                else:
+                    answer = replace(read_value(value, self.tie_margin), seconds=round(time.monotonic() - started, 6))
+                answers.append(answer)
+                if on_answer is not None:
+                    on_answer(len(answers) - 1, answer)
         return answers

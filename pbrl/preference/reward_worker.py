@@ -1,4 +1,5 @@
-"""A worker process for user code that may hang (the oracle's ``reward_func`` and ``reward_processor``): a call
+"""A worker process for user code that may hang (the oracle's ``reward_func`` and ``reward_processor``, a Python
+judge: :mod:`pbrl.judging.callable_judge`): a call
 past its deadline is stopped for real, by killing the worker's process group, and the next call starts a fresh
 worker.
 
@@ -61,12 +62,19 @@ class ForkedWorker:
         func: the function; the worker is forked from this process, so it may be any callable (a lambda too).
         portable: turns an exception the worker cannot send back (an unpicklable one) into one it can; the
             default gives a :class:`RemoteError` with the class name and message.
+        name: the worker process's name (as ``ps`` shows it).
 
     Use as a context manager, or call :meth:`close`: the worker lives between calls.
     """
 
-    def __init__(self, func: Callable[..., Any], portable: Callable[[BaseException], BaseException] | None = None):
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        portable: Callable[[BaseException], BaseException] | None = None,
+        name: str = "pbrl-reward",
+    ):
         self._func = func
+        self._name = name
         self._portable = portable or (lambda exc: RemoteError(type(exc).__name__, str(exc)))
         self._proc: Any = None
         self._conn: Connection | None = None
@@ -125,7 +133,7 @@ class ForkedWorker:
         context = multiprocessing.get_context("fork")
         ours, theirs = context.Pipe(duplex=True)
         proc = context.Process(
-            target=_serve, args=(self._func, theirs, ours, self._portable), name="pbrl-reward", daemon=True
+            target=_serve, args=(self._func, theirs, ours, self._portable), name=self._name, daemon=True
         )
         proc.start()
         theirs.close()

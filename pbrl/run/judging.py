@@ -54,7 +54,7 @@ def judge_object(value: object, job: JobConfig) -> PairwiseJudge:
     if not callable(value):
         raise TypeError(f"judge: got {type(value).__name__}; give a function, a judge object (name, answer) or a name")
     name = job.judge if job.judge not in (None, IN_PROCESS_JUDGE) else getattr(value, "__qualname__", repr(value))
-    return CallableJudge(value, name=str(name), tie_margin=job.judge_tie_margin)
+    return CallableJudge(value, name=str(name), tie_margin=job.judge_tie_margin, timeout_s=job.judge_timeout)
 
 
 def answer_store(paths: RunPaths) -> AnswerStore:
@@ -115,7 +115,7 @@ def judge_for(job: JobConfig, run_dir: Path, task: Task) -> PairwiseJudge:
         return found  # an object with the PairwiseJudge methods
     if not callable(found):
         raise ConfigError([Problem("judge", judge, "is neither a function nor a judge object (name, answer)")])
-    return CallableJudge(found, name=judge, tie_margin=job.judge_tie_margin)
+    return CallableJudge(found, name=judge, tie_margin=job.judge_tie_margin, timeout_s=job.judge_timeout)
 
 
 def _model_judge(job: JobConfig, kind: str) -> PairwiseJudge:
