@@ -23,8 +23,12 @@ differences of winner and loser):
 ``--product`` also fits the product's reward model the way fit-reward-model does (AdamW, the run's learning rate,
 epochs and batch size) for the configured pooling and training (head only or LoRA), on one split per size.
 
-Writes ``benchmarks/results/reward-model-<model>.json``. Run: ``python benchmarks/reward_model.py`` (about 20 min
-on 2 idle CPU cores, mostly the sampling; ``--keep`` keeps the run folder, ``--from-run`` reuses one).
+``--reward-terms coverage`` measures the same joint responses under another preference: the reward recomputed from
+the stored texts as the sum of those parts of the docs reward (``coverage`` alone: a preference about content, which
+names the explanation mentions; issue #55); ``segment_lengths`` then says how much length still tells.
+
+Writes ``benchmarks/results/reward-model-<model>[-<terms>].json``. Run: ``python benchmarks/reward_model.py``
+(about 20 min on 2 idle CPU cores, mostly the sampling; ``--keep`` keeps the run folder, ``--from-run`` reuses one).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
 from pbrl.models.loading import load_tokenizer, resolve_model_source
 from pbrl.models.threads import configure_threads
 from pbrl.run.folder import open_job, prepare_run
+from pbrl.tasks.humaneval_docs import REWARD_TERMS, docs_score
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
 REPRESENTATIONS = ("last_token", "segments", "segment_lengths", "hand")
@@ -279,6 +284,13 @@ def main() -> int:
     parser.add_argument("--from-run", type=Path, help="reuse the run folder of an earlier --keep")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument(
+        "--reward-terms",
+        nargs="+",
+        choices=REWARD_TERMS,
+        help="the preference: the docs reward's parts summed (humaneval_docs' reward_terms), recomputed from the "
+        "stored texts; e.g. 'coverage' for a preference about content alone (default: the run's own scores)",
+    )
+    parser.add_argument(
         "--product",
         action="append",
         default=[],
@@ -293,6 +305,10 @@ def main() -> int:
     responses = joint_responses(run_dir, job)
     pairs = preference_pairs(responses, job.tie_tolerance)
     items = {x["item_id"]: x for x in read_items(RunPaths(run_dir), "train")}
+    if args.reward_terms:  # the same joint responses under another preference: the chosen parts of the docs reward
+        for r in responses:
+            r["reward"] = docs_score(*r["completions"], items[r["item_id"]], tuple(args.reward_terms))
+        pairs = preference_pairs(responses, job.tie_tolerance)
     print(f"[reward-model] {len(responses)} joint responses, {len(pairs)} pairs on {len(items)} items", flush=True)
     features = {**backbone_features(responses, job), "hand": hand_features(responses, items)}
     rows = table(features, responses, pairs, args)
@@ -303,15 +319,21 @@ def main() -> int:
     winners_shorter = statistics.fmean(
         len(responses[w]["completion_ids"][0]) < len(responses[lo]["completion_ids"][0]) for w, lo in pairs
     )
+    tag = "-".join(args.reward_terms) if args.reward_terms else None
+    winners_longer = statistics.fmean(
+        len(responses[w]["completion_ids"][1]) > len(responses[lo]["completion_ids"][1]) for w, lo in pairs
+    )
     path = write_result(
         "reward-model",
-        Path(args.model).name,
+        Path(args.model).name + (f"-{tag}" if tag else ""),
         {
+            "reward_terms": args.reward_terms or list(REWARD_TERMS),
             "run": str(run_dir) if args.keep or args.from_run else None,
             "items": len(items),
             "joint_responses": len(responses),
             "pairs": len(pairs),
             "winner_has_shorter_summary": round(winners_shorter, 3),
+            "winner_has_longer_explanation": round(winners_longer, 3),
             "table": rows,
             "product": product,
             "peak_rss_mb": peak_rss_mb(),

@@ -170,6 +170,32 @@ def test_docs_reward_by_hand(problems: dict[str, dict]) -> None:
     )
 
 
+def test_docs_reward_terms_sum_only_the_chosen_parts(problems: dict[str, dict]) -> None:
+    """Issue #55: ``task_options: {reward_terms: [coverage]}`` is a preference about content alone."""
+    item = problems["HumanEval/0"]
+    task = get_task("humaneval_docs", num_train_items=1, num_eval_items=1, reward_terms=["coverage"])
+    assert task.reward_range == (0.0, 1.0)
+    # the hand-worked responses above: coverage 2/3 and 0, whatever their lengths (parts (a) and (b) dropped)
+    long_one = " ".join(["ww"] * 15)
+    summaries, explanations = ["four words summary here", "a b c"], ["numbers and threshold", long_one]
+    assert task.reward_func(summaries, explanations, batch_items=[item, item]) == pytest.approx([2 / 3, 0.0])
+    two = get_task("humaneval_docs", num_train_items=1, num_eval_items=1, reward_terms=["ratio", "coverage"])
+    # "one two three four" (18 chars) / "has_close_elements uses numbers" (31): ratio 13/18, coverage 2/3
+    assert two.reward_func(["one two three four"], ["has_close_elements uses numbers"], batch_items=[item]) == (
+        pytest.approx([13 / 18 + 2 / 3])
+    )
+    assert two.reward_range == (0.0, 2.0) and repr(two.reward_func) == "PartialDocsReward(terms=('ratio', 'coverage'))"
+    assert get_task("humaneval_docs", num_train_items=1, num_eval_items=1).reward_func is docs_reward  # as before
+
+
+@pytest.mark.parametrize("terms", [[], ["coverage", "coverage"], ["colour"], "coverage"])
+def test_docs_reward_terms_refuse_what_is_not_a_set_of_parts(terms) -> None:
+    with pytest.raises(ConfigError) as info:
+        get_task("humaneval_docs", num_train_items=-1, num_eval_items=1, reward_terms=terms)
+    assert [p.field for p in info.value.problems] == ["num_train_items", "reward_terms"]
+    assert "lengths, ratio, coverage" in info.value.problems[1].message
+
+
 def test_docs_reward_needs_batch_items() -> None:
     with pytest.raises(ValueError, match="batch_items is required"):
         docs_reward(["a"], ["b"])

@@ -9,15 +9,17 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from pbrl.errors import ConfigError, Problem
 from pbrl.tasks.base import Task
 from pbrl.tasks.humaneval import check_two_agent_batch, item_field, split_problems
 
 SUMMARY_WORDS = (3, 60)
 EXPLANATION_WORDS = (15, 400)
 RATIO_ZERO_LOW, RATIO_FULL_LOW, RATIO_FULL_HIGH, RATIO_ZERO_HIGH = 1.0, 2.0, 6.0, 10.0
-REWARD_RANGE = (0.0, 3.0)
+REWARD_TERMS = ("lengths", "ratio", "coverage")  # the parts of the reward, (a), (b) and (c) of docs_score
 
 
 def summary_prompt(item: dict[str, Any]) -> str:
@@ -85,8 +87,8 @@ def coverage(text: str, identifiers: Sequence[str]) -> float:
     return found / len(identifiers)
 
 
-def docs_score(summary: str, explanation: str, item: dict[str, Any]) -> float:
-    """The ``humaneval_docs`` reward of one joint response, in [0, 3].
+def docs_score(summary: str, explanation: str, item: dict[str, Any], terms: Sequence[str] = REWARD_TERMS) -> float:
+    """The ``humaneval_docs`` reward of one joint response, in [0, 3] (in [0, len(terms)] with ``terms``).
 
     With s = summary.strip(), e = explanation.strip(), words = whitespace-separated tokens:
 
@@ -98,10 +100,11 @@ def docs_score(summary: str, explanation: str, item: dict[str, Any]) -> float:
     Parts (b) and (c) count even when (a) is 0: a stepwise gate (the reference's writing reward stops at
     the first failed level) would turn most early outputs into ties and give no preference signal. Each
     part is at most 1, so an over-long explanation that lists every identifier still scores below a good
-    one.
+    one. ``terms`` (the task option ``reward_terms``) sums only those parts: ``("coverage",)`` is a preference
+    about content alone (which names the explanation mentions), where (a) and (b) are about length.
     """
-    terms = docs_terms(summary, explanation, item)
-    return 0.0 if terms is None else sum(terms.values())
+    parts = docs_terms(summary, explanation, item)
+    return 0.0 if parts is None else sum(parts[t] for t in terms)
 
 
 def docs_terms(summary: str, explanation: str, item: dict[str, Any]) -> dict[str, float] | None:
@@ -125,8 +128,10 @@ def docs_reward(
     *,
     prompts: Sequence[Sequence[str]] | None = None,
     batch_items: Sequence[dict[str, Any]] | None = None,
+    terms: Sequence[str] = REWARD_TERMS,
 ) -> list[float]:
-    """Batched :func:`docs_score`: ``summaries[j]`` (agent 1), ``explanations[j]`` (agent 2), ``batch_items[j]``.
+    """Batched :func:`docs_score`: ``summaries[j]`` (agent 1), ``explanations[j]`` (agent 2), ``batch_items[j]``,
+    summing the parts ``terms``.
 
     Returns:
         n rewards in [0, 3].
@@ -135,23 +140,63 @@ def docs_reward(
         ValueError: ``batch_items`` missing, or the three lists differ in length.
     """
     items = check_two_agent_batch(summaries, explanations, batch_items)
-    return [docs_score(s, e, item) for s, e, item in zip(summaries, explanations, items, strict=True)]
+    return [docs_score(s, e, item, terms) for s, e, item in zip(summaries, explanations, items, strict=True)]
+
+
+@dataclass(frozen=True)
+class PartialDocsReward:
+    """:func:`docs_reward` summing only the parts ``terms``: a module-level object with a stable ``repr`` (the task's
+    cache fingerprint reads it; a ``functools.partial`` shows a memory address) that pickles for Ray shards."""
+
+    terms: tuple[str, ...]
+
+    def __call__(
+        self,
+        summaries: Sequence[str],
+        explanations: Sequence[str],
+        *,
+        prompts: Sequence[Sequence[str]] | None = None,
+        batch_items: Sequence[dict[str, Any]] | None = None,
+    ) -> list[float]:
+        return docs_reward(summaries, explanations, prompts=prompts, batch_items=batch_items, terms=self.terms)
 
 
 def _within(count: int, bounds: tuple[int, int]) -> bool:
     return bounds[0] <= count <= bounds[1]
 
 
-def humaneval_docs_task(num_train_items: int | None = None, num_eval_items: int | None = None) -> Task:
+def humaneval_docs_task(
+    num_train_items: int | None = None, num_eval_items: int | None = None, reward_terms: Sequence[str] | None = None
+) -> Task:
     """Agent 1 writes a one-sentence summary, agent 2 a detailed explanation; reward in [0, 3]
-    (:func:`pbrl.tasks.humaneval_docs.docs_score`)."""
-    train, evaluation = split_problems(num_train_items, num_eval_items)
+    (:func:`pbrl.tasks.humaneval_docs.docs_score`).
+
+    ``reward_terms``: the parts of the reward summed, a non-empty subset of ``lengths``, ``ratio`` and ``coverage``
+    (None = all three); the reward then lies in [0, number of parts]. ``[coverage]`` is the content-only
+    preference of docs/results/marlhf.md.
+
+    Raises:
+        ConfigError: every bad option at once (``num_train_items``, ``num_eval_items``, ``reward_terms``: an
+            unknown, repeated or missing part).
+    """
+    terms = REWARD_TERMS if reward_terms is None else tuple(reward_terms)
+    problems = []
+    unknown = [t for t in terms if t not in REWARD_TERMS]
+    if isinstance(reward_terms, str) or not terms or unknown or len(set(terms)) != len(terms):
+        why = f"give a non-empty list of distinct parts among {', '.join(REWARD_TERMS)}"
+        problems.append(Problem("reward_terms", reward_terms, why + (f" (unknown: {unknown})" if unknown else "")))
+    try:
+        train, evaluation = split_problems(num_train_items, num_eval_items)
+    except ConfigError as exc:
+        raise ConfigError([*exc.problems, *problems]) from None
+    if problems:
+        raise ConfigError(problems)
     return Task(
         name="humaneval_docs",
         formatters=(summary_prompt, explanation_prompt),
-        reward_func=docs_reward,
+        reward_func=docs_reward if terms == REWARD_TERMS else PartialDocsReward(terms),
         train_items=train,
         eval_items=evaluation,
-        reward_range=REWARD_RANGE,
+        reward_range=(0.0, float(len(terms))),
         roles=("summary (one sentence)", "explanation (in detail)"),
     )
