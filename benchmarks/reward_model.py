@@ -18,6 +18,9 @@ differences of winner and loser):
 - ``segments``: per agent the mean of the last hidden states over its response tokens and log(1 + its response
   tokens) (:func:`pbrl.learning.segment_head.segment_features`, the product's ``reward_pooling: segments``);
 - ``segment_lengths``: only the log(1 + response tokens) of each agent;
+- ``prompt_overlap``: per agent, the idf-weighted share of its prompt's distinct tokens that its response contains
+  (:func:`prompt_overlap`: what is particular to the item, its identifiers, weighs most); ``segments+overlap`` and
+  ``lengths+overlap`` add it to those;
 - ``hand``: a yardstick of what is learnable: words of the summary and of the explanation (log), the explanation /
   summary length ratio (log), the identifier coverage of the explanation, both lengths within bounds.
 ``--product`` also fits the product's reward model the way fit-reward-model does (AdamW, the run's learning rate,
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -43,14 +47,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from benchkit import REPO_ROOT, peak_rss_mb, write_result
 
 from pbrl.config import JOB_CLASSES, JobConfig, load_job, parse_job
 from pbrl.data.items import read_items
-from pbrl.data.schema import SCORES
 from pbrl.data.storage import RunPaths
-from pbrl.data.tables import read_joint_responses, read_rows
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_correct
 from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
@@ -60,7 +63,10 @@ from pbrl.run.folder import open_job, prepare_run
 from pbrl.tasks.humaneval_docs import REWARD_TERMS, docs_score
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
-REPRESENTATIONS = ("last_token", "segments", "segment_lengths", "hand")
+REPRESENTATIONS = (
+    "last_token", "segments", "segment_lengths", "hand", "prompt_overlap", "segments+overlap", "lengths+overlap",
+    "word_overlap", "lengths+words",
+)  # fmt: skip
 L2 = 1.0  # the L2 penalty of the logistic regressions (on standardized features, summed over pairs)
 
 
@@ -92,23 +98,31 @@ def collect(out: Path, args: argparse.Namespace) -> Path:
 def joint_responses(run_dir: Path, job: JobConfig) -> list[dict[str, Any]]:
     """Every scored joint response of round 1: item, reward, prompts and completions (text and ids) per agent."""
     paths = RunPaths(run_dir)
-    rewards = {
-        (s["item_id"], s["side"], s["candidate_index"]): s["reward"]
-        for s in read_rows(paths.scores(1), SCORES)
-        if s["failure"] is None
-    }
+    candidates = pq.read_table(paths.candidates(1)).to_pylist()
+    return assemble(pq.read_table(paths.scores(1)).to_pylist(), candidates, job.num_agents)
+
+
+def assemble(scores: list[dict[str, Any]], candidates: list[dict[str, Any]], num_agents: int) -> list[dict[str, Any]]:
+    """The scored joint responses, each agent's text from the candidate its score row names (``candidate_sides``,
+    ``candidate_indices``: with ``joint_mode: cross`` joint response j of an item combines agent 0's candidate 0
+    with agent 1's candidate j, not both agents' candidate j); rows whose reward failed are left out."""
+    by_key = {(c["item_id"], c["side"], c["candidate_index"], c["agent_index"]): c for c in candidates}
     out = []
-    for key, rows in read_joint_responses(paths.candidates(1), job.num_agents).items():
-        if key in rewards:
-            out.append(
-                {
-                    "item_id": key[0],
-                    "reward": rewards[key],
-                    "prompt_ids": [r["prompt_ids"] for r in rows],
-                    "completion_ids": [r["completion_ids"] for r in rows],
-                    "completions": [r["completion"] for r in rows],
-                }
-            )
+    for s in scores:
+        if s["failure"] is not None:
+            continue
+        sides = s["candidate_sides"] or [s["side"]] * num_agents  # absent: aligned, candidate j of every agent
+        indices = s["candidate_indices"] or [s["candidate_index"]] * num_agents
+        rows = [by_key[(s["item_id"], sides[a], indices[a], a)] for a in range(num_agents)]
+        out.append(
+            {
+                "item_id": s["item_id"],
+                "reward": s["reward"],
+                "prompt_ids": [r["prompt_ids"] for r in rows],
+                "completion_ids": [r["completion_ids"] for r in rows],
+                "completions": [r["completion"] for r in rows],
+            }
+        )
     return out
 
 
@@ -158,6 +172,46 @@ def hand_features(responses: list[dict[str, Any]], items: dict[str, dict]) -> np
         cov = coverage(e, key_identifiers(items[r["item_id"]])) if e else 0.0
         rows.append([math.log1p(ws), math.log1p(we), math.log((len(e) + 1) / (len(s) + 1)), cov, float(ok)])
     return np.array(rows, dtype=np.float64)
+
+
+def prompt_overlap(responses: list[dict[str, Any]], num_agents: int) -> np.ndarray:
+    """Per agent, how much of what is particular to its prompt its response mentions, by token ids: the
+    idf-weighted share of the prompt's distinct tokens that the response contains, Σ_{t ∈ P ∩ R} idf(t) /
+    Σ_{t ∈ P} idf(t), with idf(t) = log(N / df(t)) over the agent's N distinct prompts (a token of every prompt, the
+    instructions', weighs 0; an item's identifiers weigh most), (n, a). A content feature without task knowledge."""
+    out = np.zeros((len(responses), num_agents))
+    for a in range(num_agents):
+        prompts = {tuple(r["prompt_ids"][a]) for r in responses}
+        df: dict[int, int] = {}
+        for p in prompts:
+            for t in set(p):
+                df[t] = df.get(t, 0) + 1
+        idf = {t: math.log(len(prompts) / d) for t, d in df.items()}
+        for i, r in enumerate(responses):
+            p, said = set(r["prompt_ids"][a]), set(r["completion_ids"][a])
+            total = sum(idf[t] for t in p)
+            out[i, a] = sum(idf[t] for t in p & said) / total if total else 0.0
+    return out
+
+
+def word_overlap(responses: list[dict[str, Any]], prompts: list[list[str]], num_agents: int) -> np.ndarray:
+    """:func:`prompt_overlap` on words (maximal runs of letters, digits and underscores) instead of token ids: a
+    tokenizer spells ``numbers`` after ``(`` and after a space with different ids, a word is the same word.
+    ``prompts[i][a]`` is response i's prompt text of agent a, (n, a)."""
+    words = [[set(re.findall(r"\w+", p)) for p in row] for row in prompts]
+    out = np.zeros((len(responses), num_agents))
+    for a in range(num_agents):
+        distinct = {frozenset(w[a]) for w in words}
+        df: dict[str, int] = {}
+        for p in distinct:
+            for t in p:
+                df[t] = df.get(t, 0) + 1
+        idf = {t: math.log(len(distinct) / d) for t, d in df.items()}
+        for i, r in enumerate(responses):
+            said = set(re.findall(r"\w+", r["completions"][a]))
+            total = sum(idf[t] for t in words[i][a])
+            out[i, a] = sum(idf[t] for t in words[i][a] & said) / total if total else 0.0
+    return out
 
 
 def fit_logistic(x: np.ndarray, pairs: list[tuple[int, int]]) -> np.ndarray:
@@ -311,6 +365,13 @@ def main() -> int:
         pairs = preference_pairs(responses, job.tie_tolerance)
     print(f"[reward-model] {len(responses)} joint responses, {len(pairs)} pairs on {len(items)} items", flush=True)
     features = {**backbone_features(responses, job), "hand": hand_features(responses, items)}
+    features["prompt_overlap"] = prompt_overlap(responses, job.num_agents)
+    tokenizer = load_tokenizer(resolve_model_source(job.agent_model))
+    texts = [[tokenizer.decode(ids) for ids in r["prompt_ids"]] for r in responses]
+    features["word_overlap"] = word_overlap(responses, texts, job.num_agents)
+    features["lengths+words"] = np.concatenate([features["segment_lengths"], features["word_overlap"]], axis=1)
+    features["segments+overlap"] = np.concatenate([features["segments"], features["prompt_overlap"]], axis=1)
+    features["lengths+overlap"] = np.concatenate([features["segment_lengths"], features["prompt_overlap"]], axis=1)
     rows = table(features, responses, pairs, args)
     product = []
     for spec in args.product:

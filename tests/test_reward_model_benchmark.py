@@ -1,0 +1,48 @@
+"""``benchmarks/reward_model.py``'s data (issue #55): a joint response's texts are the candidates its score row names
+(with ``joint_mode: cross`` joint response j combines agent 0's candidate 0 with agent 1's candidate j: the script
+once read both agents' candidate j), and its content features are worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.helpers import benchmark_script
+
+
+@pytest.fixture(scope="module")
+def rm():
+    with benchmark_script("reward_model") as module:
+        yield module
+
+
+def _candidate(side: str, index: int, agent: int) -> dict:
+    return {"item_id": "q", "side": side, "candidate_index": index, "agent_index": agent,
+            "prompt_ids": [agent], "completion_ids": [index], "completion": f"{side}-{index}-{agent}"}  # fmt: skip
+
+
+def test_a_cross_joint_response_reads_the_candidates_its_score_row_names(rm):
+    candidates = [_candidate(s, i, a) for s in ("target", "comparator") for i in range(2) for a in range(2)]
+    scores = [
+        {"item_id": "q", "side": "target", "candidate_index": 1, "reward": 2.0, "failure": None,
+         "candidate_sides": ["target", "comparator"], "candidate_indices": [0, 1]},
+        {"item_id": "q", "side": "target", "candidate_index": 0, "reward": 1.0, "failure": None,
+         "candidate_sides": None, "candidate_indices": None},  # aligned: candidate 0 of each agent
+        {"item_id": "q", "side": "target", "candidate_index": 2, "reward": None, "failure": "raised",
+         "candidate_sides": ["target", "target"], "candidate_indices": [1, 1]},
+    ]  # fmt: skip
+    joint = rm.assemble(scores, candidates, 2)
+    assert [j["completions"] for j in joint] == [["target-0-0", "comparator-1-1"], ["target-0-0", "target-0-1"]]
+    assert [j["reward"] for j in joint] == [2.0, 1.0] and joint[0]["completion_ids"] == [[0], [1]]
+
+
+def test_word_overlap_weighs_the_words_particular_to_a_prompt(rm):
+    prompts = [["def add(left, right)", "explain add"], ["def mul(left, right)", "explain mul"]]
+    responses = [{"completions": ["add adds left", "x"]}, {"completions": ["nothing", "it does mul"]}]
+    out = rm.word_overlap(responses, prompts, 2)
+    # agent 0, 2 distinct prompts: def, left, right in both (idf 0); add, mul in one (idf log 2). Response 0 says
+    # add and left: log 2 / log 2 = 1; response 1 says none of them: 0. Agent 1: explain (idf 0), add / mul
+    # (log 2): response 0 says neither (0), response 1 says mul (1).
+    assert out.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    assert math.isclose(rm.word_overlap([responses[0]], [prompts[0]], 2)[0, 0], 0.0)  # one prompt: every idf 0
