@@ -233,7 +233,13 @@ def fit_logistic(x: np.ndarray, pairs: list[tuple[int, int]]) -> np.ndarray:
 
 
 def accuracy(scores: np.ndarray, pairs: list[tuple[int, int]]) -> float:
-    return float(np.mean([scores[w] > scores[lo] for w, lo in pairs])) if pairs else math.nan
+    """Share of pairs whose winner scores higher, a tie counting 1/2 (a head with no signal, whose weights stay 0,
+    scores 0.5, not 0)."""
+    if not pairs:
+        return math.nan
+    return float(
+        np.mean([1.0 if scores[w] > scores[lo] else 0.5 if scores[w] == scores[lo] else 0.0 for w, lo in pairs])
+    )
 
 
 def splits(items: list[str], n_train: int, count: int, seed: int) -> list[set[str]]:
