@@ -18,9 +18,11 @@ differences of winner and loser):
 - ``segments``: per agent the mean of the last hidden states over its response tokens and log(1 + its response
   tokens) (:func:`pbrl.learning.segment_head.segment_features`, the product's ``reward_pooling: segments``);
 - ``segment_lengths``: only the log(1 + response tokens) of each agent;
-- ``prompt_overlap``: per agent, the idf-weighted share of its prompt's distinct tokens that its response contains
-  (:func:`prompt_overlap`: what is particular to the item, its identifiers, weighs most); ``segments+overlap`` and
-  ``lengths+overlap`` add it to those;
+- ``prompt_overlap``: per agent, the idf-weighted share of its prompt's distinct tokens that its response contains,
+  the idf fitted on the split's training prompts (the product's ``reward_prompt_overlap``,
+  :class:`pbrl.learning.prompt_overlap.PromptOverlap`: what is particular to an item, its identifiers, weighs most);
+  ``segments+overlap`` adds it to ``segments``; ``word_overlap`` is the same on words, the idf over every prompt
+  of the collection (:func:`word_overlap`);
 - ``hand``: a yardstick of what is learnable: words of the summary and of the explanation (log), the explanation /
   summary length ratio (log), the identifier coverage of the explanation, both lengths within bounds.
 ``--product`` also fits the product's reward model the way fit-reward-model does (AdamW, the run's learning rate,
@@ -43,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,7 @@ from pbrl.config import JOB_CLASSES, JobConfig, load_job, parse_job
 from pbrl.data.items import read_items
 from pbrl.data.storage import RunPaths
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
+from pbrl.learning.prompt_overlap import PromptOverlap
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_correct
 from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
 from pbrl.models.loading import load_tokenizer, resolve_model_source
@@ -64,8 +68,7 @@ from pbrl.tasks.humaneval_docs import REWARD_TERMS, docs_score
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
 REPRESENTATIONS = (
-    "last_token", "segments", "segment_lengths", "hand", "prompt_overlap", "segments+overlap", "lengths+overlap",
-    "word_overlap", "lengths+words",
+    "last_token", "segments", "segment_lengths", "hand", "prompt_overlap", "segments+overlap", "word_overlap"
 )  # fmt: skip
 L2 = 1.0  # the L2 penalty of the logistic regressions (on standardized features, summed over pairs)
 
@@ -174,30 +177,24 @@ def hand_features(responses: list[dict[str, Any]], items: dict[str, dict]) -> np
     return np.array(rows, dtype=np.float64)
 
 
-def prompt_overlap(responses: list[dict[str, Any]], num_agents: int) -> np.ndarray:
-    """Per agent, how much of what is particular to its prompt its response mentions, by token ids: the
-    idf-weighted share of the prompt's distinct tokens that the response contains, Σ_{t ∈ P ∩ R} idf(t) /
-    Σ_{t ∈ P} idf(t), with idf(t) = log(N / df(t)) over the agent's N distinct prompts (a token of every prompt, the
-    instructions', weighs 0; an item's identifiers weigh most), (n, a). A content feature without task knowledge."""
-    out = np.zeros((len(responses), num_agents))
-    for a in range(num_agents):
-        prompts = {tuple(r["prompt_ids"][a]) for r in responses}
-        df: dict[int, int] = {}
-        for p in prompts:
-            for t in set(p):
-                df[t] = df.get(t, 0) + 1
-        idf = {t: math.log(len(prompts) / d) for t, d in df.items()}
-        for i, r in enumerate(responses):
-            p, said = set(r["prompt_ids"][a]), set(r["completion_ids"][a])
-            total = sum(idf[t] for t in p)
-            out[i, a] = sum(idf[t] for t in p & said) / total if total else 0.0
-    return out
+def prompt_overlap(responses: list[dict[str, Any]], job: JobConfig) -> Callable[[set[str]], np.ndarray]:
+    """The product's ``reward_prompt_overlap`` (:class:`pbrl.learning.prompt_overlap.PromptOverlap`) of every response,
+    its idf table fitted on the training items' prompts of a split, as the fit does: (training items) -> (n, a)."""
+    template = JointTemplate.build(load_tokenizer(resolve_model_source(job.agent_model)), job.num_agents)
+    inputs = [joint_input_ids(template, r["prompt_ids"], r["completion_ids"], 512) for r in responses]
+
+    def of(train_items: set[str]) -> np.ndarray:
+        rows = [x for x, r in zip(inputs, responses, strict=True) if r["item_id"] in train_items]
+        return PromptOverlap.fit(rows, job.num_agents).features(inputs).double().numpy()
+
+    return of
 
 
 def word_overlap(responses: list[dict[str, Any]], prompts: list[list[str]], num_agents: int) -> np.ndarray:
-    """:func:`prompt_overlap` on words (maximal runs of letters, digits and underscores) instead of token ids: a
-    tokenizer spells ``numbers`` after ``(`` and after a space with different ids, a word is the same word.
-    ``prompts[i][a]`` is response i's prompt text of agent a, (n, a)."""
+    """The prompt overlap on words (maximal runs of letters, digits and underscores) instead of token ids (a
+    tokenizer spells ``numbers`` after ``(`` and after a space with different ids, a word is the same word), with
+    idf(t) = log(N / df(t)) over every distinct prompt of the collection. ``prompts[i][a]`` is response i's prompt
+    text of agent a, (n, a)."""
     words = [[set(re.findall(r"\w+", p)) for p in row] for row in prompts]
     out = np.zeros((len(responses), num_agents))
     for a in range(num_agents):
@@ -236,7 +233,13 @@ def fit_logistic(x: np.ndarray, pairs: list[tuple[int, int]]) -> np.ndarray:
 
 
 def accuracy(scores: np.ndarray, pairs: list[tuple[int, int]]) -> float:
-    return float(np.mean([scores[w] > scores[lo] for w, lo in pairs])) if pairs else math.nan
+    """Share of pairs whose winner scores higher, a tie counting 1/2 (a head with no signal, whose weights stay 0,
+    scores 0.5, not 0)."""
+    if not pairs:
+        return math.nan
+    return float(
+        np.mean([1.0 if scores[w] > scores[lo] else 0.5 if scores[w] == scores[lo] else 0.0 for w, lo in pairs])
+    )
 
 
 def splits(items: list[str], n_train: int, count: int, seed: int) -> list[set[str]]:
@@ -245,7 +248,10 @@ def splits(items: list[str], n_train: int, count: int, seed: int) -> list[set[st
 
 
 def table(
-    features: dict[str, np.ndarray], responses: list[dict], pairs: list[tuple[int, int]], args: argparse.Namespace
+    features: dict[str, np.ndarray | Callable[[set[str]], np.ndarray]],
+    responses: list[dict],
+    pairs: list[tuple[int, int]],
+    args: argparse.Namespace,
 ) -> list[dict[str, Any]]:
     items = sorted({r["item_id"] for r in responses})
     rows = []
@@ -255,7 +261,8 @@ def table(
             for train_items in splits(items, n, args.splits, args.seed):
                 train = [p for p in pairs if responses[p[0]]["item_id"] in train_items]
                 held = [p for p in pairs if responses[p[0]]["item_id"] not in train_items]
-                accs.append(accuracy(fit_logistic(x, train), held))
+                split_x = x(train_items) if callable(x) else x  # fitted on the split's training items
+                accs.append(accuracy(fit_logistic(split_x, train), held))
                 n_train.append(len(train))
                 n_held.append(len(held))
             rows.append(
@@ -364,14 +371,14 @@ def main() -> int:
             r["reward"] = docs_score(*r["completions"], items[r["item_id"]], tuple(args.reward_terms))
         pairs = preference_pairs(responses, job.tie_tolerance)
     print(f"[reward-model] {len(responses)} joint responses, {len(pairs)} pairs on {len(items)} items", flush=True)
-    features = {**backbone_features(responses, job), "hand": hand_features(responses, items)}
-    features["prompt_overlap"] = prompt_overlap(responses, job.num_agents)
+    features: dict[str, Any] = {**backbone_features(responses, job), "hand": hand_features(responses, items)}
+    overlap_of = prompt_overlap(responses, job)
+    segments = features["segments"]
+    features["prompt_overlap"] = overlap_of
+    features["segments+overlap"] = lambda train: np.concatenate([segments, overlap_of(train)], axis=1)
     tokenizer = load_tokenizer(resolve_model_source(job.agent_model))
     texts = [[tokenizer.decode(ids) for ids in r["prompt_ids"]] for r in responses]
     features["word_overlap"] = word_overlap(responses, texts, job.num_agents)
-    features["lengths+words"] = np.concatenate([features["segment_lengths"], features["word_overlap"]], axis=1)
-    features["segments+overlap"] = np.concatenate([features["segments"], features["prompt_overlap"]], axis=1)
-    features["lengths+overlap"] = np.concatenate([features["segment_lengths"], features["prompt_overlap"]], axis=1)
     rows = table(features, responses, pairs, args)
     product = []
     for spec in args.product:

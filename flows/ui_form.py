@@ -124,7 +124,8 @@ SECTIONS: tuple[Section, ...] = (
         "reward_model",
         "The joint reward model fitted from the pairs.",
         "reward_model_name reward_model_device reward_learning_rate reward_num_train_epochs reward_train_batch_size "
-        "reward_max_length reward_freeze_backbone reward_pooling reward_backbone_layers reward_head_components",
+        "reward_max_length reward_freeze_backbone reward_pooling reward_backbone_layers reward_head_components "
+        "reward_prompt_overlap",
     ),
     Section.of(
         "rl",

@@ -81,6 +81,7 @@ def spec_of(job: JobConfig) -> RewardModelSpec:
         num_agents=len(source.models),
         backbone_layers=job.reward_backbone_layers,
         head_components=job.reward_head_components,
+        prompt_overlap=job.reward_prompt_overlap,
     )
 
 

@@ -416,6 +416,8 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
         "backbone_layers": None,
         "head_components": None,
         "length_squares": False,
+        "features": ["last_token"],
+        "prompt_overlap": None,
         "max_length": 64,
     }
     old = tmp_path / "old"

@@ -241,6 +241,13 @@ class _RewardModelFields(_Fields):
         "on their first k principal components over the fit's training rows (and its length); None = every feature "
         "(as before). A small k generalizes to unseen items where a head on every feature learns its pairs.",
     )
+    reward_prompt_overlap: StrictBool = Field(
+        False,
+        description="With reward_pooling='segments': the head also reads, per agent, how much of what is particular "
+        "to its prompt its response mentions (the idf-weighted share of the prompt's distinct tokens found in the "
+        "response, idf over the fit's training prompts). For preferences about content, e.g. which names an "
+        "answer mentions, that a mean of hidden states does not show (docs/results/marlhf.md).",
+    )
     rl_algorithm: Literal["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"] = Field(
         "magrpo",
         description="RL backend against the learned reward: 'magrpo' (group-mean baseline), "

@@ -377,6 +377,13 @@ def _head_components(v: Values) -> list[Problem]:
     return []
 
 
+@rule(MARLHF_RULES, "reward_prompt_overlap", "reward_pooling")
+def _prompt_overlap(v: Values) -> list[Problem]:
+    if v["reward_prompt_overlap"] and v["reward_pooling"] != "segments":
+        return [only_with("reward_prompt_overlap", True, "reward_pooling='segments'")]
+    return []
+
+
 @rule(MARLHF_RULES, "reward_model_device")
 def _reward_model_device(v: Values) -> list[Problem]:
     device = v["reward_model_device"]

@@ -70,12 +70,14 @@ class JointTemplate:
 @dataclass(frozen=True)
 class JointInput:
     """One joint input: ``ids`` (None when dropped), ``prompt_tokens_cut``, the drop ``reason``, and where each
-    agent's response lies in ``ids`` (``response_spans[k] = (start, end)``, end exclusive; empty when dropped)."""
+    agent's response and prompt lie in ``ids`` (``response_spans[k]``, ``prompt_spans[k] = (start, end)``, end
+    exclusive, what is left of a prompt after the cut; empty when dropped)."""
 
     ids: list[int] | None
     prompt_tokens_cut: int = 0
     reason: str | None = None
     response_spans: tuple[tuple[int, int], ...] = ()
+    prompt_spans: tuple[tuple[int, int], ...] = ()
 
 
 def joint_input_ids(
@@ -124,14 +126,17 @@ def joint_input_ids(
         prompts[k] = prompts[k][n:]
         remaining -= n
     ids: list[int] = list(template.header)
+    prompt_spans = []
     for k in range(a):
-        ids += [*(template.separator if k else ()), *template.prompt_markers[k], *prompts[k]]
+        ids += [*(template.separator if k else ()), *template.prompt_markers[k]]
+        prompt_spans.append((len(ids), len(ids) + len(prompts[k])))
+        ids += prompts[k]
     spans = []
     for k in range(a):
         ids += template.response_markers[k]
         spans.append((len(ids), len(ids) + len(completion_ids[k])))
         ids += completion_ids[k]
-    return JointInput([int(i) for i in ids], cut, None, tuple(spans))
+    return JointInput([int(i) for i in ids], cut, None, tuple(spans), tuple(prompt_spans))
 
 
 def check_same_vocabulary(reward_tokenizer: Any, agent_tokenizers: Sequence[Any], reward_model_name: str) -> None:

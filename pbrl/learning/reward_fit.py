@@ -114,7 +114,8 @@ def fit_bradley_terry(
     frozen = joint and model.backbone_frozen
     cached = row_features(model, rows) if rows and joint and (frozen or model.pooling == "segments") else None
     if cached is not None:
-        model.standardize_on(cached)
+        model.standardize_on(cached, rows)
+    overlaps = model.overlap_features(rows) if cached is not None and model.uses_overlap else None  # (n, a)
     if not frozen:
         cached = None  # the backbone moves: features are recomputed at every step
     steps = skipped = 0
@@ -124,7 +125,10 @@ def fit_bradley_terry(
             chunk = [index[j] for j in order[begin : begin + batch_size]]
             both = [w for w, _ in chunk] + [lo for _, lo in chunk]  # winners then losers: (2b,)
             follow_load()  # before a step: a safe point to change torch's threads (pbrl/models/threads.py)
-            scores = model.head_scores(cached[both]) if cached is not None else model([rows[j] for j in both])
+            if cached is not None:
+                scores = model.head_scores(cached[both], None if overlaps is None else overlaps[both])
+            else:
+                scores = model([rows[j] for j in both])
             loss = bradley_terry_loss(scores[: len(chunk)], scores[len(chunk) :]).mean()
             steps += 1
             if on_step is not None:

@@ -10,7 +10,9 @@ linear head on a pooled feature vector of the last layer's hidden states (``pool
 - ``segments``: per agent k, the mean hidden state over agent k's response tokens and log(1 + their count)
   (a·(h+1), :func:`pbrl.learning.segment_head.segment_features`), standardized with the mean and spread of the
   training rows' features (stored with the head), optionally projected on each agent's principal components, and
-  each agent's standardized log length squared. The last token of a long joint text says little about which joint
+  each agent's standardized log length squared, and with ``prompt_overlap`` each agent's standardized share of
+  what is particular to its prompt that its response mentions (:mod:`pbrl.learning.prompt_overlap`: the words a
+  mean of hidden states does not show). The last token of a long joint text says little about which joint
   response is better; what decides the docs task's preference (each response's length and content) lives in the
   segments (measured in docs/results/marlhf.md).
 
@@ -43,6 +45,7 @@ from transformers import AutoModel
 
 from pbrl.data.storage import atomic_dir, read_json, write_json
 from pbrl.learning.joint_template import TEMPLATE_VERSION, JointInput
+from pbrl.learning.prompt_overlap import PromptOverlap
 from pbrl.learning.segment_head import length_squares, segment_features, segment_projection
 from pbrl.models.forward import eval_mode, keep_first_layers, pad_rows, shared_prefix_hidden
 from pbrl.models.loading import load_tokenizer, resolve_model_source, shared_backbone
@@ -78,7 +81,9 @@ class JointRewardModel(nn.Module):
     A head narrower than the ``num_features`` f reads them through ``feature_projection`` (buffer, (f, m)): each
     agent's principal components (``reward_head_components``, :func:`pbrl.learning.segment_head.segment_projection`).
     With ``length_squares`` (``segments``) the head also reads each agent's standardized log length squared (a more
-    inputs after the others: :func:`pbrl.learning.segment_head.length_squares`).
+    inputs after the others: :func:`pbrl.learning.segment_head.length_squares`), and with ``prompt_overlap`` each
+    agent's prompt overlap (a more, last; :class:`~pbrl.learning.prompt_overlap.PromptOverlap`, fitted by
+    :meth:`standardize_on` and standardized with ``overlap_shift`` and ``overlap_scale``, buffers (a,)).
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class JointRewardModel(nn.Module):
         pooling: str = "last_token",
         num_features: int | None = None,
         length_squares: bool = False,
+        prompt_overlap: bool = False,
     ):
         super().__init__()
         if pooling not in POOLINGS:
@@ -97,10 +103,15 @@ class JointRewardModel(nn.Module):
         f = num_features or head.in_features
         self.agents = f // (backbone.config.hidden_size + 1) if pooling == "segments" else 1
         self.length_squares = bool(length_squares) and pooling == "segments"
-        m = head.in_features - (self.agents if self.length_squares else 0)  # the head's inputs before the squares
+        self.uses_overlap = bool(prompt_overlap) and pooling == "segments"
+        extra = self.agents * (int(self.length_squares) + int(self.uses_overlap))
+        m = head.in_features - extra  # the head's inputs before the squares and the overlaps
         self.register_buffer("feature_shift", torch.zeros(f))
         self.register_buffer("feature_scale", torch.ones(f))
         self.register_buffer("feature_projection", torch.zeros(f, m) if f != m else None)
+        self.register_buffer("overlap_shift", torch.zeros(self.agents) if self.uses_overlap else None)
+        self.register_buffer("overlap_scale", torch.ones(self.agents) if self.uses_overlap else None)
+        self.overlap: PromptOverlap | None = None  # fitted by standardize_on, or loaded
         self._memo: dict[str, torch.Tensor] | None = None  # see remembered_features
 
     def features(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
@@ -164,24 +175,56 @@ class JointRewardModel(nn.Module):
                 pooled = segment_features(hidden, shifted)  # (b, a·(h+1))
         return pooled.to(self.head.weight.dtype)
 
-    def head_scores(self, features: torch.Tensor) -> torch.Tensor:
-        """Scores (b,) of pooled features (b, f): the head on the standardized (and projected) features, and with
-        ``length_squares`` each agent's squared standardized length."""
+    def overlap_features(self, rows: Sequence[JointRow]) -> torch.Tensor:
+        """Each row's prompt overlap per agent, unstandardized, (b, a) on the head's device.
+
+        Raises:
+            ValueError: the model does not read them, or its table is not fitted yet (:meth:`standardize_on`).
+        """
+        if self.overlap is None:
+            raise ValueError("reward_prompt_overlap: the overlap table is not fitted (standardize_on first)")
+        return self.overlap.features(rows).to(self.head.weight.device)  # type: ignore[arg-type]
+
+    def head_scores(self, features: torch.Tensor, overlaps: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores (b,) of pooled features (b, f): the head on the standardized (and projected) features, with
+        ``length_squares`` each agent's squared standardized length, and with ``prompt_overlap`` the rows'
+        ``overlaps`` (b, a: :meth:`overlap_features`) standardized.
+
+        Raises:
+            ValueError: ``overlaps`` missing for a model that reads them.
+        """
         z = (features - self.feature_shift) / self.feature_scale  # (b, f)
         x = z if self.feature_projection is None else z @ self.feature_projection  # (b, m)
         if self.length_squares:
             x = torch.cat([x, length_squares(z, self.agents)], dim=-1)  # (b, m + a)
+        if self.uses_overlap:
+            if overlaps is None:
+                raise ValueError("reward_prompt_overlap: head_scores needs the rows' overlaps")
+            x = torch.cat([x, (overlaps - self.overlap_shift) / self.overlap_scale], dim=-1)  # (b, … + a)
         return self.head(x).squeeze(-1)
 
     def forward(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
         """Scores R of b joint inputs, shape (b,), float32, on the head's device; gradients flow when enabled."""
-        return self.head_scores(self.features(rows, padding_side))
+        overlaps = self.overlap_features(rows) if self.uses_overlap else None
+        return self.head_scores(self.features(rows, padding_side), overlaps)
 
     @torch.no_grad()
-    def standardize_on(self, features: torch.Tensor) -> None:
+    def standardize_on(self, features: torch.Tensor, rows: Sequence[JointRow] | None = None) -> None:
         """``segments``: set the standardization to the mean and population spread (clamped at
         :data:`STANDARDIZE_EPS`) of ``features`` (n, f), the training rows', and the projection to their principal
-        components when the head reads them; ``last_token``: nothing changes."""
+        components when the head reads them; with ``prompt_overlap`` fit the overlap table on ``rows`` (the same n
+        training rows) and standardize their overlaps likewise; ``last_token``: nothing changes.
+
+        Raises:
+            ValueError: ``prompt_overlap`` without ``rows``.
+        """
+        if self.uses_overlap and len(features):
+            if rows is None:
+                raise ValueError("reward_prompt_overlap: standardize_on needs the training rows")
+            self.overlap = PromptOverlap.fit(rows, self.agents)  # type: ignore[arg-type]
+            values = self.overlap_features(rows)
+            self.overlap_shift.copy_(values.mean(0))
+            self.overlap_scale.copy_(values.std(0, unbiased=False).clamp(min=STANDARDIZE_EPS))
         if self.pooling == "segments" and len(features):
             self.feature_shift.copy_(features.mean(0))
             self.feature_scale.copy_(features.std(0, unbiased=False).clamp(min=STANDARDIZE_EPS))
@@ -269,6 +312,7 @@ class RewardModelSpec:
     backbone_layers: int | None = None
     head_components: int | None = None
     length_squares: bool = True
+    prompt_overlap: bool = False
 
     def head_inputs(self, hidden_size: int) -> int:
         """f: h for ``last_token``, a·(h+1) for ``segments``."""
@@ -277,12 +321,24 @@ class RewardModelSpec:
     def __post_init__(self) -> None:
         if self.head_components is not None and self.pooling != "segments":
             raise ValueError("reward_head_components: allowed only with reward_pooling='segments'")
+        if self.prompt_overlap and self.pooling != "segments":
+            raise ValueError("reward_prompt_overlap: allowed only with reward_pooling='segments'")
 
     def head_width(self, hidden_size: int) -> int:
-        """The head's inputs: f, or a·(k+1) with ``head_components`` k; plus a with :attr:`squares`."""
+        """The head's inputs: f, or a·(k+1) with ``head_components`` k; plus a with :attr:`squares`, plus a with
+        ``prompt_overlap``."""
         k = self.head_components
         width = self.head_inputs(hidden_size) if k is None else self.num_agents * (k + 1)
-        return width + (self.num_agents if self.squares else 0)
+        return width + (self.num_agents if self.squares else 0) + (self.num_agents if self.prompt_overlap else 0)
+
+    @property
+    def feature_names(self) -> list[str]:
+        """What the head reads, in order, as the saved record names it."""
+        if self.pooling == "last_token":
+            return ["last_token"]
+        names = ["segments" if self.head_components is None else f"segments_pca{self.head_components}"]
+        names += ["length_squares"] if self.squares else []
+        return names + (["prompt_overlap"] if self.prompt_overlap else [])
 
     @property
     def squares(self) -> bool:
@@ -329,7 +385,10 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
             with quiet_peft_wrapping():
                 backbone = get_peft_model(backbone, config)
     features = spec.head_inputs(backbone.config.hidden_size)
-    model = JointRewardModel(backbone, head, _pad_id(src), spec.pooling, features, length_squares=spec.squares)
+    model = JointRewardModel(
+        backbone, head, _pad_id(src), spec.pooling, features, length_squares=spec.squares,
+        prompt_overlap=spec.prompt_overlap,
+    )  # fmt: skip
     return model.to(device)
 
 
@@ -339,8 +398,9 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
 
     with atomic_dir(Path(out_dir)) as tmp:
         head = {**model.head.state_dict(), "feature_shift": model.feature_shift, "feature_scale": model.feature_scale}
-        if model.feature_projection is not None:
-            head["feature_projection"] = model.feature_projection
+        for name in ("feature_projection", "overlap_shift", "overlap_scale"):
+            if getattr(model, name) is not None:
+                head[name] = getattr(model, name)
         save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, tmp / _HEAD)
         if spec.trained == "full":
             model.backbone.save_pretrained(tmp / "backbone", safe_serialization=True)
@@ -358,6 +418,8 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
                 "backbone_layers": spec.backbone_layers,
                 "head_components": spec.head_components,
                 "length_squares": model.length_squares,
+                "features": spec.feature_names,
+                "prompt_overlap": model.overlap.to_record() if model.overlap is not None else None,
                 "max_length": max_length,
             },
         )
@@ -390,10 +452,15 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     head = nn.Linear(state["weight"].shape[1], 1)
     head.load_state_dict({k: state[k] for k in ("weight", "bias")})
     pooling, squares = meta.get("pooling", "last_token"), meta.get("length_squares", False)  # older: neither
-    model = JointRewardModel(backbone, head, _pad_id(src), pooling, state["feature_shift"].shape[0], squares)
-    for name in ("feature_shift", "feature_scale", "feature_projection"):
+    overlap = meta.get("prompt_overlap")  # older records: none
+    model = JointRewardModel(
+        backbone, head, _pad_id(src), pooling, state["feature_shift"].shape[0], squares, overlap is not None
+    )
+    for name in ("feature_shift", "feature_scale", "feature_projection", "overlap_shift", "overlap_scale"):
         if name in state:
             getattr(model, name).copy_(state[name])
+    if overlap is not None:
+        model.overlap = PromptOverlap.from_record(overlap)
     model = model.to(device)
     model.requires_grad_(False)
     model.eval()
