@@ -35,7 +35,7 @@ from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths
 from pbrl.learning.feature_store import backbone_fingerprint, features_path, load_features
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_correct, pair_metrics
-from pbrl.learning.reward_model import new_reward_model
+from pbrl.learning.reward_model_build import new_reward_model
 from pbrl.run.folder import open_job
 from pbrl.run.settings import policy_source
 

@@ -60,7 +60,7 @@ from pbrl.data.storage import RunPaths
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
 from pbrl.learning.prompt_overlap import PromptOverlap
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_correct
-from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
+from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model
 from pbrl.models.loading import load_tokenizer, resolve_model_source
 from pbrl.models.threads import configure_threads
 from pbrl.run.folder import open_job, prepare_run

@@ -88,8 +88,9 @@ SECTIONS: tuple[Section, ...] = (
         "Where preferences come from: the task's reward, or a judge (a model, a Python function, or people who label "
         "the pairs in this UI: judge 'human'), and which pairs it is asked.",
         "preference_source judge judge_label_noise judge_bt_temperature judge_position_swap judge_swap_disagreement "
-        "judge_tie_margin judge_max_pairs judge_pair_choice judge_label_batch_size judge_label_timeout_hours "
-        "judge_label_timeout_policy judge_model judge_prompt_template judge_batch_size judge_api_format judge_api_url "
+        "judge_tie_margin judge_timeout judge_max_pairs judge_pair_choice judge_label_batch_size "
+        "judge_label_timeout_hours judge_label_timeout_policy judge_model judge_prompt_template judge_batch_size "
+        "judge_api_format judge_api_url "
         "judge_api_key_env judge_api_key_header judge_api_key_prefix judge_api_headers judge_api_extra_body "
         "judge_api_response_field judge_api_max_tokens judge_api_timeout judge_api_max_concurrency "
         "judge_api_max_tokens_per_round",

@@ -33,12 +33,8 @@ from pbrl.errors import ArtifactError
 from pbrl.learning.feature_store import backbone_fingerprint, features_path, load_features, save_features
 from pbrl.learning.joint_template import JointInput, joint_input_ids, joint_template_for
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_correct, pair_metrics
-from pbrl.learning.reward_model import (
-    RewardModelSpec,
-    new_reward_model,
-    row_digest,
-    save_reward_model,
-)
+from pbrl.learning.reward_model import row_digest
+from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model, save_reward_model
 from pbrl.learning.reward_scoring import pair_joint_ids_path, reward_device, reward_model_dir
 from pbrl.reporting.stats import Interval, bootstrap_mean
 from pbrl.run.settings import policy_source

@@ -20,7 +20,8 @@ from pbrl.data.tables import read_rows
 from pbrl.learning.feature_store import backbone_fingerprint, features_path, load_features, save_features
 from pbrl.learning.joint_template import JointInput, JointTemplate, joint_input_ids
 from pbrl.learning.reward_fit import pair_metrics
-from pbrl.learning.reward_model import JointRewardModel, RewardModelSpec, new_reward_model, row_digest, row_features
+from pbrl.learning.reward_model import JointRewardModel, row_digest, row_features
+from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model
 from pbrl.models.loading import load_tokenizer
 from tests.test_marlhf_flow import ITER_YAML
 

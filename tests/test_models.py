@@ -299,7 +299,7 @@ def test_reward_model_backbone_shares_the_policies_frozen_base(tiny: Path, tmp_p
     """Issue #30: a frozen or LoRA reward model over the agents' model holds no second copy of the base weights
     in a process whose LoRA policies hold them (update-policies), scores as a backbone of its own would, and a
     fully trained one keeps its own weights."""
-    from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
+    from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model
 
     lora = LoraSettings(r=4)
     adapter = models.init_lora_adapter(tiny, lora, tmp_path / "a", seed=0)

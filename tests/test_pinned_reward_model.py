@@ -44,7 +44,8 @@ from pbrl.learning.joint_template import (
     pair_joint_rows,
 )
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_metrics
-from pbrl.learning.reward_model import RewardModelSpec, new_reward_model, save_reward_model, score_joint
+from pbrl.learning.reward_model import score_joint
+from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model, save_reward_model
 from pbrl.learning.reward_scoring import RewardScorer, newest_reward_model, reward_device
 from pbrl.models.loading import load_tokenizer
 
@@ -401,7 +402,7 @@ def test_is_marlhf_names_the_two_marlhf_trainers():
 def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
     import json
 
-    from pbrl.learning.reward_model import load_reward_model
+    from pbrl.learning.reward_model_build import load_reward_model
     from pbrl.models.lora import LoraSettings
 
     spec = RewardModelSpec(str(tiny_model_dir), lora=LoraSettings(r=2, target_modules=("q_proj",)))
@@ -489,7 +490,7 @@ def test_backbone_weights_load_from_safetensors_only(tiny_model_dir, tmp_path):
 
     from safetensors.torch import load_file
 
-    from pbrl.learning.reward_model import _load_backbone
+    from pbrl.learning.reward_model_build import _load_backbone
 
     pickled = tmp_path / "pickled"
     shutil.copytree(tiny_model_dir, pickled)

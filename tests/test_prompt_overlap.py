@@ -18,7 +18,7 @@ from pbrl.errors import ConfigError
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
 from pbrl.learning.prompt_overlap import PromptOverlap
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_metrics
-from pbrl.learning.reward_model import RewardModelSpec, load_reward_model, new_reward_model, save_reward_model
+from pbrl.learning.reward_model_build import RewardModelSpec, load_reward_model, new_reward_model, save_reward_model
 from pbrl.models.loading import load_tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "flows" / "configs"

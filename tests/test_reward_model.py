@@ -18,13 +18,8 @@ from pbrl.data.tables import read_rows
 from pbrl.learning.joint_template import DROP_TOO_LONG, JointTemplate, check_same_vocabulary, joint_input_ids
 from pbrl.learning.losses import bradley_terry_loss
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_metrics
-from pbrl.learning.reward_model import (
-    RewardModelSpec,
-    load_reward_model,
-    new_reward_model,
-    row_features,
-    save_reward_model,
-)
+from pbrl.learning.reward_model import row_features
+from pbrl.learning.reward_model_build import RewardModelSpec, load_reward_model, new_reward_model, save_reward_model
 from pbrl.learning.reward_scoring import RewardScorer, pair_joint_ids_path
 from pbrl.learning.segment_head import segment_features
 from pbrl.models.loading import load_tokenizer

@@ -13,13 +13,8 @@ from pbrl.config import parse_job
 from pbrl.errors import ConfigError
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_metrics
-from pbrl.learning.reward_model import (
-    JointRewardModel,
-    RewardModelSpec,
-    load_reward_model,
-    new_reward_model,
-    save_reward_model,
-)
+from pbrl.learning.reward_model import JointRewardModel
+from pbrl.learning.reward_model_build import RewardModelSpec, load_reward_model, new_reward_model, save_reward_model
 from pbrl.learning.segment_head import length_squares, segment_projection
 from pbrl.models.loading import load_tokenizer
 from tests.test_reward_model import _length_pairs

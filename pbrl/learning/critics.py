@@ -47,7 +47,7 @@ from pbrl.data.storage import atomic_dir, read_json, write_json
 from pbrl.errors import ArtifactError
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
 from pbrl.learning.losses import clipped_value_loss
-from pbrl.learning.reward_model import RewardModelSpec, new_reward_model
+from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model
 from pbrl.models.forward import eval_mode, pad_rows
 from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import load_optimizer_state, save_optimizer

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
-from pbrl.learning.reward_model import load_reward_model, score_joint
+from pbrl.learning.reward_model import score_joint
+from pbrl.learning.reward_model_build import load_reward_model
 from pbrl.models.loading import load_tokenizer, resolve_devices, resolve_model_source
 
 PAIR_JOINT_IDS_FILE = "pair_joint_ids.parquet"  # rounds/<r>/: the pairs' joint input ids (build-pairs)
