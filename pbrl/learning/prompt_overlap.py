@@ -5,7 +5,7 @@ docs/design/algorithms.md#joint-reward-model).
 A mean of hidden states over a response says little about *which* words it contains: on ``humaneval_docs`` scored by
 its content alone (``reward_terms: [coverage]``: which of the function's name and parameters the explanation names),
 a linear head on the pooled states of the frozen SmolLM2 reached 0.66–0.82 on unseen items, and only with 8 or more
-training items; this feature alone reached 0.84–0.86 from 2 items (docs/results/marlhf.md#content-alone-2026-12-06).
+training items; this feature alone reached 0.82–0.85 from 2 items (docs/results/marlhf.md#content-alone-2026-12-06).
 
 For agent k of a joint row with prompt tokens P (the token ids of its prompt, as a set) and response tokens R::
 
@@ -19,7 +19,7 @@ token of an unseen prompt weighs log(1 + N_k). The table (N_k and df_k) is fitte
 and saved with the model, so an unseen item is scored with the table of the items it was fitted on.
 
 It reads token ids, not words: a tokenizer may spell a word after a space and after a bracket with different ids
-(``benchmarks/reward_model.py`` measured the word-level variant lower, 0.72–0.81).
+(``benchmarks/reward_model.py`` measured the word-level variant lower, 0.79–0.81).
 """
 
 from __future__ import annotations
