@@ -14,7 +14,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.models import row_invariance
-from pbrl.models.row_invariance import linear_rows, probe_row_block, row_invariant, set_row_offsets
+from pbrl.models.row_invariance import (
+    PROMPT_BLOCK,
+    PROMPT_STEP,
+    linear_rows,
+    probe_row_block,
+    prompt_rows,
+    row_invariant,
+    set_row_offsets,
+    threads_agree,
+)
 
 SMOLLM2 = Path(__file__).resolve().parents[1] / "storage" / "models" / "smollm2-135m-instruct"
 
@@ -79,6 +88,48 @@ def test_every_row_of_a_layer_has_the_bits_it_has_alone(dtype, threads):
     for rows in (2, 7, 33, 70):
         assert torch.equal(linear_rows(layer, x[:rows]), alone[:rows]), rows
     assert torch.equal(linear_rows(layer, x.view(7, 10, 96)), alone.view(7, 10, 200))  # (..., in) inputs
+
+
+def test_a_prompt_runs_in_fixed_blocks_the_last_padded_with_the_bits_of_one_thread(threads):
+    """A prefill's rows: blocks of PROMPT_BLOCK rows, the last padded with zero rows to a multiple of PROMPT_STEP,
+    each as one thread computes it, at any thread count."""
+    generator = torch.Generator().manual_seed(4)
+    layer = nn.Linear(96, 200).to(torch.bfloat16)
+    x = torch.randn(PROMPT_BLOCK + 40, 96, generator=generator).to(torch.bfloat16)  # a full block, then 40 rows
+    threads(1)
+    tail = torch.cat([x[PROMPT_BLOCK:], x.new_zeros((PROMPT_STEP * 2 - 40, 96))])  # 40 rows padded to 64
+    expected = torch.cat([layer(x[:PROMPT_BLOCK]), layer(tail)[:40]]).detach()
+    for count in (1, 2):
+        threads(count)
+        with torch.inference_mode(), prompt_rows():
+            assert torch.equal(linear_rows(layer, x), expected), count
+            assert torch.equal(linear_rows(layer, x[None]), expected[None])  # (..., in) inputs
+    with torch.inference_mode():  # outside prompt_rows: the row blocks again
+        assert torch.equal(linear_rows(layer, x[:3]), torch.cat([linear_rows(layer, x[i : i + 1]) for i in range(3)]))
+
+
+def test_where_two_threads_change_a_prompt_block_it_runs_on_one(monkeypatch, threads):
+    """A kernel that adds in another order on several threads for 64-row products (a last-bit change of every
+    output): found for 64 rows, not for 32; a 40-row prompt (padded to 64) then gets the bits of one thread."""
+    real = nn.functional.linear
+
+    def kernel(x, weight, bias=None):
+        out = real(x, weight, bias)
+        return out * (1 + 2**-7) if x.shape[0] == 64 and torch.get_num_threads() > 1 else out
+
+    monkeypatch.setattr(row_invariance.nn.functional, "linear", kernel)
+    monkeypatch.setattr(row_invariance, "_AGREE", {})  # measured here, forgotten after
+    weight = torch.randn(24, 16).to(torch.bfloat16)
+    threads(2)
+    assert not threads_agree(weight, None, 64) and threads_agree(weight, None, 32)
+    layer = nn.Linear(16, 24, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    x = torch.randn(40, 16).to(torch.bfloat16)
+    with torch.inference_mode(), prompt_rows():
+        ours = linear_rows(layer, x)
+    padded = torch.cat([x, x.new_zeros((24, 16))])
+    assert torch.equal(ours, real(padded, weight)[:40])  # one thread's bits, not the perturbed kernel's
 
 
 # ---------------------------------------------------------------------------------------------- whole forwards
@@ -161,6 +212,21 @@ def test_a_bfloat16_row_samples_the_same_tokens_alone_and_in_any_batch(bf16_mode
     assert [g.completion_ids for g in beside[1::2]] == [g.completion_ids for g in alone]
     assert [g.completion_ids for g in chunked] == [g.completion_ids for g in alone]
     assert len({tuple(g.completion_ids) for g in alone}) > 1  # the rows really sampled
+
+
+def test_a_prompt_longer_than_a_prefill_block_samples_alike_alone_beside_others_and_on_one_thread(
+    bf16_model, tokenizer, threads
+):
+    long = encode_prompt(tokenizer, "the model is not bad and a good policy helps the user " * 30)
+    assert len(long) > PROMPT_BLOCK + PROMPT_STEP  # two prefill blocks, the last one padded
+    short = encode_prompt(tokenizer, "the agent says")
+    seeds = [11, 12, 13]
+    alone = [generate(bf16_model, tokenizer, [long], [s], _settings(1))[0] for s in seeds]
+    beside = generate(bf16_model, tokenizer, [short, long] * 3, [x for s in seeds for x in (s + 1, s)], _settings(6))
+    threads(1)
+    one_thread = generate(bf16_model, tokenizer, [long] * 3, seeds, _settings(3))
+    assert [g.completion_ids for g in beside[1::2]] == [g.completion_ids for g in alone]
+    assert [g.completion_ids for g in one_thread] == [g.completion_ids for g in alone]
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from pbrl.models.forward import distinct_prompts
-from pbrl.models.row_invariance import set_row_offsets
+from pbrl.models.row_invariance import prompt_rows, set_row_offsets, transformers_model
 
 
 def prefill(
@@ -83,6 +83,7 @@ def _prefill_each_prompt(
     distinct, which = distinct_prompts([tuple(r) for r in torch.cat([input_ids, attention_mask], dim=1).tolist()])
     lengths = attention_mask.sum(-1).tolist()  # (b,) prompt lengths
     layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    decoder = transformers_model(model).get_decoder()  # the cache only: no LM head
     for d in range(len(distinct)):
         rows = [r for r, w in enumerate(which) if w == d]
         length = int(lengths[rows[0]]) - 1  # the prompt without its last token
@@ -91,13 +92,13 @@ def _prefill_each_prompt(
         ids = input_ids[rows[0] : rows[0] + 1, -length - 1 : -1]  # (1, length)
         alone = DynamicCache(config=model.config)
         set_row_offsets([0])
-        model(
-            input_ids=ids.to(device),
-            position_ids=torch.arange(length)[None].to(device),
-            cache=alone,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with prompt_rows():  # computed alone: fixed blocks with the bits of one thread
+            decoder(
+                input_ids=ids.to(device),
+                position_ids=torch.arange(length)[None].to(device),
+                cache=alone,
+                use_cache=True,
+            )
         if layers is None:  # (b, kv_h, width, d) zeros per layer
             layers = [
                 (
