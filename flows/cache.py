@@ -120,7 +120,7 @@ def stage_key(stage: str, run_dir: str | Path, round_index: int, job: JobConfig)
         code_version(),
         read_run_id(paths),
         task_fingerprint(resolve_task(job, paths.root)),
-        {paths.rel(f): hash_path(f) for f in files},
+        {paths.input_name(f): hash_path(f) for f in files},
         raise_on_failure=True,
     )
 

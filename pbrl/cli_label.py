@@ -109,8 +109,12 @@ def label(
                 return
             waiting = rounds[0]
         else:
+            if round_ < 1:
+                why = "round 0 is the baseline evaluation; pairs are labelled from round 1 on"
+                raise _fail(ValueError(f"--round: round {round_} of run {paths.root.name}: nothing to label ({why})"))
             if not paths.candidates(round_).is_file():
-                raise _fail(ValueError(f"--round: round {round_} of run {paths.root.name} has no candidates yet"))
+                raise _fail(ValueError(f"--round: round {round_} of run {paths.root.name} has no candidates yet (the "
+                                       f"run has {job.num_iterations} round(s) of training)"))  # fmt: skip
             waiting = waiting_for(paths, round_, job)
     with _expected_errors(1):
         _label_round(paths, waiting, job, name)
@@ -181,7 +185,9 @@ def _say_what_next(paths, waiting, done: int) -> None:
     if flow_run and not left and _resume_flow_run(flow_run):
         console.print(f"resumed flow run {flow_run}: the round goes on with these labels")
         return
-    if not left:
+    if not left and paths.manifest(waiting.round_index, "judge-pairs").is_file():
+        console.print(f"round {waiting.round_index} has taken its labels in already: nothing to go on with")
+    elif not left:
         console.print(f"go on: `pbrl train --run {paths.root} --resume` (or Resume the flow run in the Prefect UI)")
 
 

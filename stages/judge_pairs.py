@@ -24,8 +24,7 @@ from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import write_table
 from pbrl.errors import OracleError
 from pbrl.judging.asking import Asked, ask
-from pbrl.judging.callable_judge import JUDGE_FAILED
-from pbrl.judging.verdicts import preference_of
+from pbrl.judging.verdicts import JUDGE_FAILED, JUDGE_RAISED, preference_of
 from pbrl.run.askings import Asking, round_askings
 from pbrl.run.judging import answer_store, judge_for
 from pbrl.run.labelling import labelled_answers
@@ -34,7 +33,6 @@ from pbrl.run.task import resolve_task
 
 NAME = "judge-pairs"
 BATCH = 32  # comparisons per call of the judge (and per write of the answer store)
-JUDGE_RAISED = "the judge raised"  # the start of the reason of an answer whose judge raised (pbrl.judging)
 
 
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:

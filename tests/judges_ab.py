@@ -58,3 +58,10 @@ def hangs_on_short(prompts: Sequence[str], first: Sequence[str], second: Sequenc
 
 def exits(prompts: Sequence[str], first: Sequence[str], second: Sequence[str]) -> str:
     sys.exit(3)
+
+
+def broken_until_fixed(prompts: Sequence[str], first: Sequence[str], second: Sequence[str]) -> str:
+    """Raises while ``PBRL_TEST_JUDGE_BROKEN`` is set (a judge with a bug), else :func:`longer_first_agent` (fixed)."""
+    if os.environ.get("PBRL_TEST_JUDGE_BROKEN"):
+        raise RuntimeError("nope")
+    return longer_first_agent(prompts, first, second)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
-from pbrl.config.rules import ENV_NAME_PATTERN, HIDDEN, KEY_HEADERS, SECRET_MESSAGE
+from pbrl.config.rules import ENV_NAME_PATTERN, HIDDEN, KEY_HEADERS, secret_message
 from pbrl.errors import Problem
 
 # pbrl never takes a credential in the configuration (it would reach run.json, logs, Prefect parameters and
@@ -95,6 +95,18 @@ def safe_url(url: str) -> str:
     return url if cleaned == urlunsplit(parts) and netloc == parts.netloc else cleaned
 
 
+API_PREFIXES = ("comparator_api", "judge_api")  # the option families of an API client: the comparator's, the judge's
+
+
+def _prefix(field: str) -> str:
+    """The option family of ``field`` (``judge_api_url`` -> ``judge_api``); the comparator's for any other."""
+    return next((p for p in API_PREFIXES if field.startswith(p + "_")), "comparator_api")
+
+
+def _secret(field: str) -> str:
+    return secret_message(f"{_prefix(field)}_key_env")
+
+
 def url_credential_problems(url: str, field: str = "comparator_api_url") -> list[Problem]:
     """Credentials in an endpoint URL: a user name or password before the host (httpx would send them as Basic
     authentication, in place of the key from comparator_api_key_env) or a query/fragment parameter that carries
@@ -103,7 +115,7 @@ def url_credential_problems(url: str, field: str = "comparator_api_url") -> list
         parts = urlsplit(url)
         parts.port  # noqa: B018 (read for its check: a port that is not a number raises)
     except ValueError:
-        userinfo = "; a user name or password before the host is refused too: " + SECRET_MESSAGE if "@" in url else ""
+        userinfo = "; a user name or password before the host is refused too: " + _secret(field) if "@" in url else ""
         return [Problem(field, safe_url(url), "is not a valid URL (its host or port cannot be read)" + userinfo)]
     problems = []
     if "@" in parts.netloc:
@@ -112,7 +124,7 @@ def url_credential_problems(url: str, field: str = "comparator_api_url") -> list
                 field,
                 safe_url(url),
                 "holds a user name or password before the host ('user:password@host'), which would be sent in "
-                "place of the API key; " + SECRET_MESSAGE,
+                "place of the API key; " + _secret(field),
             )
         )
     names = _query_credentials(parts.query) + _query_credentials(parts.fragment)
@@ -122,8 +134,8 @@ def url_credential_problems(url: str, field: str = "comparator_api_url") -> list
                 field,
                 safe_url(url),
                 f"query parameter(s) {', '.join(dict.fromkeys(names))} would put a credential in the configuration; "
-                "send the key in a header instead (comparator_api_key_header, e.g. x-goog-api-key, with "
-                "comparator_api_key_prefix ''); " + SECRET_MESSAGE,
+                f"send the key in a header instead ({_prefix(field)}_key_header, e.g. x-goog-api-key, with "
+                f"{_prefix(field)}_key_prefix ''); " + _secret(field),
             )
         )
     return problems
@@ -137,7 +149,7 @@ def header_credential_problems(headers: Mapping[str, Any], field: str = "compara
     what = "an API key" if all(h.strip().lower() in KEY_HEADERS for h in keyed) else "a credential"
     # The value would be the key: never echo it.
     return [
-        Problem(field, HIDDEN, f"header(s) {', '.join(keyed)} would put {what} in the configuration; " + SECRET_MESSAGE)
+        Problem(field, HIDDEN, f"header(s) {', '.join(keyed)} would put {what} in the configuration; " + _secret(field))
     ]
 
 
@@ -176,7 +188,7 @@ def body_credential_problems(body: Mapping[str, Any], field: str = "comparator_a
             field,
             HIDDEN,
             f"field(s) {', '.join(paths)} would put a credential (key, token, secret or password) in the "
-            "configuration; " + SECRET_MESSAGE,
+            "configuration; " + _secret(field),
         )
     ]
 
@@ -190,27 +202,31 @@ def key_prefix_problems(prefix: str, field: str = "comparator_api_key_prefix") -
             field,
             HIDDEN,
             "must be a scheme word such as 'Bearer', 'Token' or '' (letters and '-', at most 24 characters) that "
-            "goes before the key, never the key itself; " + SECRET_MESSAGE,
+            "goes before the key, never the key itself; " + _secret(field),
         )
     ]
 
 
 def api_shown_value(field: str, value: Any) -> Any:
-    """``value`` as a problem of ``field`` may show it (for type errors, :mod:`pbrl.config.messages`): the URL
-    with its credentials hidden; ``<hidden>`` for a key variable that is not a variable name, headers or body
-    options that name a credential or are not a mapping of names, and a key prefix that is not a scheme word;
-    any other value as given."""
-    if field == "comparator_api_url" and isinstance(value, str):
+    """``value`` as a problem of ``field`` may show it (for type errors, :mod:`pbrl.config.messages`), for the options
+    of either API client (``comparator_api_*``, ``judge_api_*``): the URL with its credentials hidden; ``<hidden>``
+    for a key variable that is not a variable name, headers or body options that name a credential or are not a
+    mapping of names, and a key prefix that is not a scheme word; any other value as given."""
+    prefix = _prefix(field)
+    if not field.startswith(prefix + "_"):
+        return value
+    option = field.removeprefix(prefix + "_")
+    if option == "url" and isinstance(value, str):
         return safe_url(value)
-    if field == "comparator_api_key_env":
+    if option == "key_env":
         return value if value is None or (isinstance(value, str) and ENV_NAME_PATTERN.match(value)) else HIDDEN
-    if field in ("comparator_api_headers", "comparator_api_extra_body") and value is not None:
+    if option in ("headers", "extra_body") and value is not None:
         if not isinstance(value, Mapping):
             return HIDDEN
         named = {str(k): v for k, v in value.items()}
-        found = header_credential_problems(named) if field == "comparator_api_headers" else []
-        return HIDDEN if found or body_credential_problems(named) else value
-    if field == "comparator_api_key_prefix" and not (isinstance(value, str) and KEY_PREFIX_PATTERN.match(value)):
+        found = header_credential_problems(named, field) if option == "headers" else []
+        return HIDDEN if found or body_credential_problems(named, field) else value
+    if option == "key_prefix" and not (isinstance(value, str) and KEY_PREFIX_PATTERN.match(value)):
         return HIDDEN
     return value
 

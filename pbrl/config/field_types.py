@@ -20,6 +20,10 @@ StrictStr = Annotated[str, Strict()]
 NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
 DeviceSpec = NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)] | None
 NameList = Annotated[list[NonEmptyStr], Field(min_length=1)]
+# The longest a time limit may be: a week. Beyond about 9.2e9 s Python's clocks and waits overflow (a judge_timeout of
+# 1e10 failed every comparison with "timestamp too large"), and no stage step waits a week.
+MAX_TIMEOUT_S = 7 * 24 * 3600
+MAX_TIMEOUT_H = 365 * 24  # hours: a year (judge_label_timeout_hours)
 
 
 class _Fields(BaseModel):

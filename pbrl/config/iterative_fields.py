@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from pbrl.config.field_types import (
+    MAX_TIMEOUT_S,
     DeviceSpec,
     NameList,
     NonEmptyStr,
@@ -126,6 +127,7 @@ class _IterativeFields(_Fields):
     comparator_api_timeout: StrictFloat = Field(
         120.0,
         gt=0,
+        le=MAX_TIMEOUT_S,
         description="Total deadline of one API request (connect, send and every read of the answer), in seconds.",
     )
     comparator_api_max_concurrency: StrictInt = Field(4, ge=1, description="Most API requests in flight at once.")

@@ -12,7 +12,16 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from pbrl.config.field_types import NonEmptyStr, StrictBool, StrictFloat, StrictInt, StrictStr, _Fields
+from pbrl.config.field_types import (
+    MAX_TIMEOUT_H,
+    MAX_TIMEOUT_S,
+    NonEmptyStr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    _Fields,
+)
 
 BUILT_IN_JUDGES = ("reward_noisy", "api", "local", "human")
 HUMAN_JUDGE = "human"  # people label the pairs: in the Prefect UI or with `pbrl label` (docs/guides/label-pairs.md)
@@ -58,6 +67,7 @@ class _JudgeFields(_Fields):
     judge_timeout: StrictFloat = Field(
         600.0,
         gt=0,
+        le=MAX_TIMEOUT_S,
         description="A Python judge given as a function: seconds one comparison may take. The function runs in a "
         "worker process; past the limit the process is killed and that comparison has no verdict (dropped and "
         "counted with its reason), and the next comparison starts a fresh worker.",
@@ -90,6 +100,7 @@ class _JudgeFields(_Fields):
     judge_label_timeout_hours: StrictFloat | None = Field(
         None,
         gt=0,
+        le=MAX_TIMEOUT_H,
         description="judge 'human': hours a round waits for its labels, from when it first asked for them; then "
         "judge_label_timeout_policy applies. None = wait as long as it takes.",
     )
@@ -136,7 +147,10 @@ class _JudgeFields(_Fields):
         16, ge=1, description="judge 'api': most tokens of one answer (the answer is one word)."
     )
     judge_api_timeout: StrictFloat = Field(
-        120.0, gt=0, description="judge 'api': seconds one request may take in all (connect, send, every read)."
+        120.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="judge 'api': seconds one request may take in all (connect, send, every read).",
     )
     judge_api_max_concurrency: StrictInt = Field(4, ge=1, description="judge 'api': most requests in flight.")
     judge_api_max_tokens_per_round: StrictInt | None = Field(

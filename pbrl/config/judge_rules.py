@@ -72,6 +72,39 @@ def _judge_kind_options(v: Values) -> list[Problem]:
     return problems
 
 
+# Options of one kind of judge beside those above, with their defaults: set to anything else, they are refused
+# where another judge (or none) would ignore them.
+_API_ONLY = {"judge_api_format": "openai", "judge_api_key_header": "Authorization", "judge_api_key_prefix": "Bearer",
+             "judge_api_headers": None, "judge_api_extra_body": None, "judge_api_response_field": "completions",
+             "judge_api_max_tokens": 16, "judge_api_timeout": 120.0, "judge_api_max_concurrency": 4}  # fmt: skip
+# Options of every judge: refused without one.
+_ANY_JUDGE = {"judge_max_pairs": None, "judge_pair_choice": "random", "judge_swap_disagreement": "tie",
+              "judge_tie_margin": 0.0}  # fmt: skip
+
+
+@rule(JUDGE_RULES, "judge", *_API_ONLY, "judge_batch_size", "judge_timeout", *_ANY_JUDGE, "judge_position_swap")
+def _options_of_another_judge(v: Values) -> list[Problem]:
+    judge = v["judge"]
+    set_ = [f for f, default in _API_ONLY.items() if v[f] != default] if judge != "api" else []
+    problems = [_unused(f, HIDDEN if f in ("judge_api_headers", "judge_api_extra_body", "judge_api_key_prefix")
+                          else v[f], "judge='api'") for f in set_]  # fmt: skip
+    if judge != "local" and v["judge_batch_size"] != 8:
+        problems.append(_unused("judge_batch_size", v["judge_batch_size"], "judge='local'"))
+    python_judge = judge is not None and judge not in BUILT_IN_JUDGES
+    if not python_judge and v["judge_timeout"] != 600.0:
+        problems.append(_unused("judge_timeout", v["judge_timeout"], "a Python judge (judge='pkg.module:function')"))
+    if judge is None:
+        problems += [_unused(f, v[f], "a judge (preference_source='judge')") for f, default in _ANY_JUDGE.items()
+                     if v[f] != default]  # fmt: skip
+        if v["judge_position_swap"]:
+            problems.append(_unused("judge_position_swap", True, "a judge (preference_source='judge')"))
+    return problems
+
+
+def _unused(field: str, value: object, condition: str) -> Problem:
+    return Problem(field, value, f"allowed only with {condition}; leave it out (it would have no effect)")
+
+
 def _shown(field: str, value: object) -> object:
     if field == "judge_api_key_env":
         return HIDDEN

@@ -22,11 +22,17 @@ from pbrl.errors import Problem
 Values = Mapping[str, Any]
 
 HIDDEN = "<hidden>"
-SECRET_MESSAGE = (
-    "pbrl never takes an API key in the configuration (it would end up in run.json, logs and Prefect "
-    "parameters); put the key in an environment variable and give that variable's name in "
-    "comparator_api_key_env"
-)
+
+
+def secret_message(key_env: str = "comparator_api_key_env (judge_api_key_env for the judge)") -> str:
+    """Why a credential in the configuration is refused, and the option ``key_env`` that names its variable."""
+    return (
+        "pbrl never takes an API key in the configuration (it would end up in run.json, logs and Prefect "
+        f"parameters); put the key in an environment variable and give that variable's name in {key_env}"
+    )
+
+
+SECRET_MESSAGE = secret_message()
 
 IMPORT_PATH_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda|mps|xpu)(:\d+)?$")

@@ -14,7 +14,16 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from pbrl.config.dataset_spec import DatasetSpec
-from pbrl.config.field_types import DeviceSpec, NameList, NonEmptyStr, StrictBool, StrictFloat, StrictInt, _Fields
+from pbrl.config.field_types import (
+    MAX_TIMEOUT_S,
+    DeviceSpec,
+    NameList,
+    NonEmptyStr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    _Fields,
+)
 
 # The experiment trackers of ``report_to`` (pbrl.reporting.tracker_tools): one name or a list of them.
 TrackerName = Literal["tensorboard", "mlflow", "wandb", "trackio"]
@@ -116,6 +125,7 @@ class _RunFields(_Fields):
     reward_timeout: StrictFloat = Field(
         600.0,
         gt=0,
+        le=MAX_TIMEOUT_S,
         description="Seconds one reward_func call (reward_processor included) may take. The reward runs in a worker "
         "process; past the limit the process is killed, and the call's joint responses are scored again one at a "
         "time, each within the limit: only those that time out alone are dropped and counted like any reward "

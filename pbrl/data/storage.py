@@ -259,6 +259,15 @@ class RunPaths:
         """A path relative to the run folder (manifests never store absolute path text)."""
         return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
 
+    def input_name(self, path: Path) -> str:
+        """How a stage's input file is named in its manifest and cache key: its path in the run folder, or for a file
+        outside it (a user's file, such as ``judge_prompt_template``) ``outside:<file name>``, so that neither names
+        a place on this machine."""
+        try:
+            return self.rel(path)
+        except ValueError:
+            return f"outside:{Path(path).name}"
+
 
 def read_run_id(paths: RunPaths) -> str:
     """The run's identity: the UUID in run.json (docs/design/file-formats.md#the-run-folder). A folder moved or copied
@@ -296,8 +305,8 @@ class StageManifest(BaseModel):
 
 
 def hash_files(paths: RunPaths, files: list[Path]) -> dict[str, str]:
-    """``{run-relative path: content hash}`` for files or folders."""
-    return {paths.rel(f): hash_path(f) for f in files}
+    """``{run-relative path: content hash}`` for files or folders (:meth:`RunPaths.input_name`)."""
+    return {paths.input_name(f): hash_path(f) for f in files}
 
 
 def write_manifest(paths: RunPaths, manifest: StageManifest) -> StageManifest:

@@ -144,6 +144,9 @@ class ApiAnswer:
     seconds: float = 0.0
 
 
+MAX_REPORTED_TOKENS = 10**12  # the most tokens one response may say it cost: more than any bill; fits an int64
+
+
 def build_body(settings: ApiSettings, sampling: SamplingSettings, request: ApiRequest, n: int) -> dict[str, Any]:
     """The JSON body of one request asking ``n`` answers (docs/design/algorithms.md#api-comparators); None values
     dropped, extra_body last."""
@@ -220,7 +223,9 @@ def _dotted(data: Any, path: str) -> Any:
 def usage_tokens(api_format: str, data: Any) -> int:
     """The tokens a response JSON reports it cost: ``usage.input_tokens + usage.output_tokens`` for anthropic,
     ``usage.total_tokens`` for the other formats (generic: optional). A count that is absent, or not a non-negative
-    integer, counts 0 (the answer itself is still read: a paid answer is not thrown away for its bill)."""
+    integer, counts 0 (the answer itself is still read: a paid answer is not thrown away for its bill); a count over
+    :data:`MAX_REPORTED_TOKENS` (10^12, more than any bill: a server's junk) counts that much, so that a
+    round's token budget is spent and nothing overflows a table's integer column."""
     usage = data.get("usage") if isinstance(data, Mapping) else None
     if not isinstance(usage, Mapping):
         return 0
@@ -228,7 +233,7 @@ def usage_tokens(api_format: str, data: Any) -> int:
     counts = [usage.get(name) for name in names]
     if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
         return 0
-    return sum(counts)
+    return min(sum(counts), MAX_REPORTED_TOKENS)
 
 
 def parse_answers(settings: ApiSettings, data: Any) -> list[ApiAnswer]:

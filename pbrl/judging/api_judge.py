@@ -34,7 +34,7 @@ from pbrl.generation.api_errors import ApiRetriesSpentError
 from pbrl.generation.api_formats import ApiAnswer, ApiRequest, ApiRole, ApiSettings
 from pbrl.generation.sampling import SamplingSettings
 from pbrl.judging.prompt import render, template_problems
-from pbrl.judging.verdicts import Answer, Comparison, parse_verdict
+from pbrl.judging.verdicts import RAW_CHARS, Answer, Comparison, parse_verdict
 
 # The options the API judge's errors and hints name (pbrl.config.judge_fields).
 JUDGE_ROLE = ApiRole(
@@ -45,7 +45,6 @@ JUDGE_ROLE = ApiRole(
     max_n_option=None,  # one answer per request
     sampling_options="judge_api_max_tokens (the judge asks at temperature 0)",
 )
-RAW_CHARS = 4000  # characters of an answer's text kept as its raw (a one-word answer needs a few)
 _DIGEST_CHARS = 16  # hex characters of a SHA-256 shown in a judge's name (64 bits)
 
 

@@ -1,6 +1,8 @@
 """Putting a round's questions to a judge: the answers already in the store are reused, the others are asked in
 batches, each batch stored before the next is asked (so a crash loses at most the batch in flight, and nothing
-answered is ever asked again), within a round's token budget."""
+answered is ever asked again), within a round's token budget. A judge that raised, timed out or died gave no answer
+(:attr:`~pbrl.judging.verdicts.Answer.judge_failed`): that is never stored, and a failure stored by an earlier
+version is not reused, so a fixed judge is asked again on the resume or ``--force`` rerun."""
 
 from __future__ import annotations
 
@@ -52,11 +54,8 @@ def ask(
         stored.
     """
     keys = [c.key(judge.name) for c in comparisons]
-    done: dict[int, Asked] = {}
-    for i, key in enumerate(keys):
-        stored = store.get(key)
-        if stored is not None:
-            done[i] = Asked(key, stored, True)
+    stored = {i: store.get(key) for i, key in enumerate(keys)}
+    done = {i: Asked(keys[i], a, True) for i, a in stored.items() if a is not None and not a.judge_failed}
     missing = [i for i in range(len(comparisons)) if i not in done]
     if on_answers is not None and done:
         on_answers(len(done))
@@ -71,7 +70,8 @@ def ask(
         if _takes_on_answer(judge):  # answers arrive one by one (an API): each stored as it arrives
 
             def arrived(k: int, answer: Answer, batch: list[int] = batch) -> None:
-                store.put(keys[batch[k]], answer, judge=judge.name)
+                if not answer.judge_failed:
+                    store.put(keys[batch[k]], answer, judge=judge.name)
 
             answers = judge.answer(asked, on_answer=arrived)  # type: ignore[call-arg]
         else:
@@ -79,7 +79,8 @@ def ask(
         if len(answers) != len(batch):
             raise ValueError(f"judge {judge.name!r} gave {len(answers)} answers to {len(batch)} comparisons")
         if not _takes_on_answer(judge):
-            store.put_many([(keys[i], a, {"judge": judge.name}) for i, a in zip(batch, answers, strict=True)])
+            given = [(keys[i], a, {"judge": judge.name}) for i, a in zip(batch, answers, strict=True)]
+            store.put_many([entry for entry in given if not entry[1].judge_failed])
         for i, answer in zip(batch, answers, strict=True):
             done[i] = Asked(keys[i], answer, False)
             spent += answer.tokens

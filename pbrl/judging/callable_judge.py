@@ -34,10 +34,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pbrl.errors import TransientError
-from pbrl.judging.verdicts import Answer, Comparison, parse_verdict, verdict_of_probability
+from pbrl.judging.verdicts import (
+    JUDGE_FAILED,
+    JUDGE_RAISED,
+    RAW_CHARS,
+    Answer,
+    Comparison,
+    parse_verdict,
+    verdict_of_probability,
+)
 from pbrl.preference.reward_worker import CallTimeout, ForkedWorker, RemoteError, WorkerDied
 
-JUDGE_FAILED = "the judge failed"  # the start of the reason when the judge timed out or its process died
 _SHOWN = 200  # characters of a junk value or an exception message kept in the reason
 KEYWORDS = ("roles", "item_id", "item")
 
@@ -52,26 +59,45 @@ def _accepted(func: Callable[..., Any]) -> set[str]:
     return {k for k in KEYWORDS if k in params}
 
 
-def _cut(text: str) -> str:
-    return text if len(text) <= _SHOWN else text[:_SHOWN] + "…"
+def _cut(text: str, limit: int = _SHOWN) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to 200 characters; a value whose ``repr`` raises is named by its type."""
+    try:
+        return _cut(repr(value))
+    except Exception as exc:  # the judge's own object: its repr may raise anything
+        return f"a {type(value).__name__} whose repr() raised {type(exc).__name__}"
 
 
 def read_value(value: Any, tie_margin: float) -> Answer:
-    """A Python judge's return value as an :class:`Answer` (see the module docstring)."""
-    raw = _cut(repr(value))
+    """A Python judge's return value as an :class:`Answer` (see the module docstring); its text kept as ``raw`` up to
+    :data:`~pbrl.judging.verdicts.RAW_CHARS` characters, as an API judge's."""
     if isinstance(value, str):
         verdict, reason = parse_verdict(value)
-        return Answer(verdict, raw=value, reason=reason)
+        return Answer(verdict, raw=_cut(value, RAW_CHARS), reason=reason)
+    raw = _shown(value)
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
         verdict, reason = parse_verdict(value[0])
         probability = value[1]
         if verdict is None or not _probability(probability):
             why = f"the judge returned {raw}; expected (A|B|tie, a probability in [0, 1])"
             return Answer(None, raw=raw, reason=why)
+        if verdict != verdict_of_probability(float(probability), 0.0) and verdict != "tie" and probability != 0.5:
+            why = f"the judge returned {raw}: a verdict and a probability of A being better that disagree"
+            return Answer(None, raw=raw, reason=why)
         return Answer(verdict, probability=float(probability), raw=raw)
     if _probability(value):
         return Answer(verdict_of_probability(float(value), tie_margin), probability=float(value), raw=raw)
     return Answer(None, raw=raw, reason=f"the judge returned {raw}; expected A, B, tie or a probability in [0, 1]")
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # an exception whose str() raises
+        return "(its message could not be read)"
 
 
 def _probability(value: Any) -> bool:
@@ -120,9 +146,9 @@ class CallableJudge:
                     why = str(exc).removeprefix("the worker process ")
                     answer = Answer(None, reason=_cut(f"{JUDGE_FAILED}: its process {why}"))
                 except RemoteError as exc:  # SystemExit, or an exception that could not be sent back as itself
-                    answer = Answer(None, reason=_cut(f"the judge raised {exc}"))
+                    answer = Answer(None, reason=_cut(f"{JUDGE_RAISED} {exc}"))
                 except Exception as exc:  # the judge's own fault: this comparison has no verdict, the round goes on
-                    answer = Answer(None, reason=_cut(f"the judge raised {type(exc).__name__}: {exc}"))
+                    answer = Answer(None, reason=_cut(f"{JUDGE_RAISED} {type(exc).__name__}: {_message(exc)}"))
                 else:
                     answer = replace(read_value(value, self.tie_margin), seconds=round(time.monotonic() - started, 6))
                 answers.append(answer)

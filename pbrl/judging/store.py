@@ -7,7 +7,8 @@ The store is one JSON Lines file, ``<run>/judge/answers.jsonl``: one line per an
 labeller) never interleave. A line cut off by a crash is the last one and is ignored when read (that question is
 asked again); any other line that is not an answer is damage, reported with its line number. A later line for the
 same key wins (a person who changed a label). Answers that failed for a passing reason (a judge that could not be
-reached) are not stored; an answer that was given but not understood is (asking again would cost the same).
+reached, raised, timed out or died) are not stored (:mod:`pbrl.judging.asking`); an answer that was given but not
+understood is (asking again would cost the same).
 """
 
 from __future__ import annotations

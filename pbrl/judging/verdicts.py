@@ -25,12 +25,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from pbrl.generation.api_formats import MAX_REPORTED_TOKENS
+
 Verdict = Literal["A", "B", "tie"]
 VERDICTS: tuple[Verdict, ...] = ("A", "B", "tie")
 Preferred = Literal["x", "y", "tie"]
 DISAGREEMENT_POLICIES = ("tie", "drop")
-_ANSWER = re.compile(r"^\W*(?:answer\s*[:=]\s*)?\W*(a|b|tie)\W*$", re.IGNORECASE)
+# The answer word once the line's punctuation is stripped from both ends: "Answer: **A" -> A. Matched only on a line of
+# at most _ANSWER_CHARS characters: a regular expression over a long untrusted answer may take quadratic time (the
+# earlier one, with \W* on both sides of an optional prefix, took 7.5 s on 20,000 characters).
+_ANSWER = re.compile(r"(?:answer\s*[:=])?[^\w]*(a|b|tie)", re.IGNORECASE)
+_ANSWER_CHARS = 100
 _SHOWN_CHARS = 200  # characters of an unparseable answer kept in its drop reason
+RAW_CHARS = 4000  # characters of an answer's text kept as its raw (a one-word answer needs a few)
+MAX_TOKENS = MAX_REPORTED_TOKENS  # the most tokens an answer may say it cost (an API's count is capped there)
+JUDGE_RAISED = "the judge raised"  # the start of the reason of an answer whose judge raised an exception
+JUDGE_FAILED = "the judge failed"  # the start of the reason when the judge timed out or its process died
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,16 @@ class Answer:
             isinstance(self.probability, float) and math.isfinite(self.probability) and 0 <= self.probability <= 1
         ):
             raise ValueError(f"probability: got {self.probability!r}; must be a float in [0, 1]")
+        if not (isinstance(self.tokens, int) and not isinstance(self.tokens, bool) and 0 <= self.tokens <= MAX_TOKENS):
+            raise ValueError(f"tokens: got {self.tokens!r}; must be an integer in [0, {MAX_TOKENS}]")
+        if not (isinstance(self.seconds, int | float) and math.isfinite(self.seconds) and self.seconds >= 0):
+            raise ValueError(f"seconds: got {self.seconds!r}; must be a finite number >= 0")
+
+    @property
+    def judge_failed(self) -> bool:
+        """No verdict because the judge raised, timed out or died: not an answer, so it is never stored and the
+        question is asked again (a judge that was fixed, a server that came back)."""
+        return self.verdict is None and (self.reason or "").startswith((JUDGE_RAISED, JUDGE_FAILED))
 
 
 class PairwiseJudge(Protocol):
@@ -139,13 +159,26 @@ def parse_verdict(text: str) -> tuple[Verdict | None, str | None]:
         (verdict, None), or (None, the reason naming the answer, cut to 200 characters).
     """
     lines = [line for line in str(text).strip().splitlines() if line.strip()]
-    match = _ANSWER.match(lines[-1].strip()) if len(lines) == 1 else None
+    match = _answer_word(lines[0]) if len(lines) == 1 else None
     if match is None:
         shown = str(text).strip()
         shown = shown if len(shown) <= _SHOWN_CHARS else shown[:_SHOWN_CHARS] + "…"
         return None, f"unparseable answer: {shown!r} (expected exactly A, B or tie)"
     word = match.group(1)
     return ("tie" if word.lower() == "tie" else word.upper()), None  # type: ignore[return-value]
+
+
+def _answer_word(line: str) -> re.Match[str] | None:
+    """The answer word of one line, in linear time: its non-word characters stripped from both ends (a loop, not a
+    regular expression), then :data:`_ANSWER` on at most :data:`_ANSWER_CHARS` characters."""
+    begin, end = 0, len(line)
+    while begin < end and not (line[begin].isalnum() or line[begin] == "_"):
+        begin += 1
+    while end > begin and not (line[end - 1].isalnum() or line[end - 1] == "_"):
+        end -= 1
+    if end - begin > _ANSWER_CHARS:
+        return None
+    return _ANSWER.fullmatch(line, begin, end)
 
 
 def verdict_of_probability(probability: float, tie_margin: float) -> Verdict:

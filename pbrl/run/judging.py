@@ -12,9 +12,8 @@ from pbrl.config.judge_fields import BUILT_IN_JUDGES, IN_PROCESS_JUDGE
 from pbrl.data.storage import RunPaths, trainer_stages
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.judging.callable_judge import CallableJudge
-from pbrl.judging.factory import api_judge_from_options, local_judge_from_options
+from pbrl.judging.factory import api_judge_from_options, local_judge_from_options, read_template
 from pbrl.judging.human import HumanJudge
-from pbrl.judging.prompt import DEFAULT_TEMPLATE, template_problems
 from pbrl.judging.simulated import RewardLabelJudge
 from pbrl.judging.store import AnswerStore
 from pbrl.judging.verdicts import PairwiseJudge
@@ -63,22 +62,13 @@ def answer_store(paths: RunPaths) -> AnswerStore:
 
 
 def prompt_template(job: JobConfig) -> str:
-    """The judge's prompt template: the file ``judge_prompt_template`` names, else the built-in one.
+    """The judge's prompt template: the file ``judge_prompt_template`` names, else the built-in one
+    (:func:`pbrl.judging.factory.read_template`).
 
     Raises:
         ConfigError: the file cannot be read or the template has a problem (each named).
     """
-    if job.judge_prompt_template is None:
-        return DEFAULT_TEMPLATE
-    path = Path(job.judge_prompt_template)
-    try:
-        template = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([Problem("judge_prompt_template", str(path), f"cannot be read ({exc})")]) from exc
-    problems = template_problems(template)
-    if problems:
-        raise ConfigError([Problem("judge_prompt_template", str(path), "; ".join(problems))])
-    return template
+    return read_template(job.judge_prompt_template)
 
 
 def judge_for(job: JobConfig, run_dir: Path, task: Task) -> PairwiseJudge:
