@@ -117,7 +117,7 @@ def test_a_person_sees_code_and_fences_found_line_by_line_in_any_text():
 # ---------------------------------------------------------------------------------------------- numbers
 def test_a_token_count_beyond_any_bill_is_capped_and_an_answer_holds_only_storable_numbers(tmp_path):
     """Found: an API that reported 10**30 tokens crashed writing verdicts.parquet, and every retry after it."""
-    assert usage_tokens("openai", {"usage": {"total_tokens": 10**30}}) == MAX_REPORTED_TOKENS == 10**12
+    assert usage_tokens("openai", {"usage": {"total_tokens": 10**30}}) == MAX_REPORTED_TOKENS == verdicts.MAX_TOKENS
     assert usage_tokens("anthropic", {"usage": {"input_tokens": 10**12, "output_tokens": 5}}) == 10**12
     for bad in ({"tokens": 10**30}, {"tokens": -1}, {"tokens": 1.5}, {"seconds": float("inf")}):
         with pytest.raises(ValueError, match=next(iter(bad))):

@@ -25,8 +25,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pbrl.generation.api_formats import MAX_REPORTED_TOKENS
-
 Verdict = Literal["A", "B", "tie"]
 VERDICTS: tuple[Verdict, ...] = ("A", "B", "tie")
 Preferred = Literal["x", "y", "tie"]
@@ -38,7 +36,9 @@ _ANSWER = re.compile(r"(?:answer\s*[:=])?[^\w]*(a|b|tie)", re.IGNORECASE)
 _ANSWER_CHARS = 100
 _SHOWN_CHARS = 200  # characters of an unparseable answer kept in its drop reason
 RAW_CHARS = 4000  # characters of an answer's text kept as its raw (a one-word answer needs a few)
-MAX_TOKENS = MAX_REPORTED_TOKENS  # the most tokens an answer may say it cost (an API's count is capped there)
+# The most tokens an answer may say it cost: pbrl.generation.api_formats.MAX_REPORTED_TOKENS, where an API's count is
+# capped (not imported: that module imports torch, and the CLI reads verdicts without it)
+MAX_TOKENS = 10**12
 JUDGE_RAISED = "the judge raised"  # the start of the reason of an answer whose judge raised an exception
 JUDGE_FAILED = "the judge failed"  # the start of the reason when the judge timed out or its process died
 
