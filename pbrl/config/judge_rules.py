@@ -11,7 +11,7 @@ from pbrl.config.credentials import (
     safe_url,
     url_credential_problems,
 )
-from pbrl.config.judge_fields import BUILT_IN_JUDGES, HUMAN_JUDGE, IN_PROCESS_JUDGE
+from pbrl.config.judge_fields import BUILT_IN_JUDGES, HUMAN_JUDGE, IN_PROCESS_JUDGE, _JudgeFields
 from pbrl.config.rules import CENTRALIZED, ENV_NAME_PATTERN, HIDDEN, Rule, Values, import_path_problems, only_with, rule
 from pbrl.errors import Problem
 
@@ -72,30 +72,27 @@ def _judge_kind_options(v: Values) -> list[Problem]:
     return problems
 
 
-# Options of one kind of judge beside those above, with their defaults: set to anything else, they are refused
-# where another judge (or none) would ignore them.
-_API_ONLY = {"judge_api_format": "openai", "judge_api_key_header": "Authorization", "judge_api_key_prefix": "Bearer",
-             "judge_api_headers": None, "judge_api_extra_body": None, "judge_api_response_field": "completions",
-             "judge_api_max_tokens": 16, "judge_api_timeout": 120.0, "judge_api_max_concurrency": 4}  # fmt: skip
-# Options of every judge: refused without one.
-_ANY_JUDGE = {"judge_max_pairs": None, "judge_pair_choice": "random", "judge_swap_disagreement": "tie",
-              "judge_tie_margin": 0.0}  # fmt: skip
+# The judge options' defaults, read from their fields: an option set to anything else where its judge is not used
+# (or no judge is) is refused, since it would have no effect.
+_DEFAULTS = {name: field.default for name, field in _JudgeFields.model_fields.items()}
+# Every judge_api_* option but those _judge_kind_options checks (they have no default to compare with).
+_API_ONLY = [f for f in _DEFAULTS if f.startswith("judge_api_") and f not in _API_FIELDS]
+_API_HIDDEN = ("judge_api_headers", "judge_api_extra_body", "judge_api_key_prefix")  # may hold a credential
+_ANY_JUDGE = ("judge_max_pairs", "judge_pair_choice", "judge_swap_disagreement", "judge_tie_margin")  # of every judge
 
 
 @rule(JUDGE_RULES, "judge", *_API_ONLY, "judge_batch_size", "judge_timeout", *_ANY_JUDGE, "judge_position_swap")
 def _options_of_another_judge(v: Values) -> list[Problem]:
     judge = v["judge"]
-    set_ = [f for f, default in _API_ONLY.items() if v[f] != default] if judge != "api" else []
-    problems = [_unused(f, HIDDEN if f in ("judge_api_headers", "judge_api_extra_body", "judge_api_key_prefix")
-                          else v[f], "judge='api'") for f in set_]  # fmt: skip
-    if judge != "local" and v["judge_batch_size"] != 8:
+    changed = [f for f in v if f in _DEFAULTS and v[f] != _DEFAULTS[f]]
+    problems = [_unused(f, HIDDEN if f in _API_HIDDEN else v[f], "judge='api'")
+                for f in changed if f in _API_ONLY and judge != "api"]  # fmt: skip
+    if judge != "local" and "judge_batch_size" in changed:
         problems.append(_unused("judge_batch_size", v["judge_batch_size"], "judge='local'"))
-    python_judge = judge is not None and judge not in BUILT_IN_JUDGES
-    if not python_judge and v["judge_timeout"] != 600.0:
+    if (judge is None or judge in BUILT_IN_JUDGES) and "judge_timeout" in changed:
         problems.append(_unused("judge_timeout", v["judge_timeout"], "a Python judge (judge='pkg.module:function')"))
     if judge is None:
-        problems += [_unused(f, v[f], "a judge (preference_source='judge')") for f, default in _ANY_JUDGE.items()
-                     if v[f] != default]  # fmt: skip
+        problems += [_unused(f, v[f], "a judge (preference_source='judge')") for f in _ANY_JUDGE if f in changed]
         if v["judge_position_swap"]:
             problems.append(_unused("judge_position_swap", True, "a judge (preference_source='judge')"))
     return problems

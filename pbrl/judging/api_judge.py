@@ -34,7 +34,7 @@ from pbrl.generation.api_errors import ApiRetriesSpentError
 from pbrl.generation.api_formats import ApiAnswer, ApiRequest, ApiRole, ApiSettings
 from pbrl.generation.sampling import SamplingSettings
 from pbrl.judging.prompt import render, template_problems
-from pbrl.judging.verdicts import RAW_CHARS, Answer, Comparison, parse_verdict
+from pbrl.judging.verdicts import RAW_CHARS, Answer, Comparison, cut, parse_verdict
 
 # The options the API judge's errors and hints name (pbrl.config.judge_fields).
 JUDGE_ROLE = ApiRole(
@@ -69,10 +69,6 @@ def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _cut(text: str) -> str:
-    return text if len(text) <= RAW_CHARS else text[:RAW_CHARS] + "…"
-
-
 def read_answer(api_answer: ApiAnswer) -> Answer:
     """An API answer (already redacted by the client) as a judge's :class:`Answer`: its verdict read strictly, its
     text as ``raw`` (cut to :data:`RAW_CHARS`), its reported tokens and seconds. An answer cut at the token limit
@@ -82,7 +78,7 @@ def read_answer(api_answer: ApiAnswer) -> Answer:
         reason += "; the answer was cut at judge_api_max_tokens (raise it if the model writes before it answers)"
     return Answer(
         verdict,
-        raw=_cut(api_answer.text),
+        raw=cut(api_answer.text, RAW_CHARS),
         tokens=api_answer.tokens,
         seconds=round(api_answer.seconds, 6),
         reason=reason,

@@ -40,6 +40,7 @@ from pbrl.judging.verdicts import (
     RAW_CHARS,
     Answer,
     Comparison,
+    cut,
     parse_verdict,
     verdict_of_probability,
 )
@@ -59,14 +60,10 @@ def _accepted(func: Callable[..., Any]) -> set[str]:
     return {k for k in KEYWORDS if k in params}
 
 
-def _cut(text: str, limit: int = _SHOWN) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
 def _shown(value: Any) -> str:
     """``repr(value)`` cut to 200 characters; a value whose ``repr`` raises is named by its type."""
     try:
-        return _cut(repr(value))
+        return cut(repr(value), _SHOWN)
     except Exception as exc:  # the judge's own object: its repr may raise anything
         return f"a {type(value).__name__} whose repr() raised {type(exc).__name__}"
 
@@ -76,7 +73,7 @@ def read_value(value: Any, tie_margin: float) -> Answer:
     :data:`~pbrl.judging.verdicts.RAW_CHARS` characters, as an API judge's."""
     if isinstance(value, str):
         verdict, reason = parse_verdict(value)
-        return Answer(verdict, raw=_cut(value, RAW_CHARS), reason=reason)
+        return Answer(verdict, raw=cut(value, RAW_CHARS), reason=reason)
     raw = _shown(value)
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
         verdict, reason = parse_verdict(value[0])
@@ -144,11 +141,11 @@ class CallableJudge:
                     answer = Answer(None, reason=f"{JUDGE_FAILED}: {why}")
                 except WorkerDied as exc:
                     why = str(exc).removeprefix("the worker process ")
-                    answer = Answer(None, reason=_cut(f"{JUDGE_FAILED}: its process {why}"))
+                    answer = Answer(None, reason=cut(f"{JUDGE_FAILED}: its process {why}", _SHOWN))
                 except RemoteError as exc:  # SystemExit, or an exception that could not be sent back as itself
-                    answer = Answer(None, reason=_cut(f"{JUDGE_RAISED} {exc}"))
+                    answer = Answer(None, reason=cut(f"{JUDGE_RAISED} {exc}", _SHOWN))
                 except Exception as exc:  # the judge's own fault: this comparison has no verdict, the round goes on
-                    answer = Answer(None, reason=_cut(f"{JUDGE_RAISED} {type(exc).__name__}: {_message(exc)}"))
+                    answer = Answer(None, reason=cut(f"{JUDGE_RAISED} {type(exc).__name__}: {_message(exc)}", _SHOWN))
                 else:
                     answer = replace(read_value(value, self.tie_margin), seconds=round(time.monotonic() - started, 6))
                 answers.append(answer)

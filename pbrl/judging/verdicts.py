@@ -161,11 +161,15 @@ def parse_verdict(text: str) -> tuple[Verdict | None, str | None]:
     lines = [line for line in str(text).strip().splitlines() if line.strip()]
     match = _answer_word(lines[0]) if len(lines) == 1 else None
     if match is None:
-        shown = str(text).strip()
-        shown = shown if len(shown) <= _SHOWN_CHARS else shown[:_SHOWN_CHARS] + "…"
+        shown = cut(str(text).strip(), _SHOWN_CHARS)
         return None, f"unparseable answer: {shown!r} (expected exactly A, B or tie)"
     word = match.group(1)
     return ("tie" if word.lower() == "tie" else word.upper()), None  # type: ignore[return-value]
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` as kept in an answer's ``raw`` or reason: its first ``limit`` characters, then "…" when longer."""
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _answer_word(line: str) -> re.Match[str] | None:
