@@ -34,6 +34,7 @@ from pathlib import Path
 from benchkit import REPO_ROOT, check, peak_rss_mb, print_checks, write_result
 
 from pbrl.config import load_job
+from pbrl.models import thread_placement
 from pbrl.run.folder import open_job, prepare_run
 from pbrl.run.judging import round_stages
 from pbrl.run.settings import configure_job_threads
@@ -146,7 +147,8 @@ def main() -> None:
         for round_index, names in ((0, ("evaluate",)), (1, round_stages(job, run_dir))):
             for name in names:
                 start = time.perf_counter()
-                manifest = STAGE_MODULES[name].run(run_dir, round_index, job)
+                with thread_placement.pinning():  # as flows/cache.py runs a stage
+                    manifest = STAGE_MODULES[name].run(run_dir, round_index, job)
                 stages.append(
                     {
                         "round": round_index,

@@ -59,6 +59,7 @@ from pbrl.data.storage import (
 )
 from pbrl.distributed.shards import ShardSet
 from pbrl.errors import ArtifactError, ConfigError
+from pbrl.models import thread_placement
 from pbrl.run.task import resolve_task, task_fingerprint
 from stages import STAGE_MODULES
 
@@ -156,11 +157,12 @@ def run_recorded(
         cache_key = _key_or_none(stage, run_dir, round_index, job)
     module = STAGE_MODULES[stage]
     try:
-        manifest = (
-            module.run(run_dir, round_index, job)
-            if shards is None
-            else module.run(run_dir, round_index, job, shards=shards)
-        )
+        with thread_placement.pinning():  # torch's threads a CPU each while they use every CPU owned, in the stage
+            manifest = (
+                module.run(run_dir, round_index, job)
+                if shards is None
+                else module.run(run_dir, round_index, job, shards=shards)
+            )
     except Exception as exc:
         if (gone := run_folder_gone(run_dir)) is not None:  # the folder moved under the stage: say so, not what broke
             raise gone from exc

@@ -166,8 +166,11 @@ def _prompt_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` (..., in) -> (..., out) for a prompt computed alone: its rows in blocks of :data:`PROMPT_BLOCK`,
     the last one padded with zero rows to a multiple of :data:`PROMPT_STEP`, each block with the bits one thread
     gives it, on every thread where they agree. A row's bits depend on its block's row count and its place in it,
-    both fixed by the prompt's length."""
+    both fixed by the prompt's length. A float32 layer (a LoRA adapter) under MKL's strict mode, whose bits do not
+    depend on the thread count, runs as one product: a prompt alone has one shape."""
     weight, bias = module.weight, module.bias
+    if weight.dtype == torch.float32 and gemm_independent_of_threads():
+        return nn.functional.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])  # (r, in)
     parts = []
     for start in range(0, len(flat), PROMPT_BLOCK):

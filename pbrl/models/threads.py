@@ -13,8 +13,11 @@ of one alone (docs/results/benchmarks.md#two-stage-processes-on-2-cores). So pbr
   ``training_forward`` of ``pbrl/models/forward.py``, each optimizer step), it measures how much of its CPUs other
   processes used since the last look (:func:`pbrl.models.cpus.load_meter`: ``/proc/stat``, or the cgroup's usage under a
   CPU quota, less this process's own CPU time) and uses only the CPUs left free, at least 1. It takes a CPU back once
-  others use under a quarter of it for two looks in a row. Alone, nothing changes; beside another busy process, each
-  runs with one thread per free CPU instead of spinning against the other.
+  others use under a fifth of it for two looks in a row. Alone, nothing changes; beside another busy process, each
+  runs with one thread per free CPU instead of spinning against the other;
+* inside a stage, while it runs one thread per CPU owned, puts each thread on a CPU of its own
+  (:mod:`pbrl.models.thread_placement`: beside a niced busy loop, Linux stacked both threads on one CPU and a round
+  took 8.7x its time alone).
 
 OpenMP's wait policy is not changed: ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep instead of spinning) also removes
 the spinning, but on an idle machine it made training 1.35-1.85x slower (docs/results/benchmarks.md); it is read
@@ -42,6 +45,7 @@ No library does this: torch, accelerate and Ray set a thread count once, at star
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import threading
@@ -51,23 +55,27 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from pbrl import STRICT_MKL_CBWR  # the value `import pbrl` sets when the environment sets none
-from pbrl.models import cpus
+from pbrl.models import cpus, thread_placement
 
 _INTERVAL_S = 1.0  # how often the follower looks at the load, at most
 _RAISE_AFTER = 2  # looks in a row with more CPUs free before the follower takes them back
-_TAKEN, _FREE = 0.5, 0.25  # a CPU others use half of counts as taken; under a quarter, as free again (a dead band)
+# a CPU others use more than a third of counts as taken; under a fifth, as free again (a dead band). Not half: with
+# torch's threads on a CPU each (pbrl.models.thread_placement), a neighbour of equal priority gets half of the CPU
+# it shares with one of them, and that thread holds up every parallel region of the other
+_TAKEN, _FREE = 0.35, 0.2
 
 _MKL_CBWR_ALL, _MKL_CBWR_STRICT = -1, 0x10000  # oneMKL's mkl_service.h: every setting; the strict-mode bit
 
 
-def mkl_cbwr_mode() -> int | None:
-    """The conditional numerical reproducibility mode of the oneMKL linked into torch's own library
-    (``mkl_serv_cbwr_get``, through ctypes: the ``mkl-service`` package would load a second MKL runtime, not the one
-    whose mode matters), or None where it cannot be asked (no MKL in torch, or the symbol not exported)."""
+@functools.cache
+def _mkl_cbwr_get() -> Any:
+    """oneMKL's ``mkl_serv_cbwr_get`` in torch's own library, found once (a directory listing and a library lookup:
+    about 0.15 ms, and row-invariant forwards ask for the mode at every float32 layer), or None."""
     lib = Path(torch.__file__).parent / "lib"
     for library in sorted([*lib.glob("libtorch_cpu.*"), *lib.glob("torch_cpu.dll")]):
         try:
@@ -75,8 +83,16 @@ def mkl_cbwr_mode() -> int | None:
         except (OSError, AttributeError):
             continue
         get.argtypes, get.restype = [ctypes.c_int], ctypes.c_int
-        return int(get(_MKL_CBWR_ALL))
+        return get
     return None
+
+
+def mkl_cbwr_mode() -> int | None:
+    """The conditional numerical reproducibility mode of the oneMKL linked into torch's own library
+    (``mkl_serv_cbwr_get``, through ctypes: the ``mkl-service`` package would load a second MKL runtime, not the one
+    whose mode matters), or None where it cannot be asked (no MKL in torch, or the symbol not exported)."""
+    get = _mkl_cbwr_get()
+    return None if get is None else int(get(_MKL_CBWR_ALL))
 
 
 def gemm_independent_of_threads() -> bool:
@@ -132,9 +148,9 @@ class LoadFollower:
     ``tick()`` is cheap (a clock read) except once per ``interval_s``, when it reads ``busy()`` (CPU seconds of every
     process competing for the ``capacity`` CPUs, :func:`pbrl.models.cpus.load_meter`) and this process's CPU seconds
     (``time.process_time``, every thread's). Others' use over the interval, in CPUs, is ``(busy - own) / wall``; of the
-    ``capacity - others`` free CPUs, a CPU counts as taken when others use more than half of it (the count is lowered at
-    once: spinning against another process costs several times the work) and as free again when they use under a quarter
-    of it, for ``_RAISE_AFTER`` looks in a row. The count stays between 1 and ``owned``.
+    ``capacity - others`` free CPUs, a CPU counts as taken when others use more than a third of it (the count is lowered
+    at once: spinning against another process costs several times the work) and as free again when they use under a
+    fifth of it, for ``_RAISE_AFTER`` looks in a row. The count stays between 1 and ``owned``.
     ``tick()`` must be called from the thread that runs the work: an OpenMP thread count is the calling thread's
     own. The clock, the readers and the thread setter are parameters for tests.
 
@@ -230,6 +246,7 @@ class LoadFollower:
 
 
 _follower: LoadFollower | None = None
+_spread_over: tuple[int, ...] | None = None  # the CPUs owned (2 or more): torch's threads on one each while it uses all
 # True inside results_independent_of_threads: the work's results do not depend on torch's thread count
 _INDEPENDENT: ContextVar[bool] = ContextVar("pbrl_results_independent_of_threads", default=False)
 
@@ -263,12 +280,14 @@ def configure_threads(num_threads: int | None = None, *, float32: bool = True) -
     Raises:
         ValueError: ``num_threads`` below 1.
     """
-    global _follower
+    global _follower, _spread_over
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads: got {num_threads}; must be >= 1")
     _follower = None
     count = num_threads if num_threads is not None else cpus.available_cpus()
     owned = cpus.affinity()
+    thread_placement.release()
+    _spread_over = tuple(sorted(owned)) if owned and len(owned) >= 2 else None
     meter = cpus.load_meter(owned) if num_threads is None and count > 1 and owned else None
     if meter is not None and not gemm_independent_of_threads():
         why = (
@@ -292,9 +311,12 @@ def configure_threads(num_threads: int | None = None, *, float32: bool = True) -
 
 def follow_load() -> None:
     """A safe point of the work: the load follower (if :func:`configure_threads` started one) may change torch's
-    threads here. Costs a clock read between looks."""
+    threads here, and a thread count of one per CPU owned is spread over the CPUs, a thread on each
+    (:mod:`pbrl.models.thread_placement`). Costs a clock read and a dictionary look-up between looks."""
     if _follower is not None:
         _follower.tick()
+    if _spread_over is not None:
+        thread_placement.keep_placed(torch.get_num_threads(), _spread_over)
 
 
 def thread_usage(start: float) -> tuple[float, int, int]:

@@ -27,6 +27,7 @@ import httpx
 import numpy as np
 
 from pbrl.errors import OracleError, RewardContractError, TransientError
+from pbrl.models import thread_placement
 from pbrl.preference.reward_worker import CallTimeout, ForkedWorker, RemoteError, WorkerDied, error_name
 
 __all__ = [
@@ -251,6 +252,7 @@ class Oracle:
                 scoring a failed call's responses one at a time.
         """
         n = len(completions[0]) if completions else 0
+        thread_placement.release()  # the reward's processes (forked worker, sandbox) must not inherit one CPU
         try:
             out = self._call(completions, prompts, batch_items)
         except RewardContractError:
