@@ -31,7 +31,7 @@ from pathlib import Path
 
 _MAPS = Path("/proc/self/maps")
 _gomp: ctypes.CDLL | None | bool = False  # False: not looked for yet; None: not found
-# calling thread's native id -> (the team's thread ids it pinned, itself first; the CPUs they had before)
+# calling thread's native id -> (the team's thread ids it pinned, itself first; the CPUs owned, given back on release)
 _PINNED: dict[int, tuple[list[int], list[int]]] = {}
 _LOCK = threading.Lock()
 _ACTIVE: ContextVar[bool] = ContextVar("pbrl_thread_pinning", default=False)  # inside pinning()
@@ -109,7 +109,7 @@ def keep_placed(count: int, cpus: Collection[int]) -> None:
 
 
 def release() -> None:
-    """Give the threads the calling thread pinned (itself and its team) every CPU they had before (the end of a
+    """Give the threads the calling thread pinned (itself and its team) every CPU the process owns (the end of a
     stage: a thread that goes on to start processes or threads must not pass one CPU on to them)."""
     with _LOCK:
         team, owned = _PINNED.pop(threading.get_native_id(), ((), []))
