@@ -497,7 +497,7 @@ def test_inside_a_stage_a_thread_per_cpu_owned_gets_a_cpu_each_and_every_cpu_bac
 
 
 def test_without_libgomp_or_below_a_thread_per_cpu_nothing_is_pinned(monkeypatch):
-    monkeypatch.setattr(thread_placement, "_gomp", None)  # not found in this process
+    monkeypatch.setattr(thread_placement, "_libgomp", lambda: None)  # not found in this process
     assert thread_placement.team_thread_ids(2) is None
     assert not thread_placement.place_threads(2, [0, 1])
     assert not thread_placement.place_threads(1, [0, 1]) and not thread_placement.place_threads(2, None)

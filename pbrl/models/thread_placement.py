@@ -22,6 +22,7 @@ CPU. Only where torch's OpenMP is GNU's libgomp on Linux (torch's wheels); elsew
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Collection, Iterator
@@ -30,7 +31,6 @@ from contextvars import ContextVar
 from pathlib import Path
 
 _MAPS = Path("/proc/self/maps")
-_gomp: ctypes.CDLL | None | bool = False  # False: not looked for yet; None: not found
 # calling thread's native id -> (the team's thread ids it pinned, itself first; the CPUs owned, given back on release)
 _PINNED: dict[int, tuple[list[int], list[int]]] = {}
 _LOCK = threading.Lock()
@@ -49,18 +49,17 @@ def pinning() -> Iterator[None]:
         release()
 
 
+@functools.cache
 def _libgomp() -> ctypes.CDLL | None:
-    """The libgomp loaded in this process (torch's), or None."""
-    global _gomp
-    if _gomp is False:
-        try:
-            path = next((line.split()[-1] for line in _MAPS.read_text().splitlines() if "libgomp" in line), None)
-            _gomp = ctypes.CDLL(path) if path else None
-            if _gomp is not None:
-                _gomp.omp_get_thread_num.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            _gomp = None
-    return _gomp  # type: ignore[return-value]
+    """The libgomp loaded in this process (torch's), found once, or None."""
+    try:
+        path = next((line.split()[-1] for line in _MAPS.read_text().splitlines() if "libgomp" in line), None)
+        gomp = ctypes.CDLL(path) if path else None
+        if gomp is not None:
+            gomp.omp_get_thread_num.restype = ctypes.c_int
+        return gomp
+    except (OSError, AttributeError):
+        return None
 
 
 _REGION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -104,7 +103,8 @@ def keep_placed(count: int, cpus: Collection[int]) -> None:
     if not _ACTIVE.get():
         return
     pinned = _PINNED.get(threading.get_native_id())
-    if (count == len(cpus) >= 2) != (pinned is not None) or (pinned is not None and len(pinned[0]) != count):
+    due = count == len(cpus) >= 2
+    if (due and (pinned is None or len(pinned[0]) != count)) or (not due and pinned is not None):
         place_threads(count, cpus)
 
 
