@@ -18,7 +18,7 @@ from pbrl.data.tables import read_rows
 from pbrl.learning.joint_template import DROP_TOO_LONG, JointTemplate, check_same_vocabulary, joint_input_ids
 from pbrl.learning.losses import bradley_terry_loss
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_metrics
-from pbrl.learning.reward_model import row_features
+from pbrl.learning.reward_model import STANDARDIZE_EPS, row_features, standardize
 from pbrl.learning.reward_model_build import RewardModelSpec, load_reward_model, new_reward_model, save_reward_model
 from pbrl.learning.reward_scoring import RewardScorer, pair_joint_ids_path
 from pbrl.learning.segment_head import segment_features
@@ -338,6 +338,34 @@ def test_frozen_segments_model_learns_lengths_with_one_backbone_pass(tiny_model_
     weights = model.head.weight.detach()[0]  # per agent: the mean hidden state (h = 64), then log(1 + length)
     assert int(weights.abs().argmax()) == 129 and weights[129] < 0  # agent 2's length decides, shorter is better
     assert pair_metrics(model, held, 16).accuracy >= 0.85  # 20 unseen pairs: chance would be 0.5
+
+
+def test_standardize_reads_a_column_constant_on_the_training_rows_as_0_on_every_row():
+    values = torch.tensor([[1.0, 5.0, 2.0], [3.0, 5.0, 2.5], [2.0, 7.0, 3.0]])  # the last row unseen in training
+    shift, scale = torch.tensor([2.0, 5.0, 2.25]), torch.tensor([1.0, STANDARDIZE_EPS, 0.25])
+    # by hand: (1-2)/1, (3-2)/1, (2-2)/1; column 2 constant (spread clamped to 1e-6): 0, not (7-5)/1e-6 = 2e6;
+    # (2-2.25)/0.25, (2.5-2.25)/0.25, (3-2.25)/0.25
+    assert standardize(values, shift, scale).tolist() == [[-1.0, 0.0, -1.0], [1.0, 0.0, 1.0], [0.0, 0.0, 3.0]]
+
+
+def test_a_length_constant_in_training_does_not_blow_up_an_unseen_rows_score(tiny_model_dir):
+    """Every training row's second agent used all its tokens (a constant log length, its spread clamped to 1e-6):
+    a rollout of another length scored about -5.6e7 in a MARLHF round (2026-12-06). The constant column reads 0,
+    so the unseen length scores as the training length does."""
+    spec = RewardModelSpec(
+        str(tiny_model_dir), freeze_backbone=True, pooling="segments", num_agents=2, head_components=2
+    )
+    model = new_reward_model(spec, seed=0)
+    f = model.feature_shift.shape[0]  # a·(h+1): agent 2's log length is the last column
+    features = torch.randn(12, f, generator=torch.Generator().manual_seed(0))
+    features[:, -1] = math.log1p(48)
+    model.standardize_on(features)
+    with torch.no_grad():
+        model.head.weight.fill_(1.0)
+        unseen = features[:1].clone()
+        unseen[0, -1] = math.log1p(30)
+        assert model.head_scores(unseen).item() == model.head_scores(features[:1]).item()
+        assert abs(model.head_scores(unseen).item()) < 100
 
 
 def test_saved_segments_model_scores_the_same_and_older_records_read_as_last_token(tiny_model_dir, template, tmp_path):

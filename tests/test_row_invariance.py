@@ -108,6 +108,61 @@ def test_a_prompt_runs_in_fixed_blocks_the_last_padded_with_the_bits_of_one_thre
         assert torch.equal(linear_rows(layer, x[:3]), torch.cat([linear_rows(layer, x[i : i + 1]) for i in range(3)]))
 
 
+def test_packed_prompts_each_get_the_blocks_they_get_alone_and_a_wrong_length_is_refused(threads):
+    """Prompts packed in one sequence (``prompt_rows(lengths)``): each prompt's rows in blocks of its own, as when
+    it is alone, for a bfloat16 layer and a float32 adapter, at any thread count."""
+    generator = torch.Generator().manual_seed(5)
+    lengths = [PROMPT_BLOCK + 40, 7, 33]
+    for layer in (nn.Linear(96, 200).to(torch.bfloat16), nn.Linear(96, 8)):
+        x = torch.randn(sum(lengths), 96, generator=generator).to(layer.weight.dtype)
+        with torch.inference_mode():
+            with prompt_rows():
+                alone = [linear_rows(layer, part) for part in x.split(lengths)]
+            for count in (1, 2):
+                threads(count)
+                with prompt_rows(lengths):
+                    assert torch.equal(linear_rows(layer, x[None]), torch.cat(alone)[None]), (layer, count)
+            with prompt_rows([10, 20]), pytest.raises(RuntimeError, match="packed prompts of 30 tokens"):
+                linear_rows(layer, x)
+
+
+def test_a_packed_prefill_gives_each_prompt_the_cache_it_has_alone(bf16_model, threads, monkeypatch):
+    """The chunk's distinct prompts prefilled packed (positions from 0 each, attention on their own keys, rotary
+    per prompt) give every row the keys and values of its prompt prefilled alone; packs hold at most PACK_TOKENS
+    tokens."""
+    from transformers import DynamicCache
+
+    from pbrl.generation import prefill
+
+    generator = torch.Generator().manual_seed(3)
+    rows = [torch.randint(4, 300, (n,), generator=generator).tolist() for n in (9, 45, 3, 45, 20)]
+    rows[3] = rows[1]  # two rows of one prompt
+    ids, mask, _, _ = _padded(rows)
+
+    def cache(tokens: int) -> list[torch.Tensor]:
+        monkeypatch.setattr(prefill, "PACK_TOKENS", tokens)
+        filled = DynamicCache(config=bf16_model.config)
+        with torch.inference_mode(), row_invariant(bf16_model):
+            prefill._prefill_each_prompt(bf16_model, ids, mask, torch.device("cpu"), filled)
+        return [t for layer in filled.layers for t in (layer.keys, layer.values)]
+
+    alone = cache(1)  # every prompt in a pack of its own
+    for count in (2, 1):
+        threads(count)
+        assert all(torch.equal(a, b) for a, b in zip(cache(4096), alone, strict=True)), count
+    assert alone[0].shape[0] == 5 and torch.equal(alone[0][1], alone[0][3])
+    assert not alone[0][2, :, : ids.shape[1] - 3].any()  # a 3-token prompt caches 2 columns; its padding is zero
+
+
+def test_prompts_are_packed_in_order_up_to_the_token_budget(monkeypatch):
+    from pbrl.generation import prefill
+
+    monkeypatch.setattr(prefill, "PACK_TOKENS", 10)
+    prompts = [([0], 4), ([1], 5), ([2], 3), ([3, 4], 12), ([5], 2)]
+    # 4 + 5 = 9 fits; + 3 = 12 does not; 12 alone (over the budget); then 2
+    assert [[n for _, n in pack] for pack in prefill._packs(prompts)] == [[4, 5], [3], [12], [2]]
+
+
 def test_a_float32_adapter_in_a_prompt_runs_as_one_product_on_any_thread_count(threads):
     """Under MKL's strict mode a float32 product's bits do not depend on the thread count, and a prompt alone has
     one shape: a LoRA adapter's layer in a prefill is one product, not blocks (and asking for the mode is cheap:

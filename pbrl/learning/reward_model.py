@@ -47,9 +47,17 @@ _HEAD = "head.safetensors"
 
 
 POOLINGS = ("last_token", "segments")
-STANDARDIZE_EPS = 1e-6  # a feature's spread is clamped here before dividing (a constant feature stays 0)
+STANDARDIZE_EPS = 1e-6  # a feature's spread is clamped here; a feature with no more spread reads 0 (standardize)
 
 JointRow = JointInput | Sequence[int]  # a joint input with its response spans, or its ids alone (last_token)
+
+
+def standardize(values: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``(values - shift) / scale`` for values (..., f) and the training rows' shift and spread (f,), with a column
+    whose spread is at most :data:`STANDARDIZE_EPS` 0 on every row: a feature constant on the training rows gives
+    the head nothing to learn from, and dividing an unseen row's value by the clamped spread would make it ±10^6
+    (a response length never seen in training once scored a rollout -5.6·10^7)."""
+    return ((values - shift) / scale).masked_fill(scale <= STANDARDIZE_EPS, 0.0)
 
 
 def _split_rows(rows: Sequence[JointRow]) -> tuple[list[list[int]], list[tuple[tuple[int, int], ...]] | None]:
@@ -184,14 +192,14 @@ class JointRewardModel(nn.Module):
         Raises:
             ValueError: ``overlaps`` missing for a model that reads them.
         """
-        z = (features - self.feature_shift) / self.feature_scale  # (b, f)
+        z = standardize(features, self.feature_shift, self.feature_scale)  # (b, f)
         x = z if self.feature_projection is None else z @ self.feature_projection  # (b, m)
         if self.length_squares:
             x = torch.cat([x, length_squares(z, self.agents)], dim=-1)  # (b, m + a)
         if self.uses_overlap:
             if overlaps is None:
                 raise ValueError("reward_prompt_overlap: head_scores needs the rows' overlaps")
-            x = torch.cat([x, (overlaps - self.overlap_shift) / self.overlap_scale], dim=-1)  # (b, … + a)
+            x = torch.cat([x, standardize(overlaps, self.overlap_shift, self.overlap_scale)], dim=-1)  # (b, … + a)
         return self.head(x).squeeze(-1)
 
     def forward(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
@@ -220,7 +228,7 @@ class JointRewardModel(nn.Module):
             self.feature_shift.copy_(features.mean(0))
             self.feature_scale.copy_(features.std(0, unbiased=False).clamp(min=STANDARDIZE_EPS))
             if self.feature_projection is not None:
-                z = (features - self.feature_shift) / self.feature_scale
+                z = standardize(features, self.feature_shift, self.feature_scale)
                 components = self.feature_projection.shape[1] // self.agents - 1
                 self.feature_projection.copy_(segment_projection(z, self.agents, components))
 

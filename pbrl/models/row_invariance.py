@@ -22,18 +22,20 @@ Inside :func:`row_invariant` a model computes each row as if alone:
   to exactly its own keys, with no padding in the key axis, so a row's attention has the shapes it has alone.
   The model's attention implementation is switched to :data:`ATTENTION` for the block.
 
-A **prompt's prefill** (:func:`prompt_rows`) is always computed alone, so its rows need no protection from a
+A **prompt's prefill** (:func:`prompt_rows`) is always computed as if alone, so its rows need no protection from a
 batch, only from the thread count: its linear layers run on blocks of :data:`PROMPT_BLOCK` rows (the last one padded
 with zero rows to a multiple of :data:`PROMPT_STEP`), each computed as one thread computes it. Where the current
 thread count gives the bits of one thread for a block of that many rows (:func:`threads_agree`, measured once per
 weight shape, dtype, row count and thread count), the block runs on every thread; elsewhere on one. Ten SmolLM2
 prompts of 90-400 tokens prefilled in 1.30 s with row blocks of 32 and in 0.76 s so (2 threads, AMX; 0.74 s in one
-product per layer, whose bits depend on the thread count from 256 rows on).
+product per layer, whose bits depend on the thread count from 256 rows on). Several prompts may share a forward,
+packed one after the other in the sequence axis: each keeps its own blocks and attends to its own keys, and only
+the layers' elementwise work (norms, activations, residuals) runs over the pack at once.
 
-Sampling (:mod:`pbrl.generation.sampling`) prefills each distinct prompt alone and decodes every row of a chunk
-at once under this block; float32 models keep their batched path (MKL's strict reproducibility mode makes a
-float32 product independent of the thread count, and its last-bit differences between batch shapes almost never
-move a token). See docs/design/architecture.md#what-is-bitwise.
+Sampling (:mod:`pbrl.generation.sampling`) prefills each distinct prompt as if alone (packed:
+:mod:`pbrl.generation.prefill`) and decodes every row of a chunk at once under this block; float32 models keep their
+batched path (MKL's strict reproducibility mode makes a float32 product independent of the thread count, and its
+last-bit differences between batch shapes almost never move a token). See docs/design/architecture.md#what-is-bitwise.
 
 No library offers this on CPUs: the batch-invariant kernels of vLLM and SGLang are CUDA kernels.
 """
@@ -67,7 +69,8 @@ _AGREE_OUTPUTS = 1 << 17  # outputs compared per row count: a kernel chosen by t
 
 # (start, stop, key offset) runs of rows; None outside a row-invariant forward
 _GROUPS: ContextVar[tuple[tuple[int, int, int], ...] | None] = ContextVar("pbrl_row_groups", default=None)
-_PROMPT: ContextVar[bool] = ContextVar("pbrl_prompt_rows", default=False)  # inside prompt_rows()
+# inside prompt_rows(): the token count of each prompt packed in the sequence axis (() = one prompt); None outside
+_PROMPT: ContextVar[tuple[int, ...] | None] = ContextVar("pbrl_prompt_rows", default=None)
 _BLOCKS: dict[tuple[Any, ...], int] = {}
 _AGREE: dict[tuple[Any, ...], bool] = {}
 _LOCK = threading.RLock()  # one row-invariant block at a time: it patches modules shared by agents over one base
@@ -152,34 +155,49 @@ def threads_agree(weight: torch.Tensor, bias: torch.Tensor | None, rows: int) ->
 
 
 @contextmanager
-def prompt_rows() -> Iterator[None]:
-    """Inside :func:`row_invariant`, the forwards in this block are a prompt's prefill, computed alone: linear layers
-    run on blocks of :data:`PROMPT_BLOCK` rows with the bits of one thread (see the module docstring)."""
-    token = _PROMPT.set(True)
+def prompt_rows(lengths: Sequence[int] = ()) -> Iterator[None]:
+    """Inside :func:`row_invariant`, the forwards in this block are prompts' prefills, each computed as if alone:
+    linear layers run on blocks of :data:`PROMPT_BLOCK` rows with the bits of one thread (see the module docstring).
+    ``lengths``: the token count of each prompt when several are packed one after the other in the sequence axis of
+    a batch of one (their sum is the sequence's length); each then has its own row blocks and attends to its own
+    keys only, causally, and its positions must start at 0. Empty: one prompt."""
+    token = _PROMPT.set(tuple(int(n) for n in lengths))
     try:
         yield
     finally:
         _PROMPT.reset(token)
 
 
+def _segments(rows: int) -> list[tuple[int, int]]:
+    """(start, stop) of each packed prompt in a sequence of ``rows`` tokens (:func:`prompt_rows`)."""
+    lengths = _PROMPT.get() or (rows,)
+    if sum(lengths) != rows:
+        raise RuntimeError(f"packed prompts of {sum(lengths)} tokens, but the sequence has {rows}")
+    stops = torch.tensor(lengths).cumsum(0).tolist()
+    return [(stop - n, stop) for n, stop in zip(lengths, stops, strict=True)]
+
+
 def _prompt_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` (..., in) -> (..., out) for a prompt computed alone: its rows in blocks of :data:`PROMPT_BLOCK`,
-    the last one padded with zero rows to a multiple of :data:`PROMPT_STEP`, each block with the bits one thread
-    gives it, on every thread where they agree. A row's bits depend on its block's row count and its place in it,
-    both fixed by the prompt's length. A float32 layer (a LoRA adapter) under MKL's strict mode, whose bits do not
-    depend on the thread count, runs as one product: a prompt alone has one shape."""
+    """``module(x)`` (..., in) -> (..., out) for prompts each computed as if alone (:func:`prompt_rows`): each
+    prompt's rows on their own, in blocks of :data:`PROMPT_BLOCK`, the last one padded with zero rows to a multiple
+    of :data:`PROMPT_STEP`, each block with the bits one thread gives it, on every thread where they agree. A row's
+    bits depend on its block's row count and its place in it, both fixed by its prompt's length. A float32 layer (a
+    LoRA adapter) under MKL's strict mode, whose bits do not depend on the thread count, runs as one product per
+    prompt: a prompt alone has one shape."""
     weight, bias = module.weight, module.bias
+    flat = x.reshape(-1, x.shape[-1])  # (r, in): a batch of one
     if weight.dtype == torch.float32 and gemm_independent_of_threads():
-        return nn.functional.linear(x, weight, bias)
-    flat = x.reshape(-1, x.shape[-1])  # (r, in)
+        parts = [nn.functional.linear(flat[a:b], weight, bias) for a, b in _segments(len(flat))]
+        return (torch.cat(parts) if len(parts) > 1 else parts[0]).reshape(*x.shape[:-1], -1)  # (..., out)
     parts = []
-    for start in range(0, len(flat), PROMPT_BLOCK):
-        block = flat[start : start + PROMPT_BLOCK]  # (m, in)
-        rows = -(-len(block) // PROMPT_STEP) * PROMPT_STEP
-        padding = block.new_zeros((rows - len(block), block.shape[1]))
-        padded = torch.cat([block, padding]) if len(padding) else block  # (rows, in)
-        with contextlib.nullcontext() if threads_agree(weight, bias, rows) else one_thread():
-            parts.append(nn.functional.linear(padded, weight, bias)[: len(block)])
+    for first, stop in _segments(len(flat)):
+        for start in range(first, stop, PROMPT_BLOCK):
+            block = flat[start : min(start + PROMPT_BLOCK, stop)]  # (m, in)
+            rows = -(-len(block) // PROMPT_STEP) * PROMPT_STEP
+            padding = block.new_zeros((rows - len(block), block.shape[1]))
+            padded = torch.cat([block, padding]) if len(padding) else block  # (rows, in)
+            with contextlib.nullcontext() if threads_agree(weight, bias, rows) else one_thread():
+                parts.append(nn.functional.linear(padded, weight, bias)[: len(block)])
     return (torch.cat(parts) if len(parts) > 1 else parts[0]).reshape(*x.shape[:-1], -1)  # (..., out)
 
 
@@ -187,7 +205,7 @@ def linear_rows(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` with each row's bits independent of the other rows of ``x`` (..., in) -> (..., out): the rows
     in blocks of 2 to :func:`row_block` rows, a lone row beside a zero row; a prompt's prefill
     (:func:`prompt_rows`) in blocks of :data:`PROMPT_BLOCK` rows with the bits of one thread."""
-    if _PROMPT.get():
+    if _PROMPT.get() is not None:
         return _prompt_linear(module, x)
     weight, bias = module.weight, module.bias
     flat = x.reshape(-1, x.shape[-1])  # (r, in)
@@ -247,6 +265,20 @@ def _grouped_attention(
     q_len, gqa = query.shape[2], key.shape[1] != query.shape[1]
     if q_len > 1 and key.shape[2] != q_len:
         raise RuntimeError("a row-invariant forward of several tokens must not follow a cache (a prefill or a scoring)")
+    lengths = _PROMPT.get()
+    if q_len > 1 and lengths and len(lengths) > 1:  # prompts packed in a batch of one: each on its own keys
+        if query.shape[0] != 1:
+            raise RuntimeError(f"packed prompts need a batch of one, not {query.shape[0]}")
+        attended = torch.cat(
+            [
+                nn.functional.scaled_dot_product_attention(
+                    query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling, enable_gqa=gqa
+                )  # (1, h, n, d)
+                for a, b in _segments(q_len)
+            ],
+            2,
+        )  # (1, h, q, d)
+        return attended.transpose(1, 2).contiguous(), None
     outputs = []
     for start, stop, offset in groups:
         keys, values = key[start:stop, :, offset:], value[start:stop, :, offset:]  # (g, kv_h, k - offset, d)
