@@ -12,6 +12,7 @@ sampled alone.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -149,7 +150,7 @@ def _rotary_per_prompt(decoder: nn.Module, lengths: list[int]) -> Iterator[None]
         yield
         return
     forward = rotary.forward
-    stops = torch.tensor(lengths).cumsum(0).tolist()
+    stops = list(itertools.accumulate(lengths))
 
     def per_prompt(x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pieces = [forward(x, position_ids[:, stop - n : stop]) for n, stop in zip(lengths, stops, strict=True)]

@@ -43,6 +43,7 @@ No library offers this on CPUs: the batch-invariant kernels of vLLM and SGLang a
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -173,8 +174,7 @@ def _segments(rows: int) -> list[tuple[int, int]]:
     lengths = _PROMPT.get() or (rows,)
     if sum(lengths) != rows:
         raise RuntimeError(f"packed prompts of {sum(lengths)} tokens, but the sequence has {rows}")
-    stops = torch.tensor(lengths).cumsum(0).tolist()
-    return [(stop - n, stop) for n, stop in zip(lengths, stops, strict=True)]
+    return [(stop - n, stop) for n, stop in zip(lengths, itertools.accumulate(lengths), strict=True)]
 
 
 def _prompt_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
