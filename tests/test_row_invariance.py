@@ -154,6 +154,29 @@ def test_a_packed_prefill_gives_each_prompt_the_cache_it_has_alone(bf16_model, t
     assert not alone[0][2, :, : ids.shape[1] - 3].any()  # a 3-token prompt caches 2 columns; its padding is zero
 
 
+def test_rotary_angles_per_packed_prompt_and_a_hooked_forward_put_back(bf16_model):
+    """Each packed prompt's angles are those it gets alone; a forward set on the rotary module itself (an
+    accelerate hook's wrapper) is in place again after the pack."""
+    from pbrl.generation.prefill import _rotary_per_prompt
+
+    decoder = bf16_model.get_decoder()
+    rotary, x = decoder.rotary_emb, torch.zeros(1, 1, dtype=torch.bfloat16)
+    positions = torch.cat([torch.arange(5), torch.arange(3)])[None]  # two prompts of 5 and 3 tokens
+    with _rotary_per_prompt(decoder, [5, 3]):
+        cos, sin = rotary(x, positions)
+    assert "forward" not in rotary.__dict__  # the class's forward again
+    cos5, sin5 = rotary(x, torch.arange(5)[None])
+    assert torch.equal(cos, torch.cat([cos5, cos5[:, :3]], 1)) and torch.equal(sin, torch.cat([sin5, sin5[:, :3]], 1))
+    hooked = rotary.forward
+    rotary.forward = hooked  # an instance attribute, as accelerate's hooks set it
+    try:
+        with _rotary_per_prompt(decoder, [5, 3]):
+            assert rotary.forward is not hooked
+        assert rotary.__dict__["forward"] is hooked
+    finally:
+        del rotary.forward
+
+
 def test_prompts_are_packed_in_order_up_to_the_token_budget(monkeypatch):
     from pbrl.generation import prefill
 

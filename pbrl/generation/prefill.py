@@ -156,8 +156,12 @@ def _rotary_per_prompt(decoder: nn.Module, lengths: list[int]) -> Iterator[None]
         pieces = [forward(x, position_ids[:, stop - n : stop]) for n, stop in zip(lengths, stops, strict=True)]
         return torch.cat([cos for cos, _ in pieces], 1), torch.cat([sin for _, sin in pieces], 1)  # (1, n, d) each
 
+    saved = rotary.__dict__.get("forward")  # an accelerate hook's wrapper, if any: put back as it was
     rotary.forward = per_prompt
     try:
         yield
     finally:
-        del rotary.forward
+        if saved is None:
+            del rotary.forward
+        else:
+            rotary.forward = saved
