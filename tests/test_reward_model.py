@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from pbrl.data.schema import PAIR_JOINT_IDS, PAIRS, ROLLOUTS
 from pbrl.data.storage import RunPaths
@@ -366,6 +367,55 @@ def test_a_length_constant_in_training_does_not_blow_up_an_unseen_rows_score(tin
         unseen[0, -1] = math.log1p(30)
         assert model.head_scores(unseen).item() == model.head_scores(features[:1]).item()
         assert abs(model.head_scores(unseen).item()) < 100
+
+
+def test_a_head_input_outside_its_training_range_is_clamped_to_it_and_the_range_is_saved(tiny_model_dir, tmp_path):
+    """Nearly every training row's second agent used all 48 tokens (a log-length spread of 0.0038 in a MARLHF
+    round, 2026-12-06): a 33-token rollout stood 96 spreads away and scored 2,868 where the median was 0.94. Each
+    head input is clamped to its range on the training rows; inside it nothing changes; the range is saved, and a
+    record saved without one loads unclamped."""
+    spec = RewardModelSpec(
+        str(tiny_model_dir), freeze_backbone=True, pooling="segments", num_agents=2, head_components=2
+    )
+    model = new_reward_model(spec, seed=0)
+    features = torch.randn(12, model.feature_shift.shape[0], generator=torch.Generator().manual_seed(0))
+    features[:, -1] = math.log1p(48)
+    features[0, -1] = math.log1p(47)  # one row of 47 tokens: a spread of 0.006, not 0
+    model.standardize_on(features)
+    with torch.no_grad():
+        model.head.weight.fill_(1.0)
+        unseen = features[1:2].clone()
+        unseen[0, -1] = math.log1p(30)
+        unclamped = model.head_scores(unseen).item()  # no range yet: ±inf
+        model.set_input_range(features)
+        inputs = model.head_inputs(features)
+        assert torch.equal(model.input_low, inputs.min(0).values) and torch.equal(
+            model.input_high, inputs.max(0).values
+        )
+        assert torch.equal(model.head_scores(features), model.head(inputs).squeeze(-1))  # training rows: unchanged
+        x = model.head_inputs(unseen)
+        assert x[0, 5] < model.input_low[5] and x[0, 7] > model.input_high[7]  # its length, and the length squared
+        clamped = torch.minimum(torch.maximum(x, model.input_low), model.input_high)
+        assert model.head_scores(unseen).item() == model.head(clamped).item()
+        assert unclamped > 1000 > abs(model.head_scores(unseen).item())
+    save_reward_model(model, spec, tmp_path / "rm", max_length=None)
+    loaded, _ = load_reward_model(tmp_path / "rm")
+    assert torch.equal(loaded.input_low, model.input_low) and torch.equal(loaded.input_high, model.input_high)
+    head_file = tmp_path / "rm" / "head.safetensors"
+    older = {k: v for k, v in load_file(head_file).items() if k not in ("input_low", "input_high")}
+    save_file(older, head_file)  # as saved before 2026-12-06
+    old, _ = load_reward_model(tmp_path / "rm")
+    assert torch.isinf(old.input_low).all() and torch.isinf(old.input_high).all()
+    assert old.head_scores(unseen).item() == pytest.approx(unclamped, rel=1e-5)
+
+
+def test_the_fit_sets_each_head_input_range_on_its_training_rows(tiny_model_dir, template):
+    spec = RewardModelSpec(str(tiny_model_dir), freeze_backbone=True, pooling="segments", num_agents=2)
+    model = new_reward_model(spec, seed=0)
+    train = _length_pairs(template, 40, seed=3)
+    fit_bradley_terry(model, train, epochs=2, batch_size=8, learning_rate=1e-2, seed=0, max_grad_norm=1.0)
+    inputs = model.head_inputs(row_features(model, [r for p in train for r in p]))  # rows repeat: the same range
+    assert torch.equal(model.input_low, inputs.min(0).values) and torch.equal(model.input_high, inputs.max(0).values)
 
 
 def test_saved_segments_model_scores_the_same_and_older_records_read_as_last_token(tiny_model_dir, template, tmp_path):

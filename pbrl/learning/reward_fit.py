@@ -80,8 +80,8 @@ def _distinct_rows(pairs: Sequence[Pair]) -> tuple[list[JointRow], list[tuple[in
     return rows, [(index[w], index[lo]) for w, lo in keys]
 
 
-# Over 60 lines: one fitting loop reads top to bottom (standardize, then per step: scores, loss, checks, step);
-# the frozen and trained paths differ in one line (cached features or a forward).
+# Over 60 lines: one fitting loop reads top to bottom (standardize, then per step: scores, loss, checks, step; then
+# the input range); the frozen and trained paths differ in one line (cached features or a forward).
 def fit_bradley_terry(
     model: JointRewardModel,
     pairs: Sequence[Pair],
@@ -101,7 +101,9 @@ def fit_bradley_terry(
 
     First the standardization of ``segments`` features is set from the distinct training rows
     (:meth:`JointRewardModel.standardize_on`). With a frozen backbone those rows' features are computed once
-    (no gradients, eval mode, as every forward) and each step runs the head alone on them.
+    (no gradients, eval mode, as every forward) and each step runs the head alone on them. Last, the range of each
+    head input on those rows under the fitted model (:meth:`JointRewardModel.set_input_range`; a trained backbone's
+    rows are run once more), to which the model clamps a row it scores later.
 
     Returns:
         ``{"steps": n, "skipped_steps": n}``.
@@ -149,6 +151,8 @@ def fit_bradley_terry(
                 continue
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+    if joint and rows and model.pooling == "segments":  # the fitted model's inputs on its training rows
+        model.set_input_range(row_features(model, rows) if cached is None else cached, overlaps)
     return {"steps": steps, "skipped_steps": skipped}
 
 

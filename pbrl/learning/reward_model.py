@@ -31,6 +31,7 @@ Shape legend: b batch (rows), t tokens, h hidden size, a agents, f features.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -83,6 +84,9 @@ class JointRewardModel(nn.Module):
     inputs after the others: :func:`pbrl.learning.segment_head.length_squares`), and with ``prompt_overlap`` each
     agent's prompt overlap (a more, last; :class:`~pbrl.learning.prompt_overlap.PromptOverlap`, fitted by
     :meth:`standardize_on` and standardized with ``overlap_shift`` and ``overlap_scale``, buffers (a,)).
+    ``input_low`` and ``input_high`` (buffers, (head inputs,), ``segments``) are the range each head input had on the
+    training rows: an input outside it is clamped to it, so that a row unlike every training row (a length never
+    seen) gets no score the head never gave a training row's input (±inf until :meth:`standardize_on`: nothing clamped).
     """
 
     def __init__(
@@ -110,6 +114,9 @@ class JointRewardModel(nn.Module):
         self.register_buffer("feature_projection", torch.zeros(f, m) if f != m else None)
         self.register_buffer("overlap_shift", torch.zeros(self.agents) if self.uses_overlap else None)
         self.register_buffer("overlap_scale", torch.ones(self.agents) if self.uses_overlap else None)
+        segments = pooling == "segments"
+        self.register_buffer("input_low", torch.full((head.in_features,), -math.inf) if segments else None)
+        self.register_buffer("input_high", torch.full((head.in_features,), math.inf) if segments else None)
         self.overlap: PromptOverlap | None = None  # fitted by standardize_on, or loaded
         self._memo: dict[str, torch.Tensor] | None = None  # see remembered_features
 
@@ -184,10 +191,10 @@ class JointRewardModel(nn.Module):
             raise ValueError("reward_prompt_overlap: the overlap table is not fitted (standardize_on first)")
         return self.overlap.features(rows).to(self.head.weight.device)  # type: ignore[arg-type]
 
-    def head_scores(self, features: torch.Tensor, overlaps: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores (b,) of pooled features (b, f): the head on the standardized (and projected) features, with
-        ``length_squares`` each agent's squared standardized length, and with ``prompt_overlap`` the rows'
-        ``overlaps`` (b, a: :meth:`overlap_features`) standardized.
+    def head_inputs(self, features: torch.Tensor, overlaps: torch.Tensor | None = None) -> torch.Tensor:
+        """The head's inputs (b, m) of pooled features (b, f), before the clamp: the standardized (and projected)
+        features, with ``length_squares`` each agent's squared standardized length, and with ``prompt_overlap`` the
+        rows' ``overlaps`` (b, a: :meth:`overlap_features`) standardized.
 
         Raises:
             ValueError: ``overlaps`` missing for a model that reads them.
@@ -200,6 +207,18 @@ class JointRewardModel(nn.Module):
             if overlaps is None:
                 raise ValueError("reward_prompt_overlap: head_scores needs the rows' overlaps")
             x = torch.cat([x, standardize(overlaps, self.overlap_shift, self.overlap_scale)], dim=-1)  # (b, … + a)
+        return x
+
+    def head_scores(self, features: torch.Tensor, overlaps: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores (b,) of pooled features (b, f): the head on :meth:`head_inputs`, each clamped to the range it had
+        on the training rows (``input_low``, ``input_high``).
+
+        Raises:
+            ValueError: ``overlaps`` missing for a model that reads them.
+        """
+        x = self.head_inputs(features, overlaps)
+        if self.input_low is not None:
+            x = torch.minimum(torch.maximum(x, self.input_low), self.input_high)
         return self.head(x).squeeze(-1)
 
     def forward(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
@@ -221,7 +240,7 @@ class JointRewardModel(nn.Module):
             if rows is None:
                 raise ValueError("reward_prompt_overlap: standardize_on needs the training rows")
             self.overlap = PromptOverlap.fit(rows, self.agents)  # type: ignore[arg-type]
-            values = self.overlap_features(rows)
+            values = self.overlap_features(rows)  # (n, a)
             self.overlap_shift.copy_(values.mean(0))
             self.overlap_scale.copy_(values.std(0, unbiased=False).clamp(min=STANDARDIZE_EPS))
         if self.pooling == "segments" and len(features):
@@ -231,6 +250,16 @@ class JointRewardModel(nn.Module):
                 z = standardize(features, self.feature_shift, self.feature_scale)
                 components = self.feature_projection.shape[1] // self.agents - 1
                 self.feature_projection.copy_(segment_projection(z, self.agents, components))
+
+    @torch.no_grad()
+    def set_input_range(self, features: torch.Tensor, overlaps: torch.Tensor | None = None) -> None:
+        """``segments``: set ``input_low`` and ``input_high`` to the range of each head input on the training rows,
+        whose pooled ``features`` (n, f) and ``overlaps`` (n, a, with ``prompt_overlap``) the fitted model gives
+        (after the fit: a trained backbone's features move while it trains); ``last_token``: nothing changes."""
+        if self.input_low is not None and len(features):
+            inputs = self.head_inputs(features, overlaps)  # (n, m)
+            self.input_low.copy_(inputs.min(0).values)
+            self.input_high.copy_(inputs.max(0).values)
 
     @property
     def backbone_frozen(self) -> bool:

@@ -24,6 +24,7 @@ from pbrl.models.lora import LoraSettings, quiet_peft_wrapping
 
 _META = "reward_model.json"
 _HEAD = "head.safetensors"
+_RANGE = ("input_low", "input_high")  # each head input's range on the training rows (segments)
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
 
     with atomic_dir(Path(out_dir)) as tmp:
         head = {**model.head.state_dict(), "feature_shift": model.feature_shift, "feature_scale": model.feature_scale}
-        for name in ("feature_projection", "overlap_shift", "overlap_scale"):
+        for name in ("feature_projection", "overlap_shift", "overlap_scale", *_RANGE):
             if getattr(model, name) is not None:
                 head[name] = getattr(model, name)
         save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, tmp / _HEAD)
@@ -195,7 +196,8 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     model = JointRewardModel(
         backbone, head, _pad_id(src), pooling, state["feature_shift"].shape[0], squares, overlap is not None
     )
-    for name in ("feature_shift", "feature_scale", "feature_projection", "overlap_shift", "overlap_scale"):
+    # older records have no input range (saved before 2026-12-06): their inputs stay unclamped (±inf)
+    for name in ("feature_shift", "feature_scale", "feature_projection", "overlap_shift", "overlap_scale", *_RANGE):
         if name in state:
             getattr(model, name).copy_(state[name])
     if overlap is not None:
