@@ -86,7 +86,7 @@ class JointRewardModel(nn.Module):
     :meth:`standardize_on` and standardized with ``overlap_shift`` and ``overlap_scale``, buffers (a,)).
     ``input_low`` and ``input_high`` (buffers, (head inputs,), ``segments``) are the range each head input had on the
     training rows: an input outside it is clamped to it, so that a row unlike every training row (a length never
-    seen) gets no score the head never gave a training row's input (±inf until :meth:`standardize_on`: nothing clamped).
+    seen) gets no input the head never read (±inf until :meth:`set_input_range`, set after a fit: nothing clamped).
     """
 
     def __init__(
