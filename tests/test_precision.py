@@ -9,7 +9,6 @@ significant bits (relative rounding 2^-9 ≈ 0.2 %), so a 5-nat log-prob differe
 from __future__ import annotations
 
 import ast
-import os
 
 import pytest
 import torch
@@ -234,7 +233,7 @@ def test_the_suite_runs_in_the_precision_auto_picks_on_this_machine(tiny_model_d
     CPU (bfloat16 where it has bfloat16 arithmetic), and neither the test configuration nor CI sets the override."""
     from pathlib import Path
 
-    from pbrl.models.precision import CPU_BF16_ENV, cpu_flags
+    from pbrl.models.precision import CPU_BF16_ENV, native_bf16
     from tests.helpers import new_run
 
     root = Path(__file__).resolve().parents[1]
@@ -243,8 +242,7 @@ def test_the_suite_runs_in_the_precision_auto_picks_on_this_machine(tiny_model_d
     conftest = ast.parse((root / "tests" / "conftest.py").read_text())  # its docstring names the override
     assert not [n for n in ast.walk(conftest) if isinstance(n, ast.Constant) and n.value == CPU_BF16_ENV]
     _, job = new_run(tiny_model_dir, tmp_path)
-    forced = os.environ.get(CPU_BF16_ENV, "").strip()  # set by the person running the suite, never by the suite
-    native = forced == "1" if forced else bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    native, _ = native_bf16("cpu")  # the CPU's flags, or the override set by the person running the suite
     assert job.torch_dtype == ("bfloat16" if native else "float32")
 
 

@@ -133,11 +133,14 @@ def _packs(prompts: list[tuple[list[int], int]]) -> list[list[tuple[list[int], i
     """``prompts`` (rows, length) in order, grouped into packs of at most :data:`PACK_TOKENS` tokens (a longer
     prompt alone)."""
     packs: list[list[tuple[list[int], int]]] = []
+    tokens = 0  # in the last pack
     for prompt in prompts:
-        if packs and sum(n for _, n in packs[-1]) + prompt[1] <= PACK_TOKENS:
+        if packs and tokens + prompt[1] <= PACK_TOKENS:
             packs[-1].append(prompt)
+            tokens += prompt[1]
         else:
             packs.append([prompt])
+            tokens = prompt[1]
     return packs
 
 

@@ -186,11 +186,12 @@ def _prompt_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     prompt: a prompt alone has one shape."""
     weight, bias = module.weight, module.bias
     flat = x.reshape(-1, x.shape[-1])  # (r, in): a batch of one
-    if weight.dtype == torch.float32 and gemm_independent_of_threads():
-        parts = [nn.functional.linear(flat[a:b], weight, bias) for a, b in _segments(len(flat))]
-        return (torch.cat(parts) if len(parts) > 1 else parts[0]).reshape(*x.shape[:-1], -1)  # (..., out)
+    single = weight.dtype == torch.float32 and gemm_independent_of_threads()
     parts = []
     for first, stop in _segments(len(flat)):
+        if single:
+            parts.append(nn.functional.linear(flat[first:stop], weight, bias))
+            continue
         for start in range(first, stop, PROMPT_BLOCK):
             block = flat[start : min(start + PROMPT_BLOCK, stop)]  # (m, in)
             rows = -(-len(block) // PROMPT_STEP) * PROMPT_STEP
