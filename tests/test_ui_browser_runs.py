@@ -102,12 +102,16 @@ def test_continue_with_num_iterations_left_empty_finishes_the_run_as_stored_from
 def test_the_runs_page_and_its_tag_lead_to_every_prefect_run_of_it_in_both_uis(browser, ui, v1_run):
     import httpx
 
-    body = {"flow_runs": {"tags": {"all_": [f"run:{RUN}"]}}}
-    tagged = httpx.post(f"{ui['api']}/flow_runs/filter", json=body, timeout=10).json()
+    runs = {"flow_runs": {"tags": {"all_": [f"run:{RUN}"]}}}
+    versions = {"artifacts": {"key": {"any_": [f"run-{RUN}"]}}, "sort": "CREATED_DESC", "limit": 1}
+    for _ in range(60):  # a run of an earlier test may still be writing its version (a fresh clone's suite saw one)
+        tagged = httpx.post(f"{ui['api']}/flow_runs/filter", json=runs, timeout=10).json()
+        (newest,) = httpx.post(f"{ui['api']}/artifacts/filter", json=versions, timeout=10).json()
+        if all(r["id"] in str(newest.get("data")) for r in tagged):
+            break
+        time.sleep(1)
     names = sorted(r["name"] for r in tagged)
     assert names.count(RUN) == 1 and f"{RUN}-round-1" in names, names
-    body = {"artifacts": {"key": {"any_": [f"run-{RUN}"]}}, "sort": "CREATED_DESC", "limit": 1}
-    (newest,) = httpx.post(f"{ui['api']}/artifacts/filter", json=body, timeout=10).json()
     for base in ("", "/v2"):
         page = new_page(browser, ui)
         try:  # the artifact run-<run>, found by its key, lists each of them as a link into the same UI
