@@ -186,7 +186,7 @@ RUN_DEFAULTS = {
     "tie_tolerance": 1e-9,
     "oracle_max_failure_share": 0.5,
     "generation_batch_size": 64,
-    "torch_dtype": "auto",  # ★ resolved per device when a run starts (tests/test_precision.py)
+    "torch_dtype": "auto",  # ★ resolved per device when a run starts (tests/unit/models/test_precision.py)
     "eval_samples_per_item": 1,
     "mixed_precision": "auto",
     "num_threads": None,
