@@ -1,6 +1,12 @@
 """Shared fixtures. Tiers: ``pytest`` alone runs the fast unit and stage tests; ``make test`` (and CI) also
 runs the ``flow`` tests (Prefect test harness, one per session) and the ``slow`` ones (real SmolLM2).
 
+Where tests live: ``unit/<package>/`` tests one package of ``pbrl`` (``front_doors/``: the CLI, the trainer API and
+callbacks; ``stages/``, ``flows/`` and ``benchmarks/``: those folders), on the tiny model, stages called directly;
+``flow/`` runs whole jobs under Prefect; ``browser/`` drives the Prefect UI in Chromium (its fixtures in its own
+conftest); ``pinned/`` pins what ``make mutate`` found unchecked (docs/results/mutation.md); ``repo/`` checks the
+docs, the README and the shape of the code. Builders shared by several folders are in ``helpers.py``.
+
 Prefect reads its settings at import, so they are set here, before anything imports it: an isolated
 PREFECT_HOME, no telemetry, no user profile or server.
 
