@@ -119,7 +119,7 @@ def _empty_is_none(deployment: Any) -> Any:
     form. Prefect writes that null default into the schema, the UI fills the field with it, and the server's own
     validation then refuses it ("None is not of type 'integer'"); without it, the server takes an optional field
     that is empty or null as leaving it out, and the flow gets its Python default. Prefect has no public way to
-    leave a default out of the schema, so its private attribute is edited (tests/test_serve.py checks the
+    leave a default out of the schema, so its private attribute is edited (tests/unit/flows/test_serve.py checks the
     registered schema)."""
     for field in deployment._parameter_openapi_schema.properties.values():
         if "default" in field and field["default"] is None:

@@ -294,7 +294,7 @@ def generate(
     a chunk is prefilled once, its KV cache expanded to every row that continues it (the K candidates of a
     prompt, both sides of a comparator with the same weights); each row still draws from its own seed stream,
     and the tokens equal those of ``share_prompts=False`` up to the float32 rounding of a different batch shape
-    (see below; tests/test_shared_prompt.py). A
+    (see below; tests/unit/learning/test_shared_prompt.py). A
     row's tokens depend only on its prompt, its seed and the sampling settings, never on the batch it lands
     in or on global random state (see the module docstring). A bfloat16/float16 model on the CPU samples every
     row bitwise as it samples the row alone, whatever the chunking, padding, ``share_prompts`` or thread count

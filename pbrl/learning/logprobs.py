@@ -263,7 +263,7 @@ def shared_prompt_token_logprobs(
     instead of k times; with gradients enabled the prompt's activations are stored once too. Positions are
     the same as in :func:`sequence_logprobs` (prompt length + j for completion token j) and the masks come from
     the lengths, so the values agree with it to float32 rounding (≤ 1e-5 nats on the tiny model and
-    SmolLM2: tests/test_shared_prompt.py), and so do the gradients.
+    SmolLM2: tests/unit/learning/test_shared_prompt.py), and so do the gradients.
 
     Use it when prompts repeat and are long compared with the completions (HumanEval: 150–300 prompt
     tokens, ≤ 64 completion tokens, 2 completions per pair). It needs the model's KV cache in the training

@@ -135,7 +135,7 @@ def shared_prefix_hidden(
     per distinct candidate prefix instead of once per row (the shared-prompt idea of
     :func:`pbrl.learning.logprobs.shared_prompt_logprobs`, one level deeper). Positions count the real tokens
     before each one and masks come from the lengths, so the values agree with one plain forward per row to
-    float32 rounding (tests/test_reward_model.py).
+    float32 rounding (tests/unit/learning/test_reward_model.py).
 
     Args:
         backbone: a transformer body (``AutoModel``, possibly peft-wrapped) taking ``cache``, ``use_cache``,

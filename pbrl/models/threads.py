@@ -34,10 +34,10 @@ float16 goes through oneDNN, which MKL's mode does not govern: its follower is *
 inside row-invariant forwards (sampling, evaluation; :func:`results_independent_of_threads`), whose bits do not
 depend on the count, and using the CPUs it owns for training (issue #57: before, such a job never followed, and
 its sampling beside one busy process took 3.3x its time alone). In float32 the demo round with 1 and 2 threads was
-bitwise the same (docs/results/benchmarks.md); ``tests/test_threads.py`` checks the tiny model's tokens, log-probs and
-gradients at batches of 1 to 12 rows. Elsewhere torch does not promise it: a sum or mean of more than 32,768
-numbers into one is split between the threads (pbrl's losses reduce far fewer), and LAPACK's float64 SVD differs in
-its last bits, which is why the reward head's SVD runs on one thread (:func:`one_thread`).
+bitwise the same (docs/results/benchmarks.md); ``tests/unit/models/test_threads.py`` checks the tiny model's tokens,
+log-probs and gradients at batches of 1 to 12 rows. Elsewhere torch does not promise it: a sum or mean of more than
+32,768 numbers into one is split between the threads (pbrl's losses reduce far fewer), and LAPACK's float64 SVD
+differs in its last bits, which is why the reward head's SVD runs on one thread (:func:`one_thread`).
 
 No library does this: torch, accelerate and Ray set a thread count once, at start.
 """

@@ -2,8 +2,8 @@
 a thread count the CPUs can run, a config Prefect can store, and a centralized adapter that keeps its contract.
 
 Each check covers a kind of option, found by its name where the kind is in the name (``*_device``/``*_devices``,
-``*_dir``), so that an option added later is checked with its kind (``tests/test_validate_property.py`` derives the
-kinds from the options reference and checks that ``validate`` refuses every bad value ``train`` would).
+``*_dir``), so that an option added later is checked with its kind (``tests/unit/run/test_validate_property.py``
+derives the kinds from the options reference and checks that ``validate`` refuses every bad value ``train`` would).
 """
 
 from __future__ import annotations
