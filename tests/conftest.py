@@ -45,6 +45,12 @@ import pytest  # noqa: E402
 from pbrl.models.tiny import build_tiny_model  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The browser tests run last (pytest would take ``tests/browser/`` first): their session fixture ``ui``, a Prefect
+    server and ``pbrl serve``, would otherwise keep running beside every later test."""
+    items.sort(key=lambda item: item.nodeid.startswith("tests/browser/"))  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def _no_load_follower_after_a_test():
     """A flow a test runs starts torch's load follower in this process (pbrl/models/threads.py): the next test
