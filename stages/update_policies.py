@@ -34,14 +34,13 @@ from typing import Any
 import torch
 
 from pbrl.config import JobConfig, actor_job, is_marlhf
-from pbrl.data.schema import ROLLOUTS, SELECTED_PAIRS, PairRow
+from pbrl.data.schema import ROLLOUTS, PairRow
 from pbrl.data.seeds import derive_seed, numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
-from pbrl.data.tables import read_joint_responses, read_rows, read_selected_pairs, write_table
+from pbrl.data.tables import read_joint_responses, read_selected_pairs, write_table
 from pbrl.distributed.ray_agents import gather, remote_agents, write_agents
 from pbrl.learning.advantages import ACTOR_CRITIC
 from pbrl.learning.madpo import LocalAgent, PairBatch, StepAgent, madpo_agents_step
-from pbrl.learning.reward_scoring import reward_model_dir
 from pbrl.learning.rl import rl_metrics, rollouts_path, run_rl
 from pbrl.models.policies import TrainablePolicy, policy_checkpoint, trainable_agent
 from pbrl.run.marlhf_setup import (
@@ -52,21 +51,19 @@ from pbrl.run.marlhf_setup import (
     rollout_generator,
     round_critics,
 )
+from pbrl.run.reward_records import reward_model_dir
 from pbrl.run.round_checkpoint import LiveLog, export_round, remove_stale, save_round, write_policies
+from pbrl.run.selection_records import selected_source_rounds
 from pbrl.run.settings import agent_training, ray_settings
 from pbrl.run.stage_record import StageRecord
 
 NAME = "update-policies"
 
 
-def _source_rounds(paths: RunPaths, round_index: int) -> list[int]:
-    return sorted({r["source_round"] for r in read_rows(paths.selected_pairs(round_index), SELECTED_PAIRS)})
-
-
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
     files = [
         paths.selected_pairs(round_index),
-        *(paths.pairs(r) for r in _source_rounds(paths, round_index)),
+        *(paths.pairs(r) for r in selected_source_rounds(paths, round_index)),
         policy_checkpoint(paths, round_index - 1),
     ]
     if is_marlhf(job.trainer):  # the round's reward model (when one was fitted) and the stored prompt ids

@@ -26,10 +26,11 @@ from pbrl.generation.sampling import generate
 from pbrl.learning.critic_set import CriticSet
 from pbrl.learning.critics import CriticSpec, new_critic, restore_critic
 from pbrl.learning.joint_template import TEMPLATE_VERSION, joint_template_for
-from pbrl.learning.reward_scoring import RewardScorer, reward_device, reward_model_dir
+from pbrl.learning.reward_scoring import RewardScorer, reward_device
 from pbrl.learning.rl import ReferencePolicy, RLSettings
 from pbrl.models.loading import resolve_devices
 from pbrl.models.policies import TrainablePolicy, load_agent
+from pbrl.run.reward_records import reward_model_dir
 from pbrl.run.settings import policy_source, ray_settings, sampling_settings
 
 FIT_STAGE = "fit-reward-model"

@@ -147,7 +147,7 @@ def _problems(**kwargs) -> list[tuple[str, object, str]]:
 
 
 def test_replay_problems_name_every_field_value_and_rule():
-    """One validator per rule: the config rules and select_replay both ask replay_problems."""
+    """One validator per rule: the config rules ask replay_problems (select_replay takes validated values)."""
     assert _problems(mode="td-lambda", k=None, lam=None, sample_size=None) == [
         ("preference_replay_mode", "td-lambda", f"allowed: {MODES}")
     ]

@@ -46,8 +46,9 @@ from pbrl.learning.joint_template import (
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_metrics
 from pbrl.learning.reward_model import score_joint
 from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model, save_reward_model
-from pbrl.learning.reward_scoring import RewardScorer, newest_reward_model, reward_device
+from pbrl.learning.reward_scoring import RewardScorer, reward_device
 from pbrl.models.loading import load_tokenizer
+from pbrl.run.reward_records import newest_reward_model
 
 # One-token template pieces: 6 fixed tokens for two agents (header, 2 prompt markers, 2 response markers, 1 sep).
 T = JointTemplate(header=(1,), prompt_markers=((2,), (3,)), response_markers=((4,), (5,)), separator=(6,))
@@ -158,8 +159,8 @@ def test_template_markers_carry_no_special_tokens():
 
 
 def test_run_folder_paths():
-    from pbrl.learning.reward_scoring import pair_joint_ids_path, reward_model_dir
     from pbrl.learning.rl import rollouts_path
+    from pbrl.run.reward_records import pair_joint_ids_path, reward_model_dir
 
     assert reward_model_dir(tmp := Path("runs/x/rounds/0002")) == Path("runs/x/rounds/0002/reward_model")
     assert reward_model_dir(str(tmp)) == Path("runs/x/rounds/0002/reward_model")

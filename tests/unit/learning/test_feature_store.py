@@ -132,6 +132,7 @@ def test_round_two_reads_round_ones_features_and_runs_the_backbone_on_its_own_ro
     monkeypatch.setattr(JointRewardModel, "_compute_features", counted)
     # The selection is read once for the stage's input hashes and once for its pairs (a third read crept in once).
     import pbrl.data.tables as tables
+    import pbrl.run.selection_records as selection_records
 
     reads: list[Path] = []
     read = tables.read_rows
@@ -142,6 +143,7 @@ def test_round_two_reads_round_ones_features_and_runs_the_backbone_on_its_own_ro
 
     monkeypatch.setattr(tables, "read_rows", counted_read)
     monkeypatch.setattr(fit, "read_rows", counted_read)
+    monkeypatch.setattr(selection_records, "read_rows", counted_read)  # the stage's input hashes read it there
     job = load_job(ITER_YAML, [f"output_dir={tmp_path}", "run_name=tiny-marlhf-iter", *FROZEN])
     fit.run(run_dir, 2, job)
     assert set(runs) == stored[2] and len(runs) == len(stored[2])

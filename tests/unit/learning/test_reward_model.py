@@ -21,10 +21,11 @@ from pbrl.learning.losses import bradley_terry_loss
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_metrics
 from pbrl.learning.reward_model import STANDARDIZE_EPS, row_features, standardize
 from pbrl.learning.reward_model_build import RewardModelSpec, load_reward_model, new_reward_model, save_reward_model
-from pbrl.learning.reward_scoring import RewardScorer, pair_joint_ids_path
+from pbrl.learning.reward_scoring import RewardScorer
 from pbrl.learning.segment_head import segment_features
 from pbrl.models.loading import load_tokenizer
 from pbrl.models.lora import LoraSettings
+from pbrl.run.reward_records import pair_joint_ids_path
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 

@@ -8,6 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pbrl.config import MADPOIterConfig
 from pbrl.data.seeds import numpy_rng
 from pbrl.errors import ConfigError
 from pbrl.preference.replay import (
@@ -250,21 +251,48 @@ def test_lambda_one_equals_all_history_in_distribution():
 # ---- argument validation -------------------------------------------------------------------------------
 
 
+# The replay options' rules are the config's (pbrl.config.replay_rules): a job that breaks one never loads, so a
+# user sees a ConfigError naming the field; select_replay takes a valid job's values and raises a ValueError (naming
+# the field) only where its own arithmetic needs a value (mode, k of nearest_k, lam of lambda_decay).
+INVALID_OPTIONS = [
+    ("td-lambda", None, None, None, "preference_replay_mode"),
+    ("current", 2, None, None, "preference_replay_k"),
+    ("current", None, 0.5, None, "preference_replay_lambda"),
+    ("current", None, None, 8, "preference_replay_sample_size"),
+    ("nearest_k", None, None, None, "preference_replay_k"),
+    ("nearest_k", 0, None, None, "preference_replay_k"),
+    ("all_history", 2, None, None, "preference_replay_k"),
+    ("all_history", None, None, 0, "preference_replay_sample_size"),
+    ("lambda_decay", None, None, None, "preference_replay_lambda"),
+    ("lambda_decay", None, 1.5, None, "preference_replay_lambda"),
+    ("lambda_decay", None, -0.1, None, "preference_replay_lambda"),
+    ("lambda_decay", 3, 0.5, None, "preference_replay_k"),
+]
+
+
+def _replay_config(mode, k, lam, sample_size) -> MADPOIterConfig:
+    return MADPOIterConfig(
+        preference_replay_mode=mode,
+        preference_replay_k=k,
+        preference_replay_lambda=lam,
+        preference_replay_sample_size=sample_size,
+    )
+
+
+@pytest.mark.parametrize("mode, k, lam, sample_size, field", INVALID_OPTIONS)
+def test_invalid_options_are_refused_naming_the_field(mode, k, lam, sample_size, field):
+    with pytest.raises(ConfigError, match=field) as info:
+        _replay_config(mode, k, lam, sample_size)
+    assert field in [p.field for p in info.value.problems]
+
+
 @pytest.mark.parametrize(
     "mode, k, lam, sample_size, field",
     [
-        ("td-lambda", None, None, None, "preference_replay_mode"),
-        ("current", 2, None, None, "preference_replay_k"),
-        ("current", None, 0.5, None, "preference_replay_lambda"),
-        ("current", None, None, 8, "preference_replay_sample_size"),
-        ("nearest_k", None, None, None, "preference_replay_k"),
-        ("nearest_k", 0, None, None, "preference_replay_k"),
-        ("all_history", 2, None, None, "preference_replay_k"),
-        ("all_history", None, None, 0, "preference_replay_sample_size"),
-        ("lambda_decay", None, None, None, "preference_replay_lambda"),
-        ("lambda_decay", None, 1.5, None, "preference_replay_lambda"),
-        ("lambda_decay", None, -0.1, None, "preference_replay_lambda"),
-        ("lambda_decay", 3, 0.5, None, "preference_replay_k"),
+        case
+        for case in INVALID_OPTIONS
+        if case[4] == "preference_replay_mode"
+        or (case[0], case[4]) in {("nearest_k", "preference_replay_k"), ("lambda_decay", "preference_replay_lambda")}
     ],
 )
 def test_invalid_arguments_raise_naming_the_field(mode, k, lam, sample_size, field):
@@ -274,6 +302,6 @@ def test_invalid_arguments_raise_naming_the_field(mode, k, lam, sample_size, fie
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as info:
-        select_replay(HISTORY, mode="nearest_k", current_round=4, k=None, lam=0.5, sample_size=0, rng=rng())
+        _replay_config("nearest_k", None, 0.5, 0)
     fields = [p.field for p in info.value.problems]
     assert fields == ["preference_replay_k", "preference_replay_lambda", "preference_replay_sample_size"]
