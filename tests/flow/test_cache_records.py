@@ -221,6 +221,24 @@ def test_prefect_cache_that_disagrees_or_is_gone_follows_the_manifests(run_copy)
 
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_api")
+def test_a_round_recorded_under_another_code_version_resumes_and_runs_every_stage_once(run_copy, monkeypatch):
+    """A run made before a change to the sources stages run (flows/code_version.py) is not refused: its stage
+    keys no longer match, so every stage runs again, once, and writes the same outputs."""
+    run_dir, job = run_copy
+    before = manifests(run_dir)
+    monkeypatch.setattr("flows.cache.code_version", lambda: "0.1.0+another")
+    out = round_flow(str(run_dir), "run", 1, job)
+    assert executed(out) == set(ROUND_STAGES)
+    after = manifests(run_dir)
+    for stage in ROUND_STAGES:
+        assert after[stage]["code_version"] == "0.1.0+another"
+        assert after[stage]["cache_key"] != before[stage]["cache_key"]
+        assert after[stage]["outputs"] == before[stage]["outputs"]
+    assert executed(round_flow(str(run_dir), "run", 1, job)) == set()
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_api")
 @pytest.mark.parametrize(
     "bad_state",
     ["lock holding only a holder", "lock truncated", "lock of a dead process", "lock without a recorded owner"],
