@@ -54,6 +54,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,18 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+@dataclass(frozen=True)
+class FollowerHooks:
+    """What a :class:`LoadFollower` reads and calls, replaced by fakes in tests: ``own()`` this process's CPU seconds,
+    ``clock()`` seconds, ``set_threads(n)`` torch's intra-op thread count, ``free()`` whether the work in progress
+    gives the same bits whatever the thread count (inside :func:`results_independent_of_threads`)."""
+
+    own: Callable[[], float] = time.process_time
+    clock: Callable[[], float] = time.monotonic
+    set_threads: Callable[[int], None] = torch.set_num_threads
+    free: Callable[[], bool] = lambda: _INDEPENDENT.get()
+
+
 class LoadFollower:
     """Fits torch's intra-op threads to the CPUs other processes leave free (see the module docstring).
 
@@ -152,7 +165,7 @@ class LoadFollower:
     at once: spinning against another process costs several times the work) and as free again when they use under a
     fifth of it, for ``_RAISE_AFTER`` looks in a row. The count stays between 1 and ``owned``.
     ``tick()`` must be called from the thread that runs the work: an OpenMP thread count is the calling thread's
-    own. The clock, the readers and the thread setter are parameters for tests.
+    own. The clock, the readers and the thread setter are parameters for tests (:class:`FollowerHooks`).
 
     A ``pinned`` follower (a job that computes in bfloat16 or float16, whose oneDNN products may change with the
     thread count) follows the load only where ``free()`` says the results cannot depend on the count (inside
@@ -168,19 +181,17 @@ class LoadFollower:
         busy: Callable[[], float | None],
         *,
         interval_s: float = _INTERVAL_S,
-        own: Callable[[], float] = time.process_time,
-        clock: Callable[[], float] = time.monotonic,
-        set_threads: Callable[[int], None] = torch.set_num_threads,
         pinned: bool = False,
-        free: Callable[[], bool] = lambda: _INDEPENDENT.get(),
+        hooks: FollowerHooks = FollowerHooks(),
     ) -> None:
         self.owned, self.capacity, self.interval_s, self.pinned = owned, capacity, interval_s, pinned
-        self._busy, self._own, self._clock, self._set, self._free = busy, own, clock, set_threads, free
+        self._busy = busy
+        self._own, self._clock, self._set, self._free = hooks.own, hooks.clock, hooks.set_threads, hooks.free
         self._set(owned)
         self._applied = {threading.get_ident()}  # threads whose OpenMP count is self.threads
         self._votes = 0
         self.followed = owned  # the count the load leaves: in use wherever the follower may change the count
-        self._last = (clock(), self._busy(), own())
+        self._last = (self._clock(), self._busy(), self._own())
         self.changes: list[tuple[float, int]] = [(self._last[0], owned)]  # (clock, threads from then on)
 
     @property

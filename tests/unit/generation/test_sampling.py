@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.generation.sampling import Batching, SamplingSettings, encode_prompt, generate
 from pbrl.generation.seeded_sampler import build_warpers, counter_uniforms, draw_inverse_cdf, splitmix64
 
 EOS = 3
@@ -279,11 +279,11 @@ def test_the_preallocated_cache_gives_the_same_tokens_as_transformers_cache(mode
     rows = [p for p in prompts for _ in range(3)] + [prompts[0]]
     seeds = list(range(100, 100 + len(rows)))
     settings = SamplingSettings(max_new_tokens=40, temperature=1.0, top_p=1.0, top_k=None, batch_size=4)
-    plain = generate(model, tokenizer, rows, seeds, settings, share_prompts=share, preallocate=False)
-    fast = generate(model, tokenizer, rows, seeds, settings, share_prompts=share, preallocate=True)
+    plain = generate(model, tokenizer, rows, seeds, settings, batching=Batching(share_prompts=share, preallocate=False))
+    fast = generate(model, tokenizer, rows, seeds, settings, batching=Batching(share_prompts=share, preallocate=True))
     assert [g.completion_ids for g in fast] == [g.completion_ids for g in plain]
     monkeypatch.setattr(sampling, "preallocated_cache", lambda m, capacity: kv_cache.preallocated_cache(m, 3))
-    grown = generate(model, tokenizer, rows, seeds, settings, share_prompts=share, preallocate=True)
+    grown = generate(model, tokenizer, rows, seeds, settings, batching=Batching(share_prompts=share, preallocate=True))
     assert [g.completion_ids for g in grown] == [g.completion_ids for g in plain]
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from pbrl.generation.sampling import SamplingSettings, generate, prompt_grouped_order
+from pbrl.generation.sampling import Batching, SamplingSettings, generate, prompt_grouped_order
 from pbrl.learning.logprobs import (
     completion_token_logprobs,
     sequence_logprobs,
@@ -264,7 +264,7 @@ def test_shared_prefill_samples_the_same_tokens(model: LlamaForCausalLM, tiny_mo
     seeds = [1000 + r for r in range(30)]
     settings = SamplingSettings(max_new_tokens=24, temperature=1.0, top_p=0.95, top_k=None, batch_size=batch_size)
     shared = generate(model, tok, prompts, seeds, settings)
-    plain = generate(model, tok, prompts, seeds, settings, share_prompts=False)
+    plain = generate(model, tok, prompts, seeds, settings, batching=Batching(share_prompts=False))
     assert [g.completion_ids for g in shared] == [g.completion_ids for g in plain]
     assert [g.seed for g in shared] == seeds
     assert len({tuple(g.completion_ids) for g in shared}) > 20  # rows of one prompt still draw differently

@@ -14,7 +14,7 @@ import torch
 
 from pbrl.models import cpus, thread_placement, threads
 from pbrl.models.cpus import available_cpus, busy_cpu_seconds, cgroup_cpu_limit, cgroup_cpu_seconds, load_meter
-from pbrl.models.threads import LoadFollower, configure_threads, one_thread
+from pbrl.models.threads import FollowerHooks, LoadFollower, configure_threads, one_thread
 
 
 @pytest.fixture(autouse=True)
@@ -112,11 +112,13 @@ class Machine:
             float(cpus),
             lambda: self.busy,
             interval_s=interval_s,
-            own=lambda: self.own,
-            clock=lambda: self.now,
-            set_threads=self.set_calls.append,
             pinned=pinned,
-            free=lambda: self.free,
+            hooks=FollowerHooks(
+                own=lambda: self.own,
+                clock=lambda: self.now,
+                set_threads=self.set_calls.append,
+                free=lambda: self.free,
+            ),
         )
 
     def look(self, seconds: float, others: float, own: float) -> int:
