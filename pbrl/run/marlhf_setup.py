@@ -1,7 +1,8 @@
 """What update-policies builds from the job for MARLHF policy learning
 (docs/design/algorithms.md#marlhf-policy-learning, :func:`pbrl.learning.rl.run_rl`): the round's reward model, the
-rollout sampler (in process or on Ray workers), the RL loop's settings, the frozen references of the KL, and the
-critics of ``rl_algorithm: maac | iac`` (docs/design/algorithms.md#critics).
+rollout sampler (in process or on Ray workers), the round's prompts, the RL loop's settings and hooks (sampler, seeds,
+live log), the frozen references of the KL, and the critics of ``rl_algorithm: maac | iac``
+(docs/design/algorithms.md#critics).
 
 The critics are checkpointed beside the policies in ``checkpoints/round_<r>/critic_<k>/`` (trainable weights, AdamW
 state, ``critic.json``; :mod:`pbrl.run.round_checkpoint`) and the next round restores them from there, exactly like
@@ -20,6 +21,7 @@ from typing import Any
 from pbrl.config import JobConfig
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, read_manifest
+from pbrl.data.tables import read_joint_responses
 from pbrl.distributed.ray_rollouts import RolloutGenerator, ray_rollouts
 from pbrl.errors import ArtifactError
 from pbrl.generation.sampling import generate
@@ -27,10 +29,13 @@ from pbrl.learning.critic_set import CriticSet
 from pbrl.learning.critics import CriticSpec, new_critic, restore_critic
 from pbrl.learning.joint_template import TEMPLATE_VERSION, joint_template_for
 from pbrl.learning.reward_scoring import RewardScorer, reward_device, reward_model_dir
-from pbrl.learning.rl import ReferencePolicy, RLSettings
+from pbrl.learning.rl import ReferencePolicy, RLHooks, RLSettings
+from pbrl.learning.rollouts import Scorer
 from pbrl.models.loading import resolve_devices
 from pbrl.models.policies import TrainablePolicy, load_agent
+from pbrl.run.round_checkpoint import LiveLog
 from pbrl.run.settings import policy_source, ray_settings, sampling_settings
+from pbrl.run.stage_record import StageRecord
 
 FIT_STAGE = "fit-reward-model"
 
@@ -94,6 +99,56 @@ def rl_settings(job: JobConfig) -> RLSettings:
         normalize=job.advantage_normalization,
         kl_coef=job.reference_kl_coef if job.reference_kl_enabled else None,
         max_grad_norm=job.max_grad_norm,
+    )
+
+
+def round_prompts(paths: RunPaths, round_index: int, num_agents: int) -> dict[str, list[list[int]]]:
+    """Per train item (in the candidates' order), every agent's prompt ids as stored in this round's candidates."""
+    prompts: dict[str, list[list[int]]] = {}
+    for (item_id, side, _), group in read_joint_responses(paths.candidates(round_index), num_agents).items():
+        if side == "target":
+            prompts.setdefault(item_id, [row["prompt_ids"] for row in group])
+    return prompts
+
+
+def rl_hooks(
+    record: StageRecord, job: JobConfig, start: Path, generate_rows: RolloutGenerator, score: Scorer, num_items: int
+) -> RLHooks:
+    """What the stage plugs into :func:`pbrl.learning.rl.run_rl`: the sampler (``generate_rows``, each row seeded by
+    ``(…, "rollout", agent, item, epoch·g + generation)``), the reward model's ``score``, the order and dropout seeds,
+    and the live log and progress of every step."""
+    g = job.num_generations
+
+    def sample(agent: int, rows: list[list[int]], items: list[str], epoch: int) -> list:
+        draws = list(zip(items, [epoch * g + r % g for r in range(len(rows))], strict=True))
+        return generate_rows(
+            agent,
+            rows,
+            [_seed(job, record, "rollout", agent, item, k) for item, k in draws],
+            [f"agent {agent}, item {item!r}, rollout {k}" for item, k in draws],
+        )
+
+    progress = record.progress(job.num_train_epochs * -(-num_items // job.train_batch_size), "steps")
+    live = LiveLog(record, job, start)
+
+    def on_step(items: int, metrics: dict[str, float]) -> None:
+        live.step(items, metrics)
+        progress.advance()
+
+    return RLHooks(
+        sample=sample,
+        score=score,
+        order_seed=_seed(job, record, "order"),
+        dropout_seed=lambda agent, step: _seed(job, record, "dropout", agent, index=step),
+        on_step=on_step,
+    )
+
+
+def _seed(job: JobConfig, record: StageRecord, side: str, agent: int = -1, item: str = "", index: int = -1) -> int:
+    """The seed ``(seed, round, stage, side, agent, item, index)`` of the stage ``record`` writes
+    (:func:`pbrl.data.seeds.derive_seed`)."""
+    return derive_seed(
+        job.seed, round_index=record.round_index, stage=record.stage, side=side, agent=agent, item=item, index=index
     )
 
 
