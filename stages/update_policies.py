@@ -228,12 +228,13 @@ def _run_marlhf(
     rl = rl_settings(job)
     critics = round_critics(job, paths, start, policies) if job.rl_algorithm in ACTOR_CRITIC else None
     with generator as (generate_rows, rollout_details):
+        live = LiveLog(record, job, start)
         result = run_rl(
             policies,
             [[prompts[item][i] for item in item_ids] for i in range(a)],
             item_ids,
             rl,
-            rl_hooks(record, job, start, generate_rows, scorer.score, len(item_ids)),
+            rl_hooks(record, live, rl, job.seed, generate_rows, scorer.score, len(item_ids)),
             references=references,
             critics=critics,
         )

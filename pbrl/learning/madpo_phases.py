@@ -16,11 +16,12 @@ import torch
 
 @dataclass(frozen=True)
 class Phases:
-    """The two phases of one :func:`pbrl.learning.madpo.madpo_agents_step` over ``agents``, each writing or reading ``margins`` (b, a),
-    whose column i is agent i's detached margins (0 until computed).
+    """The two phases of one :func:`pbrl.learning.madpo.madpo_agents_step` over ``agents``, each writing or reading
+    ``margins`` (b, a), whose column i is agent i's detached margins (0 until computed).
 
-    An agent whose winner and loser ids are the same in every pair of the batch (``idle``, :func:`pbrl.learning.madpo.identical_sides`;
-    with ``joint_mode: cross``, counterfactual pairs that change other agents) is not asked in either phase (no
+    An agent whose winner and loser ids are the same in every pair of the batch (``idle``,
+    :func:`pbrl.learning.madpo.identical_sides`; with ``joint_mode: cross``, counterfactual pairs that change other
+    agents) is not asked in either phase (no
     forward, no backward, no optimizer step, no round trip to a remote agent): its margins are exactly 0, its
     weights and optimizer state do not move, and ``StepStats.idle`` marks it. Within a batch, such pairs cost an
     agent nothing either (:func:`pbrl.learning.madpo.agent_margins` skips them).
@@ -70,16 +71,15 @@ def run_phases(phases: Phases, concurrent: bool) -> tuple[torch.Tensor, list[tup
     """Both phases in the mode's order; returns the (b, a) margins the updates saw and each agent's update result.
 
     ``concurrent`` (remote agents, e.g. :mod:`pbrl.distributed.ray_agents`): every agent of a phase is asked before
-    ``gather`` is called, so they work in parallel; every agent that :func:`pbrl.learning.madpo.phase_one_agents` names computes its
-    detached margins in phase 1. In process (the default, agents one after another) agent 0 skips phase 1: its
-    update is asked first, and the margins its training forward computes before it steps (the same function on
-    the same weights with the same dropout seeds, hence the same values, bitwise on CPU) are its "others" term for
-    the agents after it. That saves one of the step's 3a forward-or-backward passes per micro-batch (a
-    detached forward costs about half a forward and backward; measured on SmolLM2,
-    docs/results/benchmarks.md#shared-prompts-and-memory)
-    and gives the same step. An agent whose margins no other agent's gradient needs skips phase 1 too (a pair that
-    changes only agent i moves nobody else): with counterfactual pairs, a step is one training forward and backward
-    per agent and micro-batch.
+    ``gather`` is called, so they work in parallel; every agent that :func:`pbrl.learning.madpo.phase_one_agents`
+    names computes its detached margins in phase 1. In process (the default, agents one after another) agent 0
+    skips phase 1: its update is asked first, and the margins its training forward computes before it steps (the
+    same function on the same weights with the same dropout seeds, hence the same values, bitwise on CPU) are its
+    "others" term for the agents after it. That saves one of the step's 3a forward-or-backward passes per
+    micro-batch (a detached forward costs about half a forward and backward; measured on SmolLM2,
+    docs/results/benchmarks.md#shared-prompts-and-memory) and gives the same step. An agent whose margins no other
+    agent's gradient needs skips phase 1 too (a pair that changes only agent i moves nobody else): with
+    counterfactual pairs, a step is one training forward and backward per agent and micro-batch.
     """
     n = len(phases.agents)
     margins = torch.zeros(phases.batch.size, n)  # (b, a)
