@@ -162,7 +162,14 @@ def check_step_against_two_phase(tiny_model_dir, tmp_path, batch, concurrent, or
     bit for bit, the two-phase ``madpo_step`` written out here: every agent's detached margins, then each agent's
     update in turn against the sum of the others' (Σ_{j≠i} in agent order)."""
     from pbrl.learning.losses import madpo_loss
-    from pbrl.learning.madpo import LocalAgent, _agent_update, _detached_margins, madpo_agents_step, micro_batches
+    from pbrl.learning.madpo import (
+        AgentPairs,
+        LocalAgent,
+        _agent_update,
+        _detached_margins,
+        madpo_agents_step,
+        micro_batches,
+    )
 
     num_agents = len(batch.winner_ids)
     lora = LoraSettings(r=4, dropout=0.1)  # dropout on: the seeds choose the masks
@@ -187,13 +194,15 @@ def check_step_against_two_phase(tiny_model_dir, tmp_path, batch, concurrent, or
         seeds = [1000 + 10 * step + i for i in range(num_agents)]
         parts = micro_batches(batch.size, 2)  # two micro-batches: [0, 2) and [2, 3)
         args = [(batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i]) for i in range(num_agents)]
-        margins = torch.stack([_detached_margins(p, *args[i], seeds[i], parts) for i, p in enumerate(reference)], 1)
+        margins = torch.stack(
+            [_detached_margins(p, AgentPairs(*args[i]), seeds[i], parts) for i, p in enumerate(reference)], 1
+        )
         others = [
             sum((margins[:, j] for j in range(num_agents) if j != i), torch.zeros(batch.size))
             for i in range(num_agents)
         ]
         skipped = [
-            _agent_update(p, *args[i], others[i], seeds[i], parts, beta=0.1, max_grad_norm=1.0)[1]
+            _agent_update(p, AgentPairs(*args[i]), others[i], seeds[i], parts, beta=0.1, max_grad_norm=1.0)[1]
             for i, p in enumerate(reference)
         ]
         events.clear()

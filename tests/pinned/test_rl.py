@@ -183,7 +183,7 @@ def test_run_rl_pins_order_sampling_kl_advantages_counts_metrics_and_rollouts(ti
     (item c's NaN rewards); step 1 is item b alone, whose group is dropped (no signal, reward mean NaN); b's group
     is dropped again in step 2 (2 dropped groups). KL c = 0.5 against a moved reference; the gradient norm is
     clipped to 1e-12, so the policies barely move (Adam's steps are then ≈ lr·1e-4)."""
-    from pbrl.learning.rl import RLSettings, completion_token_logprobs, run_rl
+    from pbrl.learning.rl import RLHooks, RLSettings, completion_token_logprobs, run_rl
 
     policies = [_policy(tiny_model_dir) for _ in range(2)]
     initial = [_policy(tiny_model_dir).model for _ in range(2)]  # the same weights, never stepped
@@ -197,11 +197,8 @@ def test_run_rl_pins_order_sampling_kl_advantages_counts_metrics_and_rollouts(ti
         [[_prompt(i, j) for j in range(3)] for i in range(2)],
         ITEMS,
         settings,
-        sample=rec.sample,
-        score=rec.score,
+        RLHooks(sample=rec.sample, score=rec.score, order_seed=0, dropout_seed=rec.dropout_seed),
         references=references,
-        order_seed=0,
-        dropout_seed=rec.dropout_seed,
     )
 
     chunks, epochs = [[2, 0], [1], [2, 1], [0]], [0, 0, 1, 1]
@@ -295,7 +292,7 @@ def test_run_rl_pins_order_sampling_kl_advantages_counts_metrics_and_rollouts(ti
 
 def test_run_rl_zero_kl_coefficient_and_normalization(tiny_model_dir):
     """kl_coef 0 with references: the KL is measured and recorded, not applied. Then normalized advantages."""
-    from pbrl.learning.rl import RLSettings, run_rl
+    from pbrl.learning.rl import RLHooks, RLSettings, run_rl
 
     policies = [_policy(tiny_model_dir) for _ in range(2)]
     references = [_moved_reference(tiny_model_dir, seed) for seed in (1, 2)]
@@ -308,11 +305,8 @@ def test_run_rl_zero_kl_coefficient_and_normalization(tiny_model_dir):
         [[_prompt(i, 0)] for i in range(2)],
         ["a"],
         settings,
-        sample=rec.sample,
-        score=rec.score,
+        RLHooks(sample=rec.sample, score=rec.score, order_seed=0, dropout_seed=rec.dropout_seed),
         references=references,
-        order_seed=0,
-        dropout_seed=rec.dropout_seed,
     )
     rewards = [(100 + 100 + 10) / 7, (101 + 111) / 7]  # generation 0 and 1 of item a, epoch 0
     mean = (rewards[0] + rewards[1]) / 2
@@ -328,11 +322,8 @@ def test_run_rl_zero_kl_coefficient_and_normalization(tiny_model_dir):
         [[_prompt(i, 0)] for i in range(2)],
         ["a"],
         normalized,
-        sample=rec.sample,
-        score=rec.score,
+        RLHooks(sample=rec.sample, score=rec.score, order_seed=0, dropout_seed=rec.dropout_seed),
         references=None,
-        order_seed=0,
-        dropout_seed=rec.dropout_seed,
     )
     assert [r["advantage"] for r in result.rollouts] == pytest.approx([-1.0, -1.0, 1.0, 1.0], abs=1e-12)
 
@@ -420,7 +411,7 @@ class _StubCritics:
 
 def _actor_critic_pass(tiny_model_dir, *, normalize: bool):
     from pbrl.generation.sampling import Generation
-    from pbrl.learning.rl import RLSettings, run_rl
+    from pbrl.learning.rl import RLHooks, RLSettings, run_rl
     from pbrl.models.loading import load_model
     from pbrl.models.policies import TrainablePolicy, trainable_parameters
 
@@ -452,11 +443,8 @@ def _actor_critic_pass(tiny_model_dir, *, normalize: bool):
         prompts,
         ["a", "b", "c"],
         settings,
-        sample=sample,
-        score=score,
+        RLHooks(sample=sample, score=score, order_seed=0, dropout_seed=lambda agent, step: None),
         references=None,
-        order_seed=0,
-        dropout_seed=lambda agent, step: None,
         critics=critics,
     )
     return result, critics, prompts
@@ -503,7 +491,7 @@ def test_actor_critic_pass_normalizes_over_the_valid_rows_only(tiny_model_dir):
 
 
 def test_run_rl_names_the_backend_that_needs_or_refuses_critics():
-    from pbrl.learning.rl import RLSettings, run_rl
+    from pbrl.learning.rl import RLHooks, RLSettings, run_rl
 
     def settings(backend):
         return RLSettings(
@@ -522,11 +510,8 @@ def test_run_rl_names_the_backend_that_needs_or_refuses_critics():
             [],
             [],
             settings("maac"),
-            sample=None,
-            score=None,
+            RLHooks(sample=None, score=None, order_seed=0, dropout_seed=lambda a, s: None),
             references=None,
-            order_seed=0,
-            dropout_seed=lambda a, s: None,
         )
     assert str(info.value) == "rl_algorithm: 'maac' needs critics"
     with pytest.raises(ValueError) as info:
@@ -535,11 +520,8 @@ def test_run_rl_names_the_backend_that_needs_or_refuses_critics():
             [],
             [],
             settings("magrpo"),
-            sample=None,
-            score=None,
+            RLHooks(sample=None, score=None, order_seed=0, dropout_seed=lambda a, s: None),
             references=None,
-            order_seed=0,
-            dropout_seed=lambda a, s: None,
             critics=_StubCritics([]),
         )
     assert str(info.value) == "rl_algorithm: 'magrpo' takes no critics"

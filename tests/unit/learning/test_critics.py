@@ -25,7 +25,7 @@ from pbrl.learning.critics import (
 )
 from pbrl.learning.joint_template import JointTemplate
 from pbrl.learning.losses import clipped_value_loss
-from pbrl.learning.rl import RLSettings, run_rl
+from pbrl.learning.rl import RLHooks, RLSettings, run_rl
 from pbrl.models.loading import load_model, load_tokenizer
 from pbrl.models.lora import LoraSettings
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
@@ -283,11 +283,8 @@ def test_rl_loop_uses_return_minus_value_and_updates_the_critics(tiny_model_dir,
         [[[2, 17], [2, 19]], [[2, 18], [2, 20]]],
         ["a", "b"],
         settings,
-        sample=sample,
-        score=score,
+        RLHooks(sample=sample, score=score, order_seed=0, dropout_seed=lambda agent, step: None),
         references=None,
-        order_seed=0,
-        dropout_seed=lambda agent, step: None,
         critics=critic_set,
     )
     rows = result.rollouts  # row r·2 + i: joint response r of the step, agent i
@@ -311,7 +308,12 @@ def test_actor_critic_loop_needs_critics_and_group_loop_refuses_them(tiny_model_
     )
     with pytest.raises(ValueError, match="needs critics"):
         run_rl(
-            [], [], [], settings, sample=None, score=None, references=None, order_seed=0, dropout_seed=lambda a, s: None
+            [],
+            [],
+            [],
+            settings,
+            RLHooks(sample=None, score=None, order_seed=0, dropout_seed=lambda a, s: None),
+            references=None,
         )
 
 

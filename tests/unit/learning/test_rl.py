@@ -14,6 +14,7 @@ from pbrl.learning.logprobs import sequence_logprobs
 from pbrl.learning.losses import k3_kl
 from pbrl.learning.rl import (
     ReferencePolicy,
+    RLHooks,
     RLSettings,
     completion_token_logprobs,
     rl_agent_step,
@@ -215,11 +216,8 @@ def test_rl_loop_builds_joint_responses_by_index_and_shares_advantages(tiny_mode
         [[[2, 17], [2, 99]], [[2, 18], [2, 99]]],
         ["a", "b"],
         settings,
-        sample=sample,
-        score=score,
+        RLHooks(sample=sample, score=score, order_seed=0, dropout_seed=lambda agent, step: step),
         references=None,
-        order_seed=0,
-        dropout_seed=lambda agent, step: step,
     )
     assert all(c[0][0] - 100 == c[1][0] - 110 for c in seen)  # joint j = every agent's j-th sample
     rows = {(r["item_id"], r["generation_index"], r["agent_index"]): r for r in result.rollouts}
