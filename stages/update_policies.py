@@ -52,7 +52,7 @@ from pbrl.run.marlhf_setup import (
     rollout_generator,
     round_critics,
 )
-from pbrl.run.round_checkpoint import LiveLog, export_round, remove_stale, save_round, write_policies
+from pbrl.run.round_checkpoint import LiveLog, RoundSteps, export_round, remove_stale, save_round, write_policies
 from pbrl.run.settings import agent_training, ray_settings
 from pbrl.run.stage_record import StageRecord
 
@@ -205,14 +205,7 @@ def _run_madpo(
 
     step_metrics = [{"madpo/loss": loss, "madpo/accuracy": acc} for loss, acc in zip(losses, accuracies, strict=True)]
     checkpoint, axis, log = save_round(
-        paths,
-        job,
-        round_index,
-        start,
-        write,
-        batch_sizes,
-        step_metrics,
-        environment_steps_per_pair=job.environment_steps_per_pair,
+        paths, job, round_index, start, write, RoundSteps(batch_sizes, step_metrics, job.environment_steps_per_pair)
     )
 
     finite_losses = [x for x in losses if math.isfinite(x)]
@@ -319,9 +312,7 @@ def _run_marlhf(
         round_index,
         start,
         lambda folder: write_policies(policies, folder),
-        result.batch_sizes,
-        result.step_metrics,
-        environment_steps_per_pair=1,
+        RoundSteps(result.batch_sizes, result.step_metrics, environment_steps_per_pair=1),
         critics=critics.critics if critics is not None else None,
     )
     record.metrics = {
