@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from pbrl.config import JobConfig, MADPOIterJob, MARLHFIterJob
+from pbrl.config import IterativeJob, JobConfig
 from pbrl.data.replay_store import run_identity, stored_rounds
 from pbrl.data.schema import PAIRS, SCORES, SELECTED_PAIRS
 from pbrl.data.seeds import numpy_rng
@@ -48,7 +48,7 @@ class ReplayOptions:
 def replay_options(job: JobConfig) -> ReplayOptions:
     """``preference_replay_mode``, ``_k``, ``_lambda``, ``_sample_size`` and ``log_reward_distribution`` of an
     iterative job (options the iterative trainers alone have); the defaults of :class:`ReplayOptions` otherwise."""
-    if not isinstance(job, MADPOIterJob | MARLHFIterJob):
+    if not isinstance(job, IterativeJob):
         return ReplayOptions()
     return ReplayOptions(
         mode=job.preference_replay_mode,

@@ -55,7 +55,7 @@ from pbrl.run.marlhf_setup import (
     round_prompts,
 )
 from pbrl.run.reward_records import reward_model_dir
-from pbrl.run.round_checkpoint import LiveLog, export_round, remove_stale, save_round, write_policies
+from pbrl.run.round_checkpoint import LiveLog, RoundSteps, export_round, remove_stale, save_round, write_policies
 from pbrl.run.selection_records import selected_source_rounds
 from pbrl.run.settings import agent_training, ray_settings
 from pbrl.run.stage_record import StageRecord
@@ -194,7 +194,7 @@ def _run_madpo(
     if skipped:
         record.say(f"{skipped} agent step(s) skipped: non-finite loss or gradient")
     metrics = tally.metrics(_pairs_reward_mean(pairs))
-    trained = _Trained(write, tally.batch_sizes, tally.step_metrics, job.environment_steps_per_pair)
+    trained = _Trained(write, RoundSteps(tally.batch_sizes, tally.step_metrics, job.environment_steps_per_pair))
     return _record_update(record, job, start, trained, lambda env_step: {**metrics, "train/env_step": env_step})
 
 
@@ -240,9 +240,7 @@ def _run_marlhf(
     _count_rl(record, job, pairs, result, len(item_ids))
     trained = _Trained(
         lambda folder: write_policies(policies, folder),
-        result.batch_sizes,
-        result.step_metrics,
-        environment_steps_per_pair=1,
+        RoundSteps(result.batch_sizes, result.step_metrics, environment_steps_per_pair=1),
         critics=critics.critics if critics is not None else None,
         details={"rl_algorithm": job.rl_algorithm, **rollout_details},
         outputs=(rollouts,),
@@ -291,13 +289,11 @@ def _count_rl(record: StageRecord, job: JobConfig, pairs: list[PairRow], result:
 @dataclass(frozen=True)
 class _Trained:
     """What an update path trained, for :func:`_record_update`: ``write(folder)`` writes every ``agent_<i>/`` of the
-    checkpoint, each step's row count and metrics, the env steps per pair, the critics (maac/iac), the path's own
-    manifest details and the files it wrote besides the checkpoint."""
+    checkpoint, its steps (each one's row count and metrics, the env steps per pair), the critics (maac/iac), the
+    path's own manifest details and the files it wrote besides the checkpoint."""
 
     write: Callable[[Path], None]
-    batch_sizes: list[int]
-    step_metrics: list[dict[str, float]]
-    environment_steps_per_pair: int
+    steps: RoundSteps
     critics: list[Critic] | None = None
     details: dict[str, Any] = field(default_factory=dict)
     outputs: tuple[Path, ...] = ()
@@ -316,15 +312,7 @@ def _record_update(
     ``updated``, the path's details, ``train_log``), the manifest, the export (``policy_checkpoint_dir``)."""
     paths, round_index = record.paths, record.round_index
     checkpoint, axis, log = save_round(
-        paths,
-        job,
-        round_index,
-        start,
-        trained.write,
-        trained.batch_sizes,
-        trained.step_metrics,
-        environment_steps_per_pair=trained.environment_steps_per_pair,
-        critics=trained.critics,
+        paths, job, round_index, start, trained.write, trained.steps, critics=trained.critics
     )
     record.metrics = metrics(float(axis[-1]) if axis else float("nan"))
     record.details = {
