@@ -12,7 +12,7 @@ module-level functions are also recorded by import path so that ``pbrl stage`` c
 objects (``agents=[model, ...]``) are saved once, by content, under ``<storage>/models/objects/`` (``PBRL_STORAGE``,
 else ``./storage``), and the run names them ``model-object:<name>``, never an absolute path, so every stage,
 ``pbrl stage`` and ``pbrl train --resume`` load them as any local model. The arguments become config values in
-:mod:`pbrl.run.trainer_arguments`; model objects and ``peft_config`` are handled in :mod:`pbrl.run.model_objects`.
+:mod:`pbrl.trainer_arguments`; model objects and ``peft_config`` are handled in :mod:`pbrl.model_objects`.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from pbrl.config import (
 from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.errors import ConfigError, Problem
 from pbrl.judging.verdicts import PairwiseJudge
+from pbrl.model_objects import lora_options, model_objects, peft_default_targets, save_model_object
 from pbrl.models.loading import resolve_model_source
 from pbrl.models.packaged import PACKAGED_MODELS
 from pbrl.reporting.metrics import round_table
@@ -51,18 +52,17 @@ from pbrl.reporting.trackers import RunTracker
 from pbrl.run.export import TrainedAgent, export_agents, load_trained_agents
 from pbrl.run.folder import generated_run_name, held_if_exists, prepare_run, run_dir_for
 from pbrl.run.judging import IN_PROCESS_JUDGE, attach_judge, judge_object
-from pbrl.run.model_objects import lora_options, model_objects, peft_default_targets, save_model_object
 from pbrl.run.preflight_env import device_problems, folder_problems, thread_problems
 from pbrl.run.settings import policy_source
 from pbrl.run.task import IN_PROCESS_TASK, resolve_task
-from pbrl.run.trainer_arguments import (
+from pbrl.tasks.base import Task
+from pbrl.trainer_arguments import (
     argument_errors,
     as_config_value,
     dataset_config_value,
     path_text,
     trainer_config,
 )
-from pbrl.tasks.base import Task
 
 __all__ = [
     "MADPOConfig",
