@@ -43,7 +43,7 @@ from pbrl.learning.advantages import ACTOR_CRITIC
 from pbrl.learning.madpo import LocalAgent, PairBatch, StepAgent, madpo_agents_step
 from pbrl.learning.reward_scoring import reward_model_dir
 from pbrl.learning.rl import rl_metrics, rollouts_path, run_rl
-from pbrl.models.policies import TrainablePolicy, policy_checkpoint, trainable_agent
+from pbrl.models.policies import TrainablePolicy, trainable_agent
 from pbrl.run.marlhf_setup import (
     reference_policies,
     reward_model_fitted,
@@ -52,6 +52,7 @@ from pbrl.run.marlhf_setup import (
     rollout_generator,
     round_critics,
 )
+from pbrl.run.policy_records import policy_checkpoint
 from pbrl.run.round_checkpoint import LiveLog, export_round, remove_stale, save_round, write_policies
 from pbrl.run.settings import agent_training, ray_settings
 from pbrl.run.stage_record import StageRecord

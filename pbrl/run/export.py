@@ -8,7 +8,7 @@ for ``peft.AutoPeftModelForCausalLM``) or, with ``merge_lora``, the adapter merg
 the full weights (``AutoModelForCausalLM``). Each folder also holds the tokenizer as the run used it (pad token =
 EOS when the model has none, left padding) and a model card (``README.md``) naming the run, round, trainer, agent and
 eval reward. ``<out>/pbrl-export.json`` records what was exported. The policy of round r is the one the run's
-manifests name (:func:`pbrl.models.policies.policy_checkpoint`): a round without pairs writes no checkpoint and keeps
+manifests name (:func:`pbrl.run.policy_records.policy_checkpoint`): a round without pairs writes no checkpoint and keeps
 the previous policy.
 
 **The reference's layout.** The reference (CoMLRL ``MADPOIterTrainer._save_policy_checkpoint``;
@@ -37,8 +37,9 @@ from pbrl.models.head_input import contiguous_head_input
 from pbrl.models.loading import DTYPES, load_tokenizer, resolve_devices, resolve_model_source
 from pbrl.models.lora import quiet_peft_wrapping, save_pretrained_stably
 from pbrl.models.packaged import MODEL_OBJECT_PREFIX, PACKAGED_MODELS
-from pbrl.models.policies import SOURCE_FILE, UPDATE_STAGE, PolicySource, policy_checkpoint
+from pbrl.models.policies import SOURCE_FILE, PolicySource
 from pbrl.run.export_target import EXPORT_FILE, export_target, replace_export
+from pbrl.run.policy_records import UPDATE_STAGE, policy_checkpoint
 from pbrl.run.settings import policy_source
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -107,7 +108,7 @@ def stored_job(run_dir: str | Path) -> JobConfig:
 def trained_round(run_dir: str | Path, round: int | None = None) -> int:
     """The round whose policy to take: ``round`` when given, else the newest round whose update-policies has
     finished (0, the initial policies, when none has). The policy of that round is
-    :func:`pbrl.models.policies.policy_checkpoint`'s (the previous one when the round had no pairs).
+    :func:`pbrl.run.policy_records.policy_checkpoint`'s (the previous one when the round had no pairs).
 
     Raises:
         ConfigError: naming ``round``, when it is not a round whose policy the run has.
