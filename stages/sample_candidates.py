@@ -28,7 +28,7 @@ from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.generation.api_formats import ApiSettings
 from pbrl.generation.centralized import load_adapter
 from pbrl.generation.collaboration import actor_prompts
-from pbrl.generation.comparator_factory import build_comparator
+from pbrl.generation.comparator_factory import build_comparator, compared_round
 from pbrl.generation.comparators import (
     Comparator,
     ComparatorRequest,
@@ -39,6 +39,7 @@ from pbrl.generation.comparators import (
 )
 from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
 from pbrl.models.policies import AgentPolicy, load_agent
+from pbrl.run.policy_records import policy_checkpoint
 from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter, policy_source, sampling_settings
 from pbrl.run.stage_record import StageRecord
@@ -76,10 +77,12 @@ def comparator_settings(job: JobConfig, paths: RunPaths | None = None, round_ind
         models = ()
     # Centralized collaboration: the one actor's comparator already writes the joint response (split by the oracle).
     centralized = job.comparator_generation_mode == "centralized" and not is_centralized(job)
+    history_k = job.comparator_history_k or 1
+    compared = compared_round(job.comparator_policy, round_index, history_k) if paths is not None else None
     return ComparatorSettings(
         policy=job.comparator_policy,
         num_candidates=job.comparator_num_candidates or job.preference_num_candidates,
-        history_k=job.comparator_history_k or 1,
+        history_k=history_k,
         agent_devices=job.agent_devices,
         comparator_devices=job.comparator_devices,
         model_sources=models,
@@ -88,6 +91,7 @@ def comparator_settings(job: JobConfig, paths: RunPaths | None = None, round_ind
         centralized_adapter=load_adapter(job.comparator_centralized_adapter) if centralized else None,
         centralized_index=job.comparator_centralized_agent_index,
         store_dir=paths.round_dir(round_index) / API_STORE if paths is not None else None,
+        checkpoint=policy_checkpoint(paths, compared) if paths is not None and compared is not None else None,
     )
 
 
@@ -101,12 +105,12 @@ def comparator(paths: RunPaths, round_index: int, job: JobConfig) -> Comparator 
         policy = load_agent(source, agent, checkpoint, trainable=False, devices=devices)
         return policy.model, policy.tokenizer
 
-    return build_comparator(paths, round_index, comparator_settings(job, paths, round_index), load_checkpoint)
+    return build_comparator(comparator_settings(job, paths, round_index), load_checkpoint)
 
 
 def sides(paths: RunPaths, round_index: int, job: JobConfig, comp: Comparator | None) -> list[SamplingSide]:
     """The target side, plus the comparator's checkpoint side when it samples one with the target."""
-    out = [target_side(paths, round_index, job.preference_num_candidates, job.agent_devices)]
+    out = [target_side(policy_checkpoint(paths, round_index - 1), job.preference_num_candidates, job.agent_devices)]
     if comp is not None and comp.checkpoint_side is not None:
         out.append(comp.checkpoint_side)
     return out

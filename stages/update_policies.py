@@ -43,7 +43,7 @@ from pbrl.learning.critics import Critic
 from pbrl.learning.madpo import LocalAgent, PairBatch, StepAgent, madpo_agents_step
 from pbrl.learning.madpo_tally import MadpoTally
 from pbrl.learning.rl import RLResult, rl_metrics, rollouts_path, run_rl
-from pbrl.models.policies import TrainablePolicy, policy_checkpoint, trainable_agent
+from pbrl.models.policies import TrainablePolicy, trainable_agent
 from pbrl.run.marlhf_setup import (
     reference_policies,
     reward_model_fitted,
@@ -54,6 +54,7 @@ from pbrl.run.marlhf_setup import (
     round_critics,
     round_prompts,
 )
+from pbrl.run.policy_records import policy_checkpoint
 from pbrl.run.reward_records import reward_model_dir
 from pbrl.run.round_checkpoint import LiveLog, RoundSteps, export_round, remove_stale, save_round, write_policies
 from pbrl.run.selection_records import selected_source_rounds

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pbrl.config import JobConfig
 from pbrl.config.judge_fields import BUILT_IN_JUDGES, IN_PROCESS_JUDGE
-from pbrl.data.storage import RunPaths, trainer_stages
+from pbrl.data.storage import RunPaths
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.judging.callable_judge import CallableJudge
 from pbrl.judging.factory import api_judge_from_options, local_judge_from_options, read_template
@@ -19,6 +19,7 @@ from pbrl.judging.store import AnswerStore
 from pbrl.judging.verdicts import PairwiseJudge
 from pbrl.models.loading import resolve_devices, resolve_model_source
 from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
+from pbrl.run.stage_plan import trainer_stages
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task, import_object
 

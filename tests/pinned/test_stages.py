@@ -11,7 +11,7 @@ Wrong versions these tests make fail (re-check by applying each to a copy of the
 6a. build-pairs keeps pairs with an empty completion (``usable = candidates``):
    ``test_build_pairs_rejects_every_pair_with_an_empty_or_blank_completion`` fails.
 6b. the ``history`` comparator samples the current weights instead of C_max(0, r-1-k)
-   (``policy_checkpoint(paths, round_index - 1)`` in ``pbrl/generation/comparators.py``):
+   (``round_index - 1`` for ``history`` in ``compared_round``, ``pbrl/generation/comparator_factory.py``):
    ``test_comparators_sample_the_checkpoint_they_name`` fails.
 6c. the pair record's rewards or ``candidate_reward_mean`` taken from raw instead of processed scores, or the
    mean over one side only: ``test_reward_processor_orders_pairs_and_fills_the_pair_record`` fails.

@@ -22,8 +22,9 @@ from pbrl.data.schema import EVAL
 from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.data.tables import read_rows
 from pbrl.generation.sampling import encode_prompt
-from pbrl.models.policies import load_agent, policy_checkpoint
+from pbrl.models.policies import load_agent
 from pbrl.run.folder import open_job
+from pbrl.run.policy_records import policy_checkpoint
 from pbrl.run.settings import policy_source
 from tests.helpers import benchmark_script, logprob_alone
 

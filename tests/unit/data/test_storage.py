@@ -13,6 +13,7 @@ import pytest
 
 from pbrl.data.schema import CANDIDATES, SCORES
 from pbrl.data.storage import (
+    STAGES,
     RunPaths,
     StageManifest,
     atomic_dir,
@@ -25,6 +26,7 @@ from pbrl.data.storage import (
 )
 from pbrl.data.tables import read_rows, read_table, write_table
 from pbrl.errors import ArtifactError
+from stages import STAGE_MODULES
 
 SCORE_ROW = {"item_id": "a", "side": "target", "candidate_index": 0, "raw_reward": 1.0, "reward": 0.5, "failure": None}
 
@@ -241,3 +243,9 @@ def test_a_full_disk_is_named_as_such_with_the_path_and_nothing_stored_is_lost(t
         with storage.atomic_dir(tmp_path / "ckpt"):
             raise OSError(errno.EDQUOT, "Disk quota exceeded")
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_the_run_folders_manifest_names_are_the_stages_in_pipeline_order():
+    """pbrl.data.storage.STAGES (the manifests a round folder can hold, walked by readers below the stages) and
+    stages.STAGE_MODULES name the same stages in the same order."""
+    assert tuple(STAGE_MODULES) == STAGES

@@ -16,9 +16,9 @@ from pbrl.cli import app
 from pbrl.config import RUN_FIELDS, MADPOConfig, MADPOIterConfig, MARLHFConfig
 from pbrl.data.storage import RunPaths, read_json
 from pbrl.errors import ConfigError
+from pbrl.model_objects import save_model_object
 from pbrl.models.loading import resolve_model_source
 from pbrl.run import progress
-from pbrl.run.model_objects import save_model_object
 from pbrl.run.progress import Event
 from pbrl.trainers import MADPOIterTrainer, MADPOTrainer, MARLHFTrainer
 from tests.unit.run.test_export import docs_module

@@ -227,9 +227,10 @@ def test_uncertain_choice_asks_the_pairs_the_trained_policies_are_least_sure_abo
     import torch
 
     from pbrl.learning.logprobs import sequence_logprobs
-    from pbrl.models.policies import load_agent, policy_checkpoint
+    from pbrl.models.policies import load_agent
     from pbrl.run.askings import round_askings
     from pbrl.run.pair_margins import margins_path
+    from pbrl.run.policy_records import policy_checkpoint
     from pbrl.run.settings import policy_source
 
     judged = {"preference_source": "judge", "judge": "reward_noisy", "pair_selection": "all",

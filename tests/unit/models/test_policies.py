@@ -16,7 +16,8 @@ from pbrl.data.storage import RunPaths, StageManifest, read_manifest, write_json
 from pbrl.data.tables import write_table
 from pbrl.errors import ArtifactError
 from pbrl.models.lora import LoraSettings
-from pbrl.models.policies import PolicySource, load_agent, policy_checkpoint, write_initial_checkpoints
+from pbrl.models.policies import PolicySource, load_agent, write_initial_checkpoints
+from pbrl.run.policy_records import policy_checkpoint
 from pbrl.run.settings import policy_source
 from stages import STAGE_MODULES
 from tests.helpers import new_run

@@ -14,7 +14,8 @@ from pbrl.data.schema import EVAL
 from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.data.tables import read_rows
 from pbrl.reporting.metrics import write_run_metrics
-from pbrl.reporting.report import REWARD_PARTS, report_figure, title_of, write_report_png
+from pbrl.reporting.report import report_figure, title_of, write_report_png
+from pbrl.tasks.reward_parts import REWARD_PARTS
 from stages import STAGE_MODULES
 from tests.helpers import new_run
 from tests.unit.front_doors.test_terminal import fake_run

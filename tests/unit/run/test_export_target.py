@@ -111,8 +111,8 @@ def test_a_run_of_model_objects_names_no_absolute_path_and_follows_a_moved_stora
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pbrl.data.storage import RunPaths, read_json
+    from pbrl.model_objects import save_model_object
     from pbrl.run.folder import prepare_run
-    from pbrl.run.model_objects import save_model_object
     from tests.helpers import tiny_job
 
     monkeypatch.setenv("PBRL_STORAGE", str(tmp_path / "storage"))

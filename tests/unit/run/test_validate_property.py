@@ -171,8 +171,8 @@ def _train_fails(job) -> Exception | None:
     """What ``train`` raises on this job: Prefect's check of the flow's parameters, then one round, stage by stage."""
     from prefect._internal.schemas.validators import validate_parameter_size
 
-    from pbrl.data.storage import trainer_stages
     from pbrl.run.folder import open_job, prepare_run
+    from pbrl.run.stage_plan import trainer_stages
     from stages import STAGE_MODULES
 
     try:

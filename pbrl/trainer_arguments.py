@@ -13,6 +13,7 @@ from typing import Any
 from pbrl.config import RUN_FIELDS, TRAINER_CONFIGS, TrainerConfig
 from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.config.models import suggest
+from pbrl.run.folder import generated_run_name
 
 
 def _import_path(fn: Callable[..., Any]) -> str | None:
@@ -87,3 +88,26 @@ def trainer_config(trainer: str, cls_name: str, args: Any) -> TrainerConfig:
 def path_text(value: Any) -> str | None:
     """A model source or folder argument as config text (None for None and for a model object)."""
     return str(value) if isinstance(value, (str, Path)) else None
+
+
+def run_record(trainer: str, options: Mapping[str, Any], named: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-level config values of a trainer's arguments, None values left out: ``options`` (the run options
+    and peft_config's LoRA options) and ``named`` (the trainer's named run arguments, by name: agents, agent_model,
+    task, task_options, train_dataset, eval_dataset, report_to, run_name, output_dir, seed)."""
+    agents, report_to = named["agents"], named["report_to"]
+    run = {
+        **options,
+        "trainer": trainer,
+        "run_name": named["run_name"] or generated_run_name(trainer),
+        # model objects stand in as None here; the trainer names them by their saved folders
+        "agents": [a if isinstance(a, str) else path_text(a) for a in agents] if agents else None,
+        "agent_model": path_text(named["agent_model"]),
+        "task": named["task"],
+        "task_options": dict(named["task_options"]) if named["task_options"] else None,
+        "train_dataset": dataset_config_value(named["train_dataset"]),
+        "eval_dataset": dataset_config_value(named["eval_dataset"]),
+        "report_to": report_to if report_to is None or isinstance(report_to, str) else list(report_to),
+        "output_dir": path_text(named["output_dir"]),
+        "seed": named["seed"],
+    }
+    return {k: v for k, v in run.items() if v is not None}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +162,22 @@ def lora_options(peft_config: Any) -> tuple[dict[str, Any], list[Problem]]:
         "lora_target_modules": sorted(targets) if targets else None,
     }
     return options, problems
+
+
+def peft_lora_options(
+    peft_config: LoraConfig | None, run_options: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[Problem]]:
+    """The LoRA options of ``peft_config`` ({} without one; :func:`lora_options`) and their problems, with one for
+    each of them also given as a run option (``run_options``: the trainer's other run-level options)."""
+    if peft_config is None:
+        return {}, []
+    lora, problems = lora_options(peft_config)
+    problems += [
+        Problem(k, run_options[k], "give LoRA settings either as peft_config or as lora_* options, not both")
+        for k in lora
+        if k in run_options
+    ]
+    return lora, problems
 
 
 def peft_default_targets(model_dir: Path) -> list[str]:
