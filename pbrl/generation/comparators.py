@@ -87,7 +87,7 @@ class ComparatorRequest:
 
 @dataclass
 class ComparatorOutput:
-    """The comparator rows and counters for the manifest (e.g. ``centralized_parse_failures``)."""
+    """The comparator rows and counters a stage records (e.g. ``centralized_parse_failures``)."""
 
     rows: list[CandidateRow]
     counts: dict[str, int] = field(default_factory=dict)

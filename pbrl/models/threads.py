@@ -107,8 +107,8 @@ def gemm_independent_of_threads() -> bool:
 
 
 def mkl_mode_note() -> str | None:
-    """What a run's float32 results owe to a mode other than MKL's strict one, for its manifests; None when the mode is
-    strict (:func:`gemm_independent_of_threads`) or torch has no oneMKL. Outside strict mode MKL picks its kernels by
+    """What a run's float32 results owe to a mode other than MKL's strict one, for its stage records; None when the mode
+    is strict (:func:`gemm_independent_of_threads`) or torch has no oneMKL. Outside strict mode MKL picks its kernels by
     CPU and thread count, so the bits differ from a run in strict mode on the same inputs. The note names the cause:
     the mode could not be read, ``MKL_CBWR`` is unset or the user's own, or (pbrl's value set) MKL had already
     started when pbrl was imported."""

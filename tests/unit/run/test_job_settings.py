@@ -12,7 +12,7 @@ from flows.ray_runner import shard_devices
 from pbrl.config import IterativeJob, RewardModelJob, parse_job, split_job
 from pbrl.run.settings import RewardBackbone, RunOutputs, reward_backbone, run_outputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 BASE = {"task": "toy", "agent_model": "tiny-random", "run_name": "r", "output_dir": "/tmp/x"}
 
 
