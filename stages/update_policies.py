@@ -8,7 +8,8 @@ Round r starts from the policy (and each agent's AdamW state) after round r-1 an
 ``checkpoints/round_<r>/`` (:mod:`pbrl.run.round_checkpoint`): per agent the weights (or LoRA adapter) and
 optimizer state, then ``trainer_state.json`` last. The folder is assembled under a temporary name and renamed, so
 a process killed mid-update leaves no checkpoint that a later stage would read. The manifest names the policy after
-the round (``details.checkpoint``), and that is what later stages load (:func:`pbrl.models.policies.policy_checkpoint`).
+the round (``details.checkpoint``), and that is what later stages load
+(:func:`pbrl.run.policy_records.policy_checkpoint`).
 
 A round without pairs writes no checkpoint: its manifest names the previous policy, and a
 ``checkpoints/round_<r>/`` left by an earlier attempt of the round is deleted once that manifest is written
