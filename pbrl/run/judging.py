@@ -11,6 +11,8 @@ from pbrl.config import JobConfig
 from pbrl.config.judge_fields import BUILT_IN_JUDGES, IN_PROCESS_JUDGE
 from pbrl.data.storage import RunPaths
 from pbrl.errors import ArtifactError, ConfigError, Problem
+from pbrl.generation.api_formats import ApiSettings
+from pbrl.judging.api_judge import JUDGE_ROLE
 from pbrl.judging.callable_judge import CallableJudge
 from pbrl.judging.factory import api_judge_from_options, local_judge_from_options, read_template
 from pbrl.judging.human import HumanJudge
@@ -113,21 +115,21 @@ def _model_judge(job: JobConfig, kind: str) -> PairwiseJudge:
     """The API or local judge of the job (:mod:`pbrl.judging.api_judge`, :mod:`pbrl.judging.local_judge`)."""
     template = job.judge_prompt_template
     if kind == "api":
-        return api_judge_from_options(
+        settings = ApiSettings(
             api_format=job.judge_api_format,
             url=str(job.judge_api_url),
             model=job.judge_model,
             key_env=job.judge_api_key_env,
             key_header=job.judge_api_key_header,
             key_prefix=job.judge_api_key_prefix,
-            headers=job.judge_api_headers,
-            extra_body=job.judge_api_extra_body,
+            headers=dict(job.judge_api_headers or {}),
+            extra_body=dict(job.judge_api_extra_body or {}),
             response_field=job.judge_api_response_field,
-            max_tokens=job.judge_api_max_tokens,
             timeout=job.judge_api_timeout,
             max_concurrency=job.judge_api_max_concurrency,
-            prompt_template=template,
+            role=JUDGE_ROLE,
         )
+        return api_judge_from_options(settings, max_tokens=job.judge_api_max_tokens, prompt_template=template)
     device = resolve_devices(job.agent_devices, job.num_agents)[0]  # beside the first agent
     return local_judge_from_options(
         model=str(job.judge_model),

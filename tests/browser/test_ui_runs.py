@@ -121,9 +121,16 @@ def test_the_runs_page_and_its_tag_lead_to_every_prefect_run_of_it_in_both_uis(b
             page.get_by_role("heading", name=f"Run {RUN}").wait_for()
             for run in tagged:
                 link = page.get_by_role("link", name=run["name"], exact=True)
-                link.first.wait_for()  # V2 draws the heading before the rest of the markdown (a CI run saw no links)
-                hrefs = [a.evaluate("a => a.href") for a in link.all()]
-                assert f"{ui['url']}{base}/runs/flow-run/{run['id']}" in hrefs, (run["name"], hrefs)
+                expected = f"{ui['url']}{base}/runs/flow-run/{run['id']}"
+                # V2 draws the heading before the rest of the markdown (a CI run saw no links), and may draw the
+                # markdown again after its first links show (a suite run read none between the two): poll, 30 s
+                for _ in range(120):
+                    link.first.wait_for()
+                    hrefs = [a.evaluate("a => a.href") for a in link.all()]
+                    if expected in hrefs:
+                        break
+                    page.wait_for_timeout(250)
+                assert expected in hrefs, (run["name"], hrefs)
             shot(page, f"run-page{base.replace('/', '-') or '-v1'}")
         finally:
             page.close()

@@ -360,7 +360,7 @@ def test_the_judge_and_its_factory_refuse_bad_values_naming_the_option(tmp_path)
     with pytest.raises(ValueError, match="judge_api_max_tokens: got 0"):
         judge("http://h/x", max_tokens=0)
     with pytest.raises(ValueError, match="judge_api_format: got 'soap'"):
-        api_judge_from_options(api_format="soap", url="http://h/x", model="m", key_env=None)
+        api_judge_from_options(ApiSettings(api_format="soap", url="http://h/x", model="m", role=JUDGE_ROLE))
     bad = tmp_path / "bad.txt"
     bad.write_text("{response_a} {oops}")
     with pytest.raises(ConfigError) as info:
@@ -373,18 +373,16 @@ def test_the_judge_and_its_factory_refuse_bad_values_naming_the_option(tmp_path)
 def test_the_factory_builds_the_judge_from_plain_option_values(tmp_path):
     template = tmp_path / "judge.txt"
     template.write_text("Which is better?\nA:\n{response_a}\nB:\n{response_b}\nSay A, B or tie.\n")
-    built = api_judge_from_options(
+    settings = ApiSettings(
         api_format="anthropic", url="https://api.example/v1/messages", model="claude-x", key_env=KEY_ENV,
-        extra_body={"metadata": {"run": "r1"}}, max_tokens=4, timeout=30.0, max_concurrency=2,
-        prompt_template=template,
+        extra_body={"metadata": {"run": "r1"}}, timeout=30.0, max_concurrency=2,
     )  # fmt: skip
+    built = api_judge_from_options(settings, max_tokens=4, prompt_template=template)
     assert built.template == template.read_text() and built.max_tokens == 4
     s = built.settings
     assert (s.api_format, s.model, s.key_env, s.timeout, s.max_concurrency) == ("anthropic", "claude-x", KEY_ENV, 30, 2)
     assert s.role == JUDGE_ROLE and dict(s.extra_body) == {"metadata": {"run": "r1"}}
-    assert api_judge_from_options(api_format="openai", url="http://h/x", model=None, key_env=None).template == (
-        DEFAULT_TEMPLATE
-    )
+    assert api_judge_from_options(ApiSettings(api_format="openai", url="http://h/x")).template == (DEFAULT_TEMPLATE)
     # Settings built for the comparator still speak as the judge once they are a judge's.
     comparators = ApiSettings(api_format="openai", url="http://h/x")
     assert ApiJudge(comparators, DEFAULT_TEMPLATE, 16).settings.role == JUDGE_ROLE
