@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	  && (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)); } \
 	  || echo "note: bubblewrap is not installed; humaneval_coop will refuse to run model-written code without it"
-	# Debian's Chromium drives the browser tests of the Prefect UI (tests/test_ui_browser*.py); they fail without it.
+	# Debian's Chromium drives the browser tests of the Prefect UI (tests/browser/); they fail without it.
 	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	  && (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)); } \
 	  || echo "note: Chromium is not installed; the browser tests will fail: sudo apt-get install -y chromium"
@@ -62,6 +62,6 @@ mutate: install
 	cd "$(MUTATE_DIR)" && OMP_NUM_THREADS=1 nice -n 15 "$(abspath $(VENV))/bin/mutmut" run --max-children 2
 	cd "$(MUTATE_DIR)" && "$(abspath $(PY))" mutate/report.py
 
-# The docs site (docs/, Sphinx + MyST) into docs/_build/html; warnings are errors. tests/test_docs.py builds it too.
+# The docs site (docs/, Sphinx + MyST) into docs/_build/html; warnings are errors. tests/repo/test_docs.py builds it too.
 docs: install
 	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html

@@ -24,8 +24,9 @@ kept up to and including EOS) and, when ours ran every step, the equal-work time
 Shared-prompt sampling (issue #14): HumanEval prompts (``benchkit.humaneval_prompt_ids``) x 6 rows each (the
 demo's 3 target + 3 comparator candidates of one agent and item, same weights), all in one chunk:
 ``shared`` is ``generate`` as the stage calls it (each distinct prompt prefilled once, its KV cache expanded to
-its rows), ``unshared`` is ``generate(..., share_prompts=False)`` (every row prefills its prompt). Same seeds, so
-the same tokens are expected (the share of rows whose tokens agree is recorded). Target: shared >= 1.3x.
+its rows), ``unshared`` is ``generate(..., batching=Batching(share_prompts=False))`` (every row prefills its
+prompt). Same seeds, so the same tokens are expected (the share of rows whose tokens agree is recorded). Target:
+shared >= 1.3x.
 
 Run: ``.venv/bin/python benchmarks/generation.py --model tiny-random``.
 """
@@ -51,7 +52,7 @@ from benchkit import (
 from transformers import GenerationConfig
 
 from pbrl.data.seeds import derive_seed
-from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.generation.sampling import Batching, SamplingSettings, encode_prompt, generate
 from pbrl.models.loading import load_model, load_tokenizer
 
 TEMPERATURE, TOP_P, TOP_K = 0.7, 0.9, 50
@@ -217,7 +218,8 @@ def shared_prompt_case(
     def case(name: str, share: bool) -> Callable[[], None]:
         def call() -> None:
             got[name] = [
-                g.completion_ids for g in generate(model, tokenizer, rows, seeds, settings, share_prompts=share)
+                g.completion_ids
+                for g in generate(model, tokenizer, rows, seeds, settings, batching=Batching(share_prompts=share))
             ]
 
         return call

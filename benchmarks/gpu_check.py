@@ -13,7 +13,7 @@
 Writes ``benchmarks/results/gpu-check-<device>.json`` and exits 1 when the resumed run differs or no file was
 compared. Run:
 ``.venv/bin/python benchmarks/gpu_check.py`` on a machine with a GPU; ``--device cpu --models tiny-random`` checks
-the script itself without one (information only; ``tests/test_gpu_check.py`` runs it so).
+the script itself without one (information only; ``tests/unit/benchmarks/test_gpu_check.py`` runs it so).
 """
 
 from __future__ import annotations

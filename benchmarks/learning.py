@@ -196,7 +196,8 @@ def pair_margins(paths: RunPaths, job: JobConfig, round_index: int, pairs: list[
 
     from pbrl.generation.sampling import encode_prompt
     from pbrl.learning.logprobs import sequence_logprobs
-    from pbrl.models.policies import load_agent, policy_checkpoint
+    from pbrl.models.policies import load_agent
+    from pbrl.run.policy_records import policy_checkpoint
 
     source = policy_source(job)
     margins = torch.zeros(len(pairs), dtype=torch.float64)  # (p,)

@@ -86,10 +86,10 @@ def abandoned_thread_call(self, completions, prompts, batch_items):
 def one_setting(setting: str, model: str) -> dict[str, Any]:
     """Run the 3 rounds of one setting in this process; seconds per round and the failures counted."""
     from pbrl.config import load_job
-    from pbrl.data.storage import trainer_stages
     from pbrl.preference.oracle import Oracle
     from pbrl.run.folder import open_job, prepare_run
     from pbrl.run.settings import configure_job_threads
+    from pbrl.run.stage_plan import trainer_stages
     from pbrl.run.task import attach_task, resolve_task
     from stages import STAGE_MODULES
 

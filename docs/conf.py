@@ -14,7 +14,7 @@ root_doc = "index"
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 
 # Headings down to ### get anchors (GitHub-style slugs), so `docs/design/algorithms.md#madpo` resolves here and on
-# GitHub alike; tests/test_docs.py checks every such reference in the code against these slugs.
+# GitHub alike; tests/repo/test_docs.py checks every such reference in the code against these slugs.
 myst_heading_anchors = 3
 myst_enable_extensions = ["dollarmath"]  # $...$ and $$...$$ equations
 

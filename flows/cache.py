@@ -19,8 +19,6 @@ is removed: unreadable (empty, truncated), without an expiry, expired, or taken 
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
 import os
@@ -41,8 +39,7 @@ from prefect.serializers import JSONSerializer
 from prefect.states import State
 from prefect.utilities.hashing import hash_objects
 
-import pbrl
-import stages
+from flows.code_version import code_version
 from flows.ray_runner import run_shards, sharded
 from flows.retry import retry_options
 from pbrl.config import JobConfig, stage_config_hash
@@ -69,39 +66,6 @@ log = logging.getLogger("pbrl.flows")
 # holder on another host sharing the folder). A stage that outlives its lock still finishes and is kept.
 LOCK_HOLD_SECONDS = 6 * 3600.0
 LOCK_WAIT_SECONDS = 30.0  # how long a stage that must run waits for another process's lock on the same key
-
-# Front-end modules that never change what a stage writes: editing them must not invalidate stage caches.
-_FRONT_END = {
-    "cli.py",
-    "cli_display.py",
-    "cli_setup.py",
-    "trainers.py",
-    "run/trainer_arguments.py",
-    "run/model_objects.py",
-    "callbacks.py",
-    "reporting/trackers.py",
-    "reporting/tracker_tools.py",
-    "orchestration.py",
-    "run/progress.py",
-    "reporting/report.py",
-    "reporting/metrics.py",
-    "reporting/table.py",
-    "config/reference.py",
-}
-
-
-@functools.cache
-def code_version() -> str:
-    """Package version + a hash of the library and stage sources that stages run (Prefect's TASK_SOURCE
-    sees only a task's own function, not the helpers it calls)."""
-    h = hashlib.sha256(pbrl.__version__.encode())
-    for pkg in (pbrl, stages):
-        base = Path(pkg.__file__).parent
-        for f in sorted(base.rglob("*.py")):
-            if pkg is pbrl and f.relative_to(base).as_posix() in _FRONT_END:
-                continue
-            h.update(f.relative_to(base).as_posix().encode() + f.read_bytes())
-    return f"{pbrl.__version__}+{h.hexdigest()[:12]}"
 
 
 # ---------------------------------------------------------------------------------------------- the key

@@ -29,7 +29,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
 from flows.retry import RETRYING_STAGES, TRANSIENT_RETRIES
-from pbrl.config import JobConfig
+from pbrl.config import IterativeJob, JobConfig, RewardModelJob
 from pbrl.data.schema import CANDIDATES, EVAL, SCORES
 from pbrl.data.storage import RunPaths
 from pbrl.distributed.shards import (
@@ -55,19 +55,25 @@ def sharded(stage: str, job: JobConfig) -> bool:
     return job.runner == "ray" and stage in SHARDED_STAGES
 
 
-# Device options a shard may load a model on (sample-candidates: agents and comparator copies; score-with-oracle:
-# the reward model; evaluate: agents).
-_DEVICE_FIELDS = ("agent_devices", "comparator_devices", "reward_model_device")
+def shard_devices(job: JobConfig) -> list[str | list[str] | None]:
+    """The device options a shard may load a model on: ``agent_devices`` (sample-candidates, evaluate),
+    ``comparator_devices`` (sample-candidates' comparator copies; iterative trainers) and ``reward_model_device``
+    (score-with-oracle's reward model; MARLHF trainers)."""
+    specs: list[str | list[str] | None] = [job.agent_devices]
+    if isinstance(job, IterativeJob):
+        specs.append(job.comparator_devices)
+    if isinstance(job, RewardModelJob):
+        specs.append(job.reward_model_device)
+    return specs
 
 
 def shard_resources(job: JobConfig) -> dict[str, int]:
     """Ray resources of one shard task: 1 CPU, plus one GPU per distinct ``cuda`` device named in the job's device
-    options. Ray hides the GPUs a task did not ask for (``CUDA_VISIBLE_DEVICES``), and numbers the ones it gives
-    from 0, so ``cuda:0`` / ``cuda:1`` are the shard's first and second GPU. Devices left to ``None`` or
-    ``auto`` ask for no GPU."""
+    options (:func:`shard_devices`). Ray hides the GPUs a task did not ask for (``CUDA_VISIBLE_DEVICES``), and
+    numbers the ones it gives from 0, so ``cuda:0`` / ``cuda:1`` are the shard's first and second GPU. Devices left
+    to ``None`` or ``auto`` ask for no GPU."""
     names: set[str] = set()
-    for field in _DEVICE_FIELDS:
-        spec = getattr(job, field, None)
+    for spec in shard_devices(job):
         names.update([spec] if isinstance(spec, str) else (spec or []))
     gpus = len({d for d in names if d == "cuda" or d.startswith("cuda:")})
     return {"num_cpus": 1, **({"num_gpus": gpus} if gpus else {})}

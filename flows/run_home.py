@@ -22,6 +22,7 @@ from prefect.client.schemas.sorting import FlowRunSort
 from prefect.context import FlowRunContext
 
 from flows.artifacts import artifact_key, put_artifact, top_flow_run_id
+from pbrl.config import num_rounds
 from pbrl.data.storage import RunPaths, existing_rounds
 from pbrl.run.folder import open_job
 
@@ -91,7 +92,7 @@ def home_markdown(run_dir: str | Path, runs: list[FlowRun], current: str | None,
     paths = RunPaths(run_dir)
     name, job = paths.root.name, open_job(paths.root)
     rounds = [r for r in existing_rounds(paths) if r > 0]
-    planned = getattr(job, "num_iterations", 1)
+    planned = num_rounds(job)
     tag = run_tag(name)
     lines = [
         f"# Run {name}",

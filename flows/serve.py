@@ -31,7 +31,29 @@ from flows.ui_form import form_defaults, form_layout
 DEFAULT_CRON = "0 2 * * *"  # 02:00 UTC every night (UTC avoids daylight-saving gaps)
 
 
-# Over 60 lines: one list of deployments, each call mostly its description text (what the Prefect UI shows).
+# The deployments whose parameters are the flow's own: (flow, name, description: what the Prefect UI shows).
+_FIXED_DEPLOYMENTS = (
+    (
+        config_file,
+        "config-file",
+        "Train from a YAML config file plus key=value overrides, as `pbrl train CONFIG --set ...` (same validation, "
+        "same run folder).",
+    ),
+    (
+        continue_run,
+        "continue",
+        "Continue a run by its name from its last complete stage, every option read from its run.json (as `pbrl "
+        "train --run RUN --resume`); num_iterations adds rounds to an iterative run.",
+    ),
+    (
+        train_flow,
+        "train",
+        "Train a run from a whole pbrl job given as one JSON object (for scripts and the API; the forms are "
+        "pbrl-train/madpo ... and pbrl-train/config-file).",
+    ),
+)
+
+
 def build_deployments(
     *,
     nightly_run: str | None = None,
@@ -43,64 +65,43 @@ def build_deployments(
     ``pool`` they are bound to that Prefect work pool and load their flows by module path (``flows.training
     .train_flow``), so a worker finds them wherever pbrl is installed, whatever its working directory."""
     kw: dict[str, Any] = {} if pool is None else {"work_pool_name": pool, "entrypoint_type": EntrypointType.MODULE_PATH}
-    deployments = [
-        TRAINER_FLOWS[trainer].to_deployment(
-            name=name,
-            description=f"Train a {trainer!r} run from a form: the options every run needs, then the sections "
-            + ", ".join(s for s in form_layout(trainer) if s != "main")
-            + " (each at its defaults until changed). The run's folder is <output_dir>/<Run Name>; Retry of a "
-            "failed run continues it.",
-            parameters=form_defaults(trainer),
-            tags=["pbrl", "form"],
-            concurrency_limit=1,
-            **kw,
-        )
-        for trainer, name in DEPLOYMENT_NAMES.items()
+    deployments = [_form_deployment(trainer, name, kw) for trainer, name in DEPLOYMENT_NAMES.items()]
+    deployments += [
+        flow.to_deployment(name=name, description=description, tags=["pbrl"], concurrency_limit=1, **kw)
+        for flow, name, description in _FIXED_DEPLOYMENTS
     ]
-    deployments.append(
-        config_file.to_deployment(
-            name="config-file",
-            description="Train from a YAML config file plus key=value overrides, as `pbrl train "
-            "CONFIG --set ...` (same validation, same run folder).",
-            tags=["pbrl"],
-            concurrency_limit=1,
-            **kw,
-        )
-    )
-    deployments.append(
-        continue_run.to_deployment(
-            name="continue",
-            description="Continue a run by its name from its last complete stage, every option read from its "
-            "run.json (as `pbrl train --run RUN --resume`); num_iterations adds rounds to an iterative run.",
-            tags=["pbrl"],
-            concurrency_limit=1,
-            **kw,
-        )
-    )
-    deployments.append(
-        train_flow.to_deployment(
-            name="train",
-            description="Train a run from a whole pbrl job given as one JSON object (for scripts and "
-            "the API; the forms are pbrl-train/madpo ... and pbrl-train/config-file).",
-            tags=["pbrl"],
-            concurrency_limit=1,
-            **kw,
-        )
-    )
     if nightly_run:
-        deployments.append(
-            add_iteration_flow.to_deployment(
-                name="nightly",
-                description=f"Add one iteration to run {nightly_run!r} {schedule_words(cron)} (cron {cron!r} in UTC: "
-                "the schedule's card shows the time without its zone, the run lists in your browser's time).",
-                schedule=Cron(cron, timezone="UTC", slug=schedule_words(cron)),
-                parameters={"run_name": nightly_run, "output_dir": output_dir},
-                concurrency_limit=1,
-                tags=["pbrl", "nightly"],
-                **kw,
-            )
-        )
+        deployments.append(_nightly_deployment(nightly_run, output_dir, cron, kw))
     return [_empty_is_none(d) for d in deployments]
+
+
+def _form_deployment(trainer: str, name: str, kw: dict[str, Any]) -> Any:
+    """``pbrl-train/<name>``: a form of the options of ``trainer`` (:mod:`flows.ui_form`), at their defaults."""
+    return TRAINER_FLOWS[trainer].to_deployment(
+        name=name,
+        description=f"Train a {trainer!r} run from a form: the options every run needs, then the sections "
+        + ", ".join(s for s in form_layout(trainer) if s != "main")
+        + " (each at its defaults until changed). The run's folder is <output_dir>/<Run Name>; Retry of a "
+        "failed run continues it.",
+        parameters=form_defaults(trainer),
+        tags=["pbrl", "form"],
+        concurrency_limit=1,
+        **kw,
+    )
+
+
+def _nightly_deployment(nightly_run: str, output_dir: str, cron: str, kw: dict[str, Any]) -> Any:
+    """``pbrl-add-iteration/nightly``: one more iteration of the run ``nightly_run`` on the UTC ``cron`` schedule."""
+    return add_iteration_flow.to_deployment(
+        name="nightly",
+        description=f"Add one iteration to run {nightly_run!r} {schedule_words(cron)} (cron {cron!r} in UTC: "
+        "the schedule's card shows the time without its zone, the run lists in your browser's time).",
+        schedule=Cron(cron, timezone="UTC", slug=schedule_words(cron)),
+        parameters={"run_name": nightly_run, "output_dir": output_dir},
+        concurrency_limit=1,
+        tags=["pbrl", "nightly"],
+        **kw,
+    )
 
 
 def schedule_words(cron: str) -> str:
@@ -119,7 +120,7 @@ def _empty_is_none(deployment: Any) -> Any:
     form. Prefect writes that null default into the schema, the UI fills the field with it, and the server's own
     validation then refuses it ("None is not of type 'integer'"); without it, the server takes an optional field
     that is empty or null as leaving it out, and the flow gets its Python default. Prefect has no public way to
-    leave a default out of the schema, so its private attribute is edited (tests/test_serve.py checks the
+    leave a default out of the schema, so its private attribute is edited (tests/unit/flows/test_serve.py checks the
     registered schema)."""
     for field in deployment._parameter_openapi_schema.properties.values():
         if "default" in field and field["default"] is None:

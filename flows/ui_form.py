@@ -141,7 +141,8 @@ SECTIONS: tuple[Section, ...] = (
         "eval_interval eval_num_samples eval_samples_per_item eval_batch_size",
     ),
 )
-# Where an option that no section names goes (one added since this table was written; tests/test_serve.py names it).
+# Where an option that no section names goes (one added since this table was written;
+# tests/unit/flows/test_serve.py names it).
 OTHER = Section("other", "More options.", ())
 SECTION_NAMES = frozenset(s.name for s in (*SECTIONS, OTHER))
 

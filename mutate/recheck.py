@@ -6,7 +6,7 @@ into ``mutants/tests`` first). Used to confirm that a test written for a survivo
 
 Usage, from ``<run folder>/mutants``::
 
-    python /path/to/mutate/recheck.py "tests/test_pinned_rl.py,-k,run_rl" pbrl.learning.rl.x_run_rl__mutmut_125 ...
+    python /path/to/mutate/recheck.py "tests/pinned/test_rl.py,-k,run_rl" pbrl.learning.rl.x_run_rl__mutmut_125 ...
 
 The first argument is the pytest arguments, comma-separated. Prints ``KILLED`` (some test failed) or
 ``SURVIVED`` per mutant; exits 1 when any survived.

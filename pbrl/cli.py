@@ -84,8 +84,6 @@ def _runner_set(runner: str | None) -> list[str]:
     return [f"runner={runner}"] + ([] if runner == "ray" else ["ray_address="])
 
 
-# Over 60 lines: its typer signature declares eight options (~20 lines); the body reads as one recipe (check the
-# options, load the job and preflight it before Prefect starts, run, and the two endings of a Ctrl-C).
 @app.command()
 def train(
     config: Annotated[Path | None, typer.Argument(help="YAML config (flat: run and trainer options).")] = None,
@@ -114,49 +112,89 @@ def train(
     """
     from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
 
-    if run is not None and not resume:
-        raise _fail(ValueError("--run continues an existing run: add --resume"))
-    if run is None and config is None:
-        raise _fail(ValueError("give a CONFIG file, or --run RUN --resume"))
-    if quiet and verbose:
-        raise _fail(ValueError("--quiet and --verbose: give one of them"))
-    verbosity = "quiet" if quiet else "verbose" if verbose else "normal"
+    verbosity = _verbosity(config, run, resume=resume, quiet=quiet, verbose=verbose)
     orchestration.quiet_libraries()  # before preflight, which may build or convert a packaged model
     folder: Path | None = run
     try:
         with _expected_errors(2):
-            if run is None:
-                job = _load(config, [*(set_ or []), *_runner_set(runner)], run_name, quiet=quiet)
-            # The temporary server starts while torch and transformers are imported (seconds each).
-            orchestration.prepare_prefect()
-            from pbrl.run.folder import open_run, run_dir_for, start_problems  # deferred: imports torch (seconds)
-            from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
-
-            if run is not None:  # the stored job; --set and --runner may change what a resume may change
-                job = open_run(run, [*(set_ or []), *_runner_set(runner)])
-            folder = run if run is not None else run_dir_for(job)
-            problems = start_problems(job, folder, resume=resume)  # before Prefect starts: one clear message
-            if problems:
-                raise ConfigError(problems)
-            if resume and not (folder / "run.json").is_file() and not quiet:
-                err.print(f"note: no run at {folder} yet: starting it")
-            # A resumed run reads its stored items; a new one's items are loaded and formatted here.
-            stored = folder / "items.parquet"
-            preflight(job, check_items=not (resume and stored.is_file()))
-            require_ray_extra(job.runner)
+            job, folder = _job_to_train(config, [*(set_ or []), *_runner_set(runner)], run_name, run, quiet=quiet)
+            _check_start(job, folder, resume=resume, quiet=quiet)
         orchestration.mark_interrupts()
         with _expected_errors(1):
             out = _train_with_progress(job, resume, verbosity)
     except BaseException as exc:
         if isinstance(exc, typer.Exit) or not orchestration.interrupted(exc):
             raise
-        # Ctrl-C: Prefect has recorded the run as crashed; finished stages are kept and come back cached.
-        if folder is not None and (folder / "run.json").is_file():
-            raise _stopped(f"resume with `pbrl train --run {folder} --resume`") from None
-        raise _stopped("nothing was stored; start the run again") from None
+        raise _stopped(_after_interrupt(folder)) from None
     # The stages' messages were said as each stage ended (RunDisplay).
     with _expected_errors(1):
         _print_rounds(Path(out["run_dir"]), wide=wide)
+
+
+def _verbosity(config: Path | None, run: Path | None, *, resume: bool, quiet: bool, verbose: bool) -> str:
+    """``"quiet"``, ``"verbose"`` or ``"normal"``, once ``pbrl train``'s options are checked together.
+
+    Raises:
+        typer.Exit: (code 2, the line said) ``--run`` without ``--resume``, neither CONFIG nor ``--run``, or both
+            ``--quiet`` and ``--verbose``.
+    """
+    if run is not None and not resume:
+        raise _fail(ValueError("--run continues an existing run: add --resume"))
+    if run is None and config is None:
+        raise _fail(ValueError("give a CONFIG file, or --run RUN --resume"))
+    if quiet and verbose:
+        raise _fail(ValueError("--quiet and --verbose: give one of them"))
+    return "quiet" if quiet else "verbose" if verbose else "normal"
+
+
+def _job_to_train(
+    config: Path | None, overrides: list[str], run_name: str | None, run: Path | None, *, quiet: bool
+) -> tuple[JobConfig, Path]:
+    """The job ``pbrl train`` runs and its run folder: CONFIG with ``overrides`` (its own problems said before
+    Prefect and torch load), or the job stored in ``run`` (``overrides`` may change what a resume may change).
+
+    Raises:
+        ConfigError: the config's or the stored run's problems.
+    """
+    from pbrl import orchestration  # deferred: Prefect reads settings that orchestration sets first
+
+    job = _load(config, overrides, run_name, quiet=quiet) if run is None else None
+    # The temporary server starts while torch and transformers are imported (seconds each).
+    orchestration.prepare_prefect()
+    from pbrl.run.folder import open_run, run_dir_for  # deferred: imports torch (seconds)
+
+    if run is not None:
+        return open_run(run, overrides), run
+    return job, run_dir_for(job)
+
+
+def _check_start(job: JobConfig, folder: Path, *, resume: bool, quiet: bool) -> None:
+    """What must hold before Prefect starts, said in one clear message: the run folder may be started or resumed,
+    the task, items and models are there (a resumed run reads its stored items; a new one's are loaded and
+    formatted here), and Ray is installed when the job runs on it.
+
+    Raises:
+        ConfigError: every problem found.
+    """
+    from pbrl.run.folder import start_problems  # deferred: imports torch (seconds)
+    from pbrl.run.preflight import preflight  # deferred: imports torch and transformers (seconds)
+
+    problems = start_problems(job, folder, resume=resume)
+    if problems:
+        raise ConfigError(problems)
+    if resume and not (folder / "run.json").is_file() and not quiet:
+        err.print(f"note: no run at {folder} yet: starting it")
+    stored = folder / "items.parquet"
+    preflight(job, check_items=not (resume and stored.is_file()))
+    require_ray_extra(job.runner)
+
+
+def _after_interrupt(folder: Path | None) -> str:
+    """What to do after Ctrl-C stopped ``pbrl train``: Prefect has recorded the run as crashed; finished stages are
+    kept and come back cached when it is resumed."""
+    if folder is not None and (folder / "run.json").is_file():
+        return f"resume with `pbrl train --run {folder} --resume`"
+    return "nothing was stored; start the run again"
 
 
 @app.command()

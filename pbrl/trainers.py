@@ -12,7 +12,7 @@ module-level functions are also recorded by import path so that ``pbrl stage`` c
 objects (``agents=[model, ...]``) are saved once, by content, under ``<storage>/models/objects/`` (``PBRL_STORAGE``,
 else ``./storage``), and the run names them ``model-object:<name>``, never an absolute path, so every stage,
 ``pbrl stage`` and ``pbrl train --resume`` load them as any local model. The arguments become config values in
-:mod:`pbrl.run.trainer_arguments`; model objects and ``peft_config`` are handled in :mod:`pbrl.run.model_objects`.
+:mod:`pbrl.trainer_arguments`; model objects and ``peft_config`` are handled in :mod:`pbrl.model_objects`.
 """
 
 from __future__ import annotations
@@ -43,26 +43,20 @@ from pbrl.config import (
 from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.errors import ConfigError, Problem
 from pbrl.judging.verdicts import PairwiseJudge
+from pbrl.model_objects import model_objects, peft_default_targets, peft_lora_options, save_model_object
 from pbrl.models.loading import resolve_model_source
 from pbrl.models.packaged import PACKAGED_MODELS
 from pbrl.reporting.metrics import round_table
 from pbrl.reporting.tracker_tools import require_trackers, tracker_names
 from pbrl.reporting.trackers import RunTracker
 from pbrl.run.export import TrainedAgent, export_agents, load_trained_agents
-from pbrl.run.folder import generated_run_name, held_if_exists, prepare_run, run_dir_for
+from pbrl.run.folder import held_if_exists, prepare_run, run_dir_for
 from pbrl.run.judging import IN_PROCESS_JUDGE, attach_judge, judge_object
-from pbrl.run.model_objects import lora_options, model_objects, peft_default_targets, save_model_object
 from pbrl.run.preflight_env import device_problems, folder_problems, thread_problems
 from pbrl.run.settings import policy_source
 from pbrl.run.task import IN_PROCESS_TASK, resolve_task
-from pbrl.run.trainer_arguments import (
-    argument_errors,
-    as_config_value,
-    dataset_config_value,
-    path_text,
-    trainer_config,
-)
 from pbrl.tasks.base import Task
+from pbrl.trainer_arguments import argument_errors, as_config_value, run_record, trainer_config
 
 __all__ = [
     "MADPOConfig",
@@ -118,7 +112,8 @@ class _PreferenceTrainer:
     _trainer: ClassVar[str]
 
     # Over 60 lines because of its signature and docstring (every argument of the API, each documented); the code,
-    # which checks every argument and reports every problem at once, is ~50 lines.
+    # which checks every argument and reports every problem at once, is ~25 lines.
+    # Its parameters are the reference library's trainer arguments: a config record's fields, as keywords.
     def __init__(
         self,
         args: TrainerConfig | Mapping[str, Any] | None = None,
@@ -180,58 +175,55 @@ class _PreferenceTrainer:
         wrong = argument_errors(self._trainer, cls_name, run_options, _EXPLICIT)
         if wrong:
             raise TypeError(f"{cls_name}: " + "; ".join(wrong))
-        problems: list[Problem] = []
-        try:
-            self.args = trainer_config(self._trainer, cls_name, args)
-        except ConfigError as exc:  # listed with the run-level options' problems below
-            problems = list(exc.problems)
+        problems = self._take_args(args, judge)
         self.callbacks = check_callbacks(callbacks)
         self.resume = resume
         self._fns = {"reward_func": reward_func, "reward_processor": reward_processor}
         self._judge = judge
-        args_given = getattr(self, "args", None)  # None when the trainer config itself had problems
-        if judge is not None and args_given is not None and "preference_source" not in args_given.model_fields_set:
-            self.args = self.args.model_copy(update={"preference_source": "judge"})
         self._formatters = formatters
         self._items = {"train_dataset": train_dataset, "eval_dataset": eval_dataset}
         self._task = task
         self._objects, object_problems = model_objects(agents, agent_model, tokenizers)
-        problems += object_problems
-        lora: dict[str, Any] = {}
-        if peft_config is not None:
-            lora, lora_problems = lora_options(peft_config)
-            problems += lora_problems
-            problems += [
-                Problem(k, run_options[k], "give LoRA settings either as peft_config or as lora_* options, not both")
-                for k in lora
-                if k in run_options
-            ]
+        lora, lora_problems = peft_lora_options(peft_config, run_options)
+        problems += object_problems + lora_problems
         # peft's LoraConfig(target_modules=None) adapts the architecture's default modules, known once the model is.
         self._peft_default_targets = peft_config is not None and lora.get("lora_target_modules") is None
-        run = {
-            **run_options,
-            **lora,
-            "trainer": self._trainer,
-            "run_name": run_name or generated_run_name(self._trainer),
-            # model objects stand in as None here; _job names them by their saved folders
-            "agents": [a if isinstance(a, str) else path_text(a) for a in agents] if agents else None,
-            "agent_model": path_text(agent_model),
-            "task": task,
-            "task_options": dict(task_options) if task_options else None,
-            "train_dataset": dataset_config_value(train_dataset),
-            "eval_dataset": dataset_config_value(eval_dataset),
-            "report_to": report_to if report_to is None or isinstance(report_to, str) else list(report_to),
-            "output_dir": path_text(output_dir),
-            "seed": seed,
-        }
-        self._run = {k: v for k, v in run.items() if v is not None}
-        if problems:  # with the run-level options' own problems: every problem at once
+        named = {"agents": agents, "agent_model": agent_model, "task": task, "task_options": task_options}
+        named |= {"train_dataset": train_dataset, "eval_dataset": eval_dataset, "report_to": report_to}
+        named |= {"run_name": run_name, "output_dir": output_dir, "seed": seed}
+        self._run = run_record(self._trainer, {**run_options, **lora}, named)
+        self._check(problems)
+
+    def _take_args(self, args: TrainerConfig | Mapping[str, Any] | None, judge: Any) -> list[Problem]:
+        """Set ``self.args``, the trainer config of ``args`` (with a judge, ``preference_source='judge'`` unless
+        ``args`` sets it); return its problems instead (``self.args`` is then not set).
+
+        Raises:
+            TypeError: as :func:`~pbrl.trainer_arguments.trainer_config`.
+        """
+        try:
+            self.args = trainer_config(self._trainer, type(self).__name__, args)
+        except ConfigError as exc:  # listed with the run-level options' problems (_check)
+            return list(exc.problems)
+        if judge is not None and "preference_source" not in self.args.model_fields_set:
+            self.args = self.args.model_copy(update={"preference_source": "judge"})
+        return []
+
+    def _check(self, problems: list[Problem]) -> None:
+        """Raise every problem of the arguments at once, with the run-level options' own; then check the job and
+        what this machine cannot run (devices, folders, threads: :mod:`pbrl.run.preflight_env`), before anything
+        is loaded.
+
+        Raises:
+            ConfigError: the problems, each naming its option.
+        """
+        if problems:
             found = problems + collect_problems(RunConfig, self._run_values(self._run)[0])
             raise ConfigError(list({str(p): p for p in found}.values()))
         job = self._job(self._run)  # every value checked now (model objects stand in by name)
         stored = bool(self._objects) or any(m in PACKAGED_MODELS for m in policy_source(job).models)
         machine = device_problems(job) + thread_problems(job) + folder_problems(job, packaged_models=stored)
-        if machine:  # what this machine cannot run, before anything is loaded (pbrl.run.preflight_env)
+        if machine:
             raise ConfigError(machine)
 
     def _run_values(

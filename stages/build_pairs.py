@@ -22,7 +22,6 @@ from pbrl.data.seeds import numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import cross_pairs_schema, read_joint_responses, read_rows, write_table
 from pbrl.learning.joint_template import joint_template_for, pair_joint_rows
-from pbrl.learning.reward_scoring import pair_joint_ids_path
 from pbrl.preference.pairs import (
     CandidateRef,
     JudgedPair,
@@ -33,6 +32,7 @@ from pbrl.preference.pairs import (
     iterative_candidate_pairs,
 )
 from pbrl.preference.selection import select_pairs
+from pbrl.run.reward_records import pair_joint_ids_path
 from pbrl.run.settings import policy_source
 from pbrl.run.stage_record import StageRecord
 

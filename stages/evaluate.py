@@ -38,11 +38,12 @@ from pbrl.errors import OracleError
 from pbrl.generation.collaboration import actor_prompts, is_parse_failure, score_joint, write_eval_roles
 from pbrl.generation.sampling import encode_prompt, generate
 from pbrl.judging.win_rate import SampleKey, draw_comparisons, win_values
-from pbrl.models.policies import load_agent, policy_checkpoint
+from pbrl.models.policies import load_agent
 from pbrl.preference.oracle import Oracle, OracleScore
 from pbrl.reporting.stats import mean_interval, paired_difference
 from pbrl.run.askings import position_swap
 from pbrl.run.judging import answer_store, judge_for
+from pbrl.run.policy_records import policy_checkpoint
 from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter, policy_source, sampling_settings
 from pbrl.run.stage_record import StageRecord

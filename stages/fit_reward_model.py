@@ -20,23 +20,27 @@ the backbone on their responses again (:mod:`pbrl.learning.feature_store`).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from pbrl.config import JobConfig
-from pbrl.data.schema import PAIR_JOINT_IDS, SELECTED_PAIRS, PairRow
+from pbrl.data.schema import PAIR_JOINT_IDS, PairRow
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import read_rows, read_selected_pairs
 from pbrl.errors import ArtifactError
 from pbrl.learning.feature_store import backbone_fingerprint, features_path, load_features, save_features
 from pbrl.learning.joint_template import JointInput, joint_input_ids, joint_template_for
-from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_correct, pair_metrics
-from pbrl.learning.reward_model import row_digest
+from pbrl.learning.reward_fit import Pair, PairMetrics, fit_bradley_terry, heldout_split, pair_correct, pair_metrics
+from pbrl.learning.reward_model import JointRewardModel, row_digest
 from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model, save_reward_model
-from pbrl.learning.reward_scoring import pair_joint_ids_path, reward_device, reward_model_dir
+from pbrl.learning.reward_scoring import reward_device
 from pbrl.reporting.stats import Interval, bootstrap_mean
+from pbrl.run.reward_records import pair_joint_ids_path, reward_model_dir
+from pbrl.run.selection_records import selected_source_rounds
 from pbrl.run.settings import policy_source
 from pbrl.run.stage_record import StageRecord
 
@@ -45,12 +49,8 @@ HELDOUT_SHARE = 0.25  # share of the selected pairs' items whose pairs are held 
 SCORE_BATCH = 16  # joint inputs per scoring forward
 
 
-def _source_rounds(paths: RunPaths, round_index: int) -> list[int]:
-    return sorted({r["source_round"] for r in read_rows(paths.selected_pairs(round_index), SELECTED_PAIRS)})
-
-
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
-    rounds = _source_rounds(paths, round_index)
+    rounds = selected_source_rounds(paths, round_index)
     return [
         paths.selected_pairs(round_index),
         *(paths.pairs(r) for r in rounds),
@@ -145,8 +145,17 @@ def stored_features(
     return known
 
 
-# Over 60 lines: the stage reads as one recipe (the pairs' joint ids, the held-out split, the fit, the metrics
-# with their interval over items, the model and manifest) over shared local state.
+@dataclass(frozen=True)
+class FitOutcome:
+    """What one fit measured: the fit's counts (:func:`pbrl.learning.reward_fit.fit_bradley_terry`), the metrics
+    on the training and the held-out pairs, and per held-out pair whether the model orders it right."""
+
+    stats: dict[str, int]
+    fitted: PairMetrics
+    heldout: PairMetrics
+    correct: list[bool]
+
+
 def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     record = StageRecord(NAME, run_dir, round_index, job)
     paths = record.paths
@@ -158,94 +167,133 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
             f"{dropped} selected pair(s) left out: their responses do not fit reward_max_length={job.reward_max_length}"
         )
     if not usable:
-        record.say("no usable preference pairs: no reward model is fitted and the policies are not updated")
-        record.counts = {"pairs": len(pairs), "dropped_too_long": dropped, "train_pairs": 0, "heldout_pairs": 0}
-        record.details = {"fitted": False}
-        manifest = record.finish(input_files(paths, round_index, job), [])
-        shutil.rmtree(out, ignore_errors=True)  # an earlier attempt's folder: no manifest names it
-        features_path(paths.round_dir(round_index)).unlink(missing_ok=True)  # and its stored features
-        return manifest
+        return _finish_unfitted(record, len(pairs), dropped)
 
     spec = spec_of(job)
-
-    def seed(side: str) -> int:
-        return derive_seed(job.seed, round_index=round_index, stage=NAME, side=side)
-
     device = reward_device(job.reward_model_device, job.agent_devices, job.num_agents)
-    model = new_reward_model(spec, seed=seed("init"), device=device)
-    train_idx, held_idx = heldout_split([p["item_id"] for p in kept], HELDOUT_SHARE, seed("heldout"))
+    model = new_reward_model(spec, seed=_seed(job, round_index, "init"), device=device)
+    train_idx, held_idx = heldout_split([p["item_id"] for p in kept], HELDOUT_SHARE, _seed(job, round_index, "heldout"))
     train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
-    progress = record.progress(job.reward_num_train_epochs * -(-len(train) // job.reward_train_batch_size), "steps")
-
-    def on_step(loss: float) -> None:
-        progress.advance()
-        record.log(progress.done, {"rm/loss": loss})
-
-    fingerprint = (
-        backbone_fingerprint(
-            model.backbone,
-            source=spec.source,
-            pooling=spec.pooling,
-            backbone_layers=spec.backbone_layers,
-            num_agents=spec.num_agents,
-        )
-        if model.backbone_frozen
-        else ""
-    )
+    on_step = _step_logger(record, job.reward_num_train_epochs * -(-len(train) // job.reward_train_batch_size))
+    fingerprint = _fingerprint(model, spec)
     known = stored_features(paths, round_index, source_rounds(pairs), fingerprint, model.head.weight.device)
+    stored = features_path(paths.round_dir(round_index))
     # A frozen backbone runs once per distinct row (fit, then both metrics) and never on a stored one.
     with model.remembered_features(known) as memory:
-        stats = fit_bradley_terry(
-            model,
-            train,
-            epochs=job.reward_num_train_epochs,
-            batch_size=job.reward_train_batch_size,
-            learning_rate=job.reward_learning_rate,
-            seed=seed("order"),
-            max_grad_norm=job.max_grad_norm,
-            on_step=on_step,
-        )
-        fitted, heldout = pair_metrics(model, train, SCORE_BATCH), pair_metrics(model, held, SCORE_BATCH)
-        correct = pair_correct(model, held, SCORE_BATCH)
-        own = {
-            row_digest(row)
-            for p, pair in zip(kept, usable, strict=True)
-            if p["round_index"] == round_index
-            for row in pair
-        }
-        save_features(
-            features_path(paths.round_dir(round_index)), {d: memory[d] for d in own if d in memory}, fingerprint
-        )
-    interval = heldout_interval([kept[i]["item_id"] for i in held_idx], correct, seed("heldout-interval"))
+        outcome = _fit_and_measure(model, train, held, job, _seed(job, round_index, "order"), on_step)
+        own = _own_rows(kept, usable, round_index)
+        save_features(stored, {d: memory[d] for d in own if d in memory}, fingerprint)
+    items = [kept[i]["item_id"] for i in held_idx]
+    interval = heldout_interval(items, outcome.correct, _seed(job, round_index, "heldout-interval"))
     save_reward_model(model, spec, out, max_length=job.reward_max_length)
-    record.metrics = {
-        "rm/loss": fitted.loss,
-        "rm/accuracy": fitted.accuracy,
-        "rm/margin_mean": fitted.margin_mean,
-        "rm/heldout_loss": heldout.loss,
-        "rm/heldout_accuracy": heldout.accuracy,
-        "rm/heldout_margin_mean": heldout.margin_mean,
-    }
-    if interval is not None:
-        record.metrics |= {"rm/heldout_accuracy_lo": interval.low, "rm/heldout_accuracy_hi": interval.high}
-        if interval.low <= 0.5:
-            record.say(
-                f"the reward model is no better than chance on pairs of items it never saw: accuracy "
-                f"{interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}] on {len(held)} pairs of "
-                f"{interval.n} items; RL would follow noise (docs/design/algorithms.md#joint-reward-model)"
-            )
+    record.metrics = _metrics(outcome, interval)
+    if interval is not None and interval.low <= 0.5:
+        record.say(
+            f"the reward model is no better than chance on pairs of items it never saw: accuracy "
+            f"{interval.mean:.2f} [{interval.low:.2f}, {interval.high:.2f}] on {len(held)} pairs of "
+            f"{interval.n} items; RL would follow noise (docs/design/algorithms.md#joint-reward-model)"
+        )
     record.counts = {
         "pairs": len(pairs),
         "dropped_too_long": dropped,
         "train_pairs": len(train),
         "heldout_pairs": len(held),
-        **stats,
+        **outcome.stats,
     }
-    if stats["skipped_steps"]:
-        record.say(f"{stats['skipped_steps']} reward-model step(s) skipped: non-finite loss or gradient")
+    if outcome.stats["skipped_steps"]:
+        record.say(f"{outcome.stats['skipped_steps']} reward-model step(s) skipped: non-finite loss or gradient")
     record.details = {"fitted": True, "reward_model": paths.rel(out), "trained": spec.trained, "source": spec.source}
-    stored = features_path(paths.round_dir(round_index))
     return record.finish(input_files(paths, round_index, job), [out, *([stored] if stored.is_file() else [])])
+
+
+def _seed(job: JobConfig, round_index: int, side: str) -> int:
+    """The seed of one random step of the fit: ``(seed, round, "fit-reward-model", side)``."""
+    return derive_seed(job.seed, round_index=round_index, stage=NAME, side=side)
+
+
+def _finish_unfitted(record: StageRecord, num_pairs: int, dropped: int) -> StageManifest:
+    """The manifest of a round without usable pairs (no model fitted); an earlier attempt's model folder and stored
+    features, which no manifest names, are deleted after it is written."""
+    paths, round_index = record.paths, record.round_index
+    record.say("no usable preference pairs: no reward model is fitted and the policies are not updated")
+    record.counts = {"pairs": num_pairs, "dropped_too_long": dropped, "train_pairs": 0, "heldout_pairs": 0}
+    record.details = {"fitted": False}
+    manifest = record.finish(input_files(paths, round_index, record.job), [])
+    shutil.rmtree(reward_model_dir(paths.round_dir(round_index)), ignore_errors=True)  # an earlier attempt's folder
+    features_path(paths.round_dir(round_index)).unlink(missing_ok=True)  # and its stored features
+    return manifest
+
+
+def _step_logger(record: StageRecord, total_steps: int) -> Callable[[float], None]:
+    """A fit's ``on_step``: advances the stage's progress over ``total_steps`` and logs ``rm/loss`` at each step."""
+    progress = record.progress(total_steps, "steps")
+
+    def on_step(loss: float) -> None:
+        progress.advance()
+        record.log(progress.done, {"rm/loss": loss})
+
+    return on_step
+
+
+def _fingerprint(model: JointRewardModel, spec: RewardModelSpec) -> str:
+    """The frozen backbone's fingerprint that keys stored features (:mod:`pbrl.learning.feature_store`); "" for a
+    backbone that trains (its features are never stored)."""
+    if not model.backbone_frozen:
+        return ""
+    return backbone_fingerprint(
+        model.backbone,
+        source=spec.source,
+        pooling=spec.pooling,
+        backbone_layers=spec.backbone_layers,
+        num_agents=spec.num_agents,
+    )
+
+
+def _fit_and_measure(
+    model: JointRewardModel,
+    train: list[Pair],
+    held: list[Pair],
+    job: JobConfig,
+    order_seed: int,
+    on_step: Callable[[float], None],
+) -> FitOutcome:
+    """Fit ``model`` on the ``train`` pairs (Bradley–Terry, the job's ``reward_*`` settings, batches in the order of
+    ``order_seed``), then measure it on the training and the held-out pairs."""
+    stats = fit_bradley_terry(
+        model,
+        train,
+        epochs=job.reward_num_train_epochs,
+        batch_size=job.reward_train_batch_size,
+        learning_rate=job.reward_learning_rate,
+        seed=order_seed,
+        max_grad_norm=job.max_grad_norm,
+        on_step=on_step,
+    )
+    fitted, heldout = pair_metrics(model, train, SCORE_BATCH), pair_metrics(model, held, SCORE_BATCH)
+    return FitOutcome(stats, fitted, heldout, pair_correct(model, held, SCORE_BATCH))
+
+
+def _own_rows(kept: list[PairRow], usable: list[Pair], round_index: int) -> set[str]:
+    """The row digests of the joint inputs of this round's own pairs (their features are stored by this round)."""
+    return {
+        row_digest(row) for p, pair in zip(kept, usable, strict=True) if p["round_index"] == round_index for row in pair
+    }
+
+
+def _metrics(outcome: FitOutcome, interval: Interval | None) -> dict[str, float]:
+    """The ``rm/*`` metrics (training pairs) and ``rm/heldout_*`` ones (held-out pairs, with the accuracy's 95 %
+    interval over items when there are held-out pairs)."""
+    metrics = {
+        "rm/loss": outcome.fitted.loss,
+        "rm/accuracy": outcome.fitted.accuracy,
+        "rm/margin_mean": outcome.fitted.margin_mean,
+        "rm/heldout_loss": outcome.heldout.loss,
+        "rm/heldout_accuracy": outcome.heldout.accuracy,
+        "rm/heldout_margin_mean": outcome.heldout.margin_mean,
+    }
+    if interval is not None:
+        metrics |= {"rm/heldout_accuracy_lo": interval.low, "rm/heldout_accuracy_hi": interval.high}
+    return metrics
 
 
 def heldout_interval(items: list[str], correct: list[bool], seed: int) -> Interval | None:

@@ -14,6 +14,7 @@ With ``collaboration_mode: centralized`` one actor (agent_0) samples joint respo
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,9 @@ from pbrl.data.storage import RunPaths, StageManifest
 from pbrl.data.tables import write_table
 from pbrl.distributed.shards import ShardSet, gather_shards
 from pbrl.generation.api_formats import ApiSettings
-from pbrl.generation.centralized import ADAPTER_FIELD, load_adapter
+from pbrl.generation.centralized import load_adapter
 from pbrl.generation.collaboration import actor_prompts
-from pbrl.generation.comparator_factory import build_comparator
+from pbrl.generation.comparator_factory import build_comparator, compared_round
 from pbrl.generation.comparators import (
     Comparator,
     ComparatorRequest,
@@ -36,8 +37,9 @@ from pbrl.generation.comparators import (
     SamplingSide,
     target_side,
 )
-from pbrl.generation.sampling import encode_prompt, generate
-from pbrl.models.policies import load_agent
+from pbrl.generation.sampling import SamplingSettings, encode_prompt, generate
+from pbrl.models.policies import AgentPolicy, load_agent
+from pbrl.run.policy_records import policy_checkpoint
 from pbrl.run.progress import Progress
 from pbrl.run.settings import centralized_adapter, policy_source, sampling_settings
 from pbrl.run.stage_record import StageRecord
@@ -75,18 +77,21 @@ def comparator_settings(job: JobConfig, paths: RunPaths | None = None, round_ind
         models = ()
     # Centralized collaboration: the one actor's comparator already writes the joint response (split by the oracle).
     centralized = job.comparator_generation_mode == "centralized" and not is_centralized(job)
+    history_k = job.comparator_history_k or 1
+    compared = compared_round(job.comparator_policy, round_index, history_k) if paths is not None else None
     return ComparatorSettings(
         policy=job.comparator_policy,
         num_candidates=job.comparator_num_candidates or job.preference_num_candidates,
-        history_k=job.comparator_history_k or 1,
+        history_k=history_k,
         agent_devices=job.agent_devices,
         comparator_devices=job.comparator_devices,
         model_sources=models,
         dtype=policy_source(job).dtype,
         api=api_settings(job) if job.comparator_policy == "api" else None,
-        centralized_adapter=load_adapter(getattr(job, ADAPTER_FIELD, None)) if centralized else None,
+        centralized_adapter=load_adapter(job.comparator_centralized_adapter) if centralized else None,
         centralized_index=job.comparator_centralized_agent_index,
         store_dir=paths.round_dir(round_index) / API_STORE if paths is not None else None,
+        checkpoint=policy_checkpoint(paths, compared) if paths is not None and compared is not None else None,
     )
 
 
@@ -100,12 +105,12 @@ def comparator(paths: RunPaths, round_index: int, job: JobConfig) -> Comparator 
         policy = load_agent(source, agent, checkpoint, trainable=False, devices=devices)
         return policy.model, policy.tokenizer
 
-    return build_comparator(paths, round_index, comparator_settings(job, paths, round_index), load_checkpoint)
+    return build_comparator(comparator_settings(job, paths, round_index), load_checkpoint)
 
 
 def sides(paths: RunPaths, round_index: int, job: JobConfig, comp: Comparator | None) -> list[SamplingSide]:
     """The target side, plus the comparator's checkpoint side when it samples one with the target."""
-    out = [target_side(paths, round_index, job.preference_num_candidates, job.agent_devices)]
+    out = [target_side(policy_checkpoint(paths, round_index - 1), job.preference_num_candidates, job.agent_devices)]
     if comp is not None and comp.checkpoint_side is not None:
         out.append(comp.checkpoint_side)
     return out
@@ -123,8 +128,18 @@ def items_to_shard(paths: RunPaths, round_index: int, job: JobConfig) -> list[It
     return read_items(paths, "train")
 
 
-# Over 60 lines: one sampling pass reads top to bottom (per agent and shared-model group: load, seed, generate,
-# rows; then the comparator's rows); the seed and row constructors, one field per line, are half of it.
+@dataclass(frozen=True)
+class SamplingPass:
+    """What every agent's sampling in one pass shares: the round, the run seed, the items (in order), the sampling
+    settings and the progress its rows advance."""
+
+    round_index: int
+    seed: int
+    items: list[Item]
+    settings: SamplingSettings
+    progress: Progress
+
+
 def collect(
     paths: RunPaths, round_index: int, job: JobConfig, items: list[Item]
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -138,82 +153,103 @@ def collect(
     job = actor_job(job)
     comp = comparator(paths, round_index, job)
     plan = sides(paths, round_index, job, comp)
-    settings = sampling_settings(job)
-    # Sides that share a checkpoint and devices share one loaded model and one batched generate.
-    groups: dict[tuple[Path, str], list[SamplingSide]] = defaultdict(list)
-    for s in plan:
-        groups[(s.checkpoint, repr(s.devices))].append(s)
-
-    rows: list[CandidateRow] = []
-    prompts, prompt_ids, tokenizers = [], [], []
     total = job.num_agents * len(items) * sum(s.num_candidates for s in plan)
     progress = Progress(str(paths.root), round_index, NAME, total, "rows")
+    sampling = SamplingPass(round_index, job.seed, items, sampling_settings(job), progress)
+    groups = _shared_models(plan)
+    rows: list[CandidateRow] = []
+    prompts, prompt_ids, tokenizers = [], [], []
     for agent, agent_prompts in enumerate(actor_prompts(task, items, centralized_adapter(job))):
         prompts.append(agent_prompts)
         for (checkpoint, _), group in groups.items():
             policy = load_agent(policy_source(job), agent, checkpoint, trainable=False, devices=group[0].devices)
-            ids = [encode_prompt(policy.tokenizer, p) for p in prompts[agent]]
+            ids = [encode_prompt(policy.tokenizer, p) for p in agent_prompts]
             if any(s.side == "target" for s in group):  # the target's tokenizer and prompt ids are what is stored
                 prompt_ids.append(ids)
                 tokenizers.append(policy.tokenizer)
-            requests = [(s.side, i, k) for s in group for i in range(len(items)) for k in range(s.num_candidates)]
-            seeds = [
-                derive_seed(
-                    job.seed,
-                    round_index=round_index,
-                    stage=NAME,
-                    side=side,
-                    agent=agent,
-                    item=items[i]["item_id"],
-                    index=k,
-                )
-                for side, i, k in requests
-            ]
-            names = [f"agent {agent}, item {items[i]['item_id']!r}, {side} candidate {k}" for side, i, k in requests]
-            gens = generate(
-                policy.model,
-                policy.tokenizer,
-                [ids[i] for _, i, _ in requests],
-                seeds,
-                settings,
-                row_names=names,
-                on_rows=progress.advance,
-            )
-            rows += [
-                CandidateRow(
-                    items[i]["item_id"],
-                    side,
-                    k,
-                    agent,
-                    prompts[agent][i],
-                    ids[i],
-                    g.text,
-                    g.completion_ids,
-                    g.finish_reason,
-                    g.stop_token_id,
-                    g.seed,
-                    "generated",
-                )
-                for (side, i, k), g in zip(requests, gens, strict=True)
-            ]
+            rows += _sample_group(policy, group, agent, agent_prompts, ids, sampling)
             del policy
+    if comp is None:
+        return [r.as_dict() for r in rows], {}
+    request = ComparatorRequest(
+        round_index,
+        job.seed,
+        items,
+        prompts,
+        prompt_ids,
+        tokenizers,
+        sampling.settings,
+        shared_rows=[r for r in rows if r.side == "comparator"],
+    )
+    output = comp.candidates(request)
+    rows = [r for r in rows if r.side != "comparator"] + output.rows
+    return [r.as_dict() for r in rows], output.counts
 
-    counts: dict[str, int] = {}
-    if comp is not None:
-        request = ComparatorRequest(
-            round_index,
-            job.seed,
-            items,
-            prompts,
-            prompt_ids,
-            tokenizers,
-            settings,
-            shared_rows=[r for r in rows if r.side == "comparator"],
+
+def _shared_models(plan: list[SamplingSide]) -> dict[tuple[Path, str], list[SamplingSide]]:
+    """The sides grouped by (checkpoint, devices): sides that share both share one loaded model and one batched
+    generate."""
+    groups: dict[tuple[Path, str], list[SamplingSide]] = defaultdict(list)
+    for s in plan:
+        groups[(s.checkpoint, repr(s.devices))].append(s)
+    return groups
+
+
+def _sample_group(
+    policy: AgentPolicy,
+    group: list[SamplingSide],
+    agent: int,
+    prompts: list[str],
+    ids: list[list[int]],
+    sampling: SamplingPass,
+) -> list[CandidateRow]:
+    """The candidate rows of one agent's sides that share ``policy``: every side's candidates of every item, in one
+    batched generate, each row from its own seed ``(seed, round, side, agent, item, candidate)``.
+
+    Args:
+        prompts: the agent's prompt text of every item; ``ids``: the same prompts in ``policy``'s tokens.
+    """
+    items = sampling.items
+    requests = [(s.side, i, k) for s in group for i in range(len(items)) for k in range(s.num_candidates)]
+    seeds = [
+        derive_seed(
+            sampling.seed,
+            round_index=sampling.round_index,
+            stage=NAME,
+            side=side,
+            agent=agent,
+            item=items[i]["item_id"],
+            index=k,
         )
-        output = comp.candidates(request)
-        rows = [r for r in rows if r.side != "comparator"] + output.rows
-        counts = output.counts
-    return [r.as_dict() for r in rows], counts
+        for side, i, k in requests
+    ]
+    names = [f"agent {agent}, item {items[i]['item_id']!r}, {side} candidate {k}" for side, i, k in requests]
+    gens = generate(
+        policy.model,
+        policy.tokenizer,
+        [ids[i] for _, i, _ in requests],
+        seeds,
+        sampling.settings,
+        row_names=names,
+        on_rows=sampling.progress.advance,
+    )
+    return [
+        CandidateRow(
+            items[i]["item_id"],
+            side,
+            k,
+            agent,
+            prompts[i],
+            ids[i],
+            g.text,
+            g.completion_ids,
+            g.finish_reason,
+            g.stop_token_id,
+            g.seed,
+            "generated",
+        )
+        for (side, i, k), g in zip(requests, gens, strict=True)
+    ]
 
 
 def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet | None = None) -> StageManifest:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from pbrl.config import JobConfig, actor_job, is_centralized, num_actors
+from pbrl.config import JobConfig, MARLHFIterJob, actor_job, is_centralized, num_actors
 from pbrl.data.items import read_items
 from pbrl.data.schema import CROSS_SCORES, SCORES, Item, ScoreRow
 from pbrl.data.storage import RunPaths, StageManifest
@@ -34,12 +34,13 @@ from pbrl.generation.collaboration import (
     write_candidate_roles,
 )
 from pbrl.learning.joint_template import DROP_TOO_LONG
-from pbrl.learning.reward_scoring import RewardScorer, newest_reward_model, reward_device
+from pbrl.learning.reward_scoring import RewardScorer, reward_device
 from pbrl.preference.joint import JointKey, joint_rows
 from pbrl.preference.joint import cross_refs as joint_cross_refs
 from pbrl.preference.oracle import Oracle, OracleScore
 from pbrl.preference.pairs import CandidateRef
 from pbrl.run.progress import Progress
+from pbrl.run.reward_records import newest_reward_model
 from pbrl.run.settings import centralized_adapter
 from pbrl.run.stage_record import StageRecord
 from pbrl.run.task import resolve_task
@@ -52,8 +53,8 @@ BATCH = 256  # joint responses per reward_func call
 def scoring_model(paths: RunPaths, round_index: int, job: JobConfig) -> tuple[int, Path] | None:
     """With ``preference_scoring_reward: reward_model`` (MARLHF-iterative), the newest reward model fitted
     before this round, as (round, folder); None: the task reward scores (also until a model exists)."""
-    if getattr(job, "preference_scoring_reward", "task") != "reward_model":
-        return None
+    if not (isinstance(job, MARLHFIterJob) and job.preference_scoring_reward == "reward_model"):
+        return None  # the task scores; only MARLHF-iterative has the option
     return newest_reward_model(paths, round_index)
 
 
@@ -166,23 +167,9 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
         found, _ = collect(paths, round_index, job, read_items(paths, "train"))
     else:
         found, _ = gather_shards(paths, round_index, NAME, shards, SCORES)
-    by_key = {(r["item_id"], r["side"], r["candidate_index"]): r for r in found}
-    missing = [k for k in keys if k not in by_key]
-    if missing:
-        raise ArtifactError(f"{NAME} round {round_index}: no score for joint response(s) {missing[:5]}")
-    rows = [by_key[k] for k in keys]  # candidates.parquet's (cross: cross_refs') order, however they were computed
+    rows = _in_order(found, keys, round_index)
     reasons, failed_items = _failures(rows)
-    failed = sum(failed_items.values())
-    for reason, n in reasons.items():
-        record.say(f"{n} joint response(s) dropped: {reason}")
-    if keys and failed / len(keys) > job.oracle_max_failure_share:
-        listing = ", ".join(f"{i} ({n})" for i, n in failed_items.most_common(20))
-        raise OracleError(
-            f"round {round_index}: {failed} of {len(keys)} joint responses could not be scored "
-            f"(more than oracle_max_failure_share={job.oracle_max_failure_share}); items: {listing}; "
-            f"reasons: {dict(reasons)}"
-        )
-    record.counts = {"joint_responses": len(keys), "failed": failed}
+    _check_failures(record, keys, reasons, failed_items)
     if cross is None:
         write_table(paths.scores(round_index), rows, SCORES)
     else:
@@ -195,10 +182,7 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
             )
         )
         record.counts["centralized_parse_failures"] = reasons[PARSE_FAILURE]
-    for side in sorted({k[1] for k in keys}):
-        vals = [r["reward"] for r in rows if r["side"] == side and r["reward"] is not None]
-        if vals:
-            record.metrics[f"oracle/{side}_reward_mean"] = sum(vals) / len(vals)
+    _record_side_means(record, rows, keys)
     record.details = {
         "failure_reasons": dict(reasons),
         "failed_items": dict(failed_items),
@@ -210,6 +194,51 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig, shards: ShardSet 
         record.details.update({"reward_model": paths.rel(model[1]), "reward_model_round": model[0]})
         record.say(f"scored by the reward model fitted in round {model[0]} (preference_scoring_reward)")
     return record.finish(input_files(paths, round_index, job), outputs)
+
+
+def _in_order(found: list[ScoreRow], keys: list[JointKey], round_index: int) -> list[ScoreRow]:
+    """The score rows of ``keys``, in that order (candidates.parquet's; cross: cross_refs'), however they were
+    computed.
+
+    Raises:
+        ArtifactError: a joint response of ``keys`` has no score row (names the first five).
+    """
+    by_key = {(r["item_id"], r["side"], r["candidate_index"]): r for r in found}
+    missing = [k for k in keys if k not in by_key]
+    if missing:
+        raise ArtifactError(f"{NAME} round {round_index}: no score for joint response(s) {missing[:5]}")
+    return [by_key[k] for k in keys]
+
+
+def _check_failures(
+    record: StageRecord, keys: list[JointKey], reasons: Counter[str], failed_items: Counter[str]
+) -> None:
+    """Say how many joint responses each reason dropped, and count the failures in the manifest.
+
+    Raises:
+        OracleError: more than ``oracle_max_failure_share`` of the joint responses failed (names the items and
+            the reasons).
+    """
+    share = record.job.oracle_max_failure_share
+    failed = sum(failed_items.values())
+    for reason, n in reasons.items():
+        record.say(f"{n} joint response(s) dropped: {reason}")
+    if keys and failed / len(keys) > share:
+        listing = ", ".join(f"{i} ({n})" for i, n in failed_items.most_common(20))
+        raise OracleError(
+            f"round {record.round_index}: {failed} of {len(keys)} joint responses could not be scored "
+            f"(more than oracle_max_failure_share={share}); items: {listing}; "
+            f"reasons: {dict(reasons)}"
+        )
+    record.counts = {"joint_responses": len(keys), "failed": failed}
+
+
+def _record_side_means(record: StageRecord, rows: list[ScoreRow], keys: list[JointKey]) -> None:
+    """The mean reward of each side's scored joint responses (``oracle/<side>_reward_mean``)."""
+    for side in sorted({k[1] for k in keys}):
+        vals = [r["reward"] for r in rows if r["side"] == side and r["reward"] is not None]
+        if vals:
+            record.metrics[f"oracle/{side}_reward_mean"] = sum(vals) / len(vals)
 
 
 def _failures(rows: list[ScoreRow]) -> tuple[Counter[str], Counter[str]]:

@@ -8,7 +8,8 @@ Round r starts from the policy (and each agent's AdamW state) after round r-1 an
 ``checkpoints/round_<r>/`` (:mod:`pbrl.run.round_checkpoint`): per agent the weights (or LoRA adapter) and
 optimizer state, then ``trainer_state.json`` last. The folder is assembled under a temporary name and renamed, so
 a process killed mid-update leaves no checkpoint that a later stage would read. The manifest names the policy after
-the round (``details.checkpoint``), and that is what later stages load (:func:`pbrl.models.policies.policy_checkpoint`).
+the round (``details.checkpoint``), and that is what later stages load
+(:func:`pbrl.run.policy_records.policy_checkpoint`).
 
 A round without pairs writes no checkpoint: its manifest names the previous policy, and a
 ``checkpoints/round_<r>/`` left by an earlier attempt of the round is deleted once that manifest is written
@@ -28,45 +29,46 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from pbrl.config import JobConfig, actor_job, is_marlhf
-from pbrl.data.schema import ROLLOUTS, SELECTED_PAIRS, PairRow
+from pbrl.data.schema import ROLLOUTS, PairRow
 from pbrl.data.seeds import derive_seed, numpy_rng
 from pbrl.data.storage import RunPaths, StageManifest
-from pbrl.data.tables import read_joint_responses, read_rows, read_selected_pairs, write_table
+from pbrl.data.tables import read_selected_pairs, write_table
 from pbrl.distributed.ray_agents import gather, remote_agents, write_agents
 from pbrl.learning.advantages import ACTOR_CRITIC
+from pbrl.learning.critics import Critic
 from pbrl.learning.madpo import LocalAgent, PairBatch, StepAgent, madpo_agents_step
-from pbrl.learning.reward_scoring import reward_model_dir
-from pbrl.learning.rl import rl_metrics, rollouts_path, run_rl
-from pbrl.models.policies import TrainablePolicy, policy_checkpoint, trainable_agent
+from pbrl.learning.madpo_tally import MadpoTally
+from pbrl.learning.rl import RLResult, rl_metrics, rollouts_path, run_rl
+from pbrl.models.policies import TrainablePolicy, trainable_agent
 from pbrl.run.marlhf_setup import (
     reference_policies,
     reward_model_fitted,
     reward_scorer,
+    rl_hooks,
     rl_settings,
     rollout_generator,
     round_critics,
+    round_prompts,
 )
-from pbrl.run.round_checkpoint import LiveLog, export_round, remove_stale, save_round, write_policies
+from pbrl.run.policy_records import policy_checkpoint
+from pbrl.run.reward_records import reward_model_dir
+from pbrl.run.round_checkpoint import LiveLog, RoundSteps, export_round, remove_stale, save_round, write_policies
+from pbrl.run.selection_records import selected_source_rounds
 from pbrl.run.settings import agent_training, ray_settings
 from pbrl.run.stage_record import StageRecord
 
 NAME = "update-policies"
 
 
-def _source_rounds(paths: RunPaths, round_index: int) -> list[int]:
-    return sorted({r["source_round"] for r in read_rows(paths.selected_pairs(round_index), SELECTED_PAIRS)})
-
-
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
     files = [
         paths.selected_pairs(round_index),
-        *(paths.pairs(r) for r in _source_rounds(paths, round_index)),
+        *(paths.pairs(r) for r in selected_source_rounds(paths, round_index)),
         policy_checkpoint(paths, round_index - 1),
     ]
     if is_marlhf(job.trainer):  # the round's reward model (when one was fitted) and the stored prompt ids
@@ -147,8 +149,6 @@ def run(run_dir: str | Path, round_index: int, job: JobConfig) -> StageManifest:
     )
 
 
-# Over 60 lines: the stage's MADPO branch reads as one recipe (seeded item-grouped batches through
-# madpo_agents_step, the per-agent tallies, checkpoint, metrics and manifest) over shared local state.
 def _run_madpo(
     record: StageRecord,
     job: JobConfig,
@@ -164,83 +164,40 @@ def _run_madpo(
     :func:`pbrl.learning.madpo.madpo_agents_step` over ``agents`` (in process, or Ray actors: results through
     ``gather``, ``concurrent``); ``write(folder)`` writes every ``agent_<i>/`` into the checkpoint's temporary
     folder."""
-    paths, round_index = record.paths, record.round_index
+    round_index, a = record.round_index, job.num_agents
     rng = numpy_rng(job.seed, round_index=round_index, stage=NAME)
-    losses, accuracies, steps, skipped = [], [], 0, [0] * job.num_agents
-    batch_sizes: list[int] = []
-    margin_sums = torch.zeros(job.num_agents, dtype=torch.float64)
-    n_margins = 0
-    total_steps = job.num_train_epochs * -(-len(pairs) // job.train_batch_size)
-    progress = record.progress(total_steps, "steps")
+    tally = MadpoTally(a)
+    progress = record.progress(job.num_train_epochs * -(-len(pairs) // job.train_batch_size), "steps")
     live = LiveLog(record, job, start)
     for _ in range(job.num_train_epochs):
         order = item_grouped_order(pairs, rng.permutation(len(pairs)))
         for begin in range(0, len(pairs), job.train_batch_size):
             chunk = [pairs[j] for j in order[begin : begin + job.train_batch_size]]
-            seeds = [
-                derive_seed(job.seed, round_index=round_index, stage=NAME, side="dropout", agent=i, index=steps)
-                for i in range(job.num_agents)
-            ]
             stats = madpo_agents_step(
                 agents,
-                _batch(chunk, job.num_agents),
+                _batch(chunk, a),
                 beta=job.dpo_beta,
                 max_grad_norm=job.max_grad_norm,
-                seeds=seeds,
+                seeds=[_seed(job, round_index, "dropout", agent=i, index=tally.steps) for i in range(a)],
                 gather=gather,
                 concurrent=concurrent,
                 micro_batch_size=-(-job.train_batch_size // job.gradient_accumulation_steps),
             )
-            steps += 1
-            batch_sizes.append(len(chunk))
-            losses.append(stats.loss)
-            accuracies.append(stats.accuracy)
-            finite = torch.isfinite(stats.margins).all(dim=1)
-            margin_sums += stats.margins[finite].sum(dim=0).double()
-            n_margins += int(finite.sum())
-            for i, s in enumerate(stats.skipped):
-                skipped[i] += int(s)
-            live.step(len(chunk), {"madpo/loss": stats.loss, "madpo/accuracy": stats.accuracy})
+            tally.add(stats, len(chunk))
+            live.step(len(chunk), tally.step_metrics[-1])
             progress.advance()
-
-    step_metrics = [{"madpo/loss": loss, "madpo/accuracy": acc} for loss, acc in zip(losses, accuracies, strict=True)]
-    checkpoint, axis, log = save_round(
-        paths,
-        job,
-        round_index,
-        start,
-        write,
-        batch_sizes,
-        step_metrics,
-        environment_steps_per_pair=job.environment_steps_per_pair,
-    )
-
-    finite_losses = [x for x in losses if math.isfinite(x)]
-    reward_mean = _pairs_reward_mean(pairs)
-    record.metrics = {
-        "madpo/loss": sum(finite_losses) / len(finite_losses) if finite_losses else float("nan"),
-        "madpo/accuracy": sum(accuracies) / len(accuracies),
-        "madpo/margin_mean": float(margin_sums.sum() / n_margins) if n_margins else float("nan"),
-        "turn_1/reward_mean": reward_mean,
-        "turn_1/expected_return": reward_mean,
+    skipped = sum(tally.skipped)
+    record.counts = {
+        "pairs": len(pairs),
+        "epochs": job.num_train_epochs,
+        "steps": tally.steps,
+        "skipped_steps": skipped,
     }
-    for i in range(job.num_agents):
-        record.metrics[f"madpo/margin_agent_{i}"] = float(margin_sums[i] / n_margins) if n_margins else float("nan")
-        record.metrics[f"madpo/skipped_steps_agent_{i}"] = float(skipped[i])
-    record.metrics["madpo/skipped_steps"] = float(sum(skipped))
-    record.counts = {"pairs": len(pairs), "epochs": job.num_train_epochs, "steps": steps, "skipped_steps": sum(skipped)}
-    if sum(skipped):
-        record.say(f"{sum(skipped)} agent step(s) skipped: non-finite loss or gradient")
-    record.metrics["train/env_step"] = float(axis[-1]) if axis else float("nan")
-    record.details = {
-        **record.details,
-        "checkpoint": paths.rel(checkpoint),
-        "updated": True,
-        "train_log": [{k: v for k, v in row.items() if math.isfinite(v)} for row in log],
-    }
-    manifest = record.finish(input_files(paths, round_index, job), [checkpoint])
-    export_round(job, checkpoint, round_index)
-    return manifest
+    if skipped:
+        record.say(f"{skipped} agent step(s) skipped: non-finite loss or gradient")
+    metrics = tally.metrics(_pairs_reward_mean(pairs))
+    trained = _Trained(write, RoundSteps(tally.batch_sizes, tally.step_metrics, job.environment_steps_per_pair))
+    return _record_update(record, job, start, trained, lambda env_step: {**metrics, "train/env_step": env_step})
 
 
 def _load_policies(job: JobConfig, start: Path) -> tuple[list[TrainablePolicy], list]:
@@ -249,8 +206,6 @@ def _load_policies(job: JobConfig, start: Path) -> tuple[list[TrainablePolicy], 
     return [policy for policy, _ in loaded], [tokenizer for _, tokenizer in loaded]
 
 
-# Over 60 lines: the stage's MARLHF branch reads as one recipe (the round's prompts, reward model, references and
-# critics, RL with its seeds and live log, rollouts, checkpoint, metrics and manifest) over shared local state.
 def _run_marlhf(
     record: StageRecord,
     job: JobConfig,
@@ -263,77 +218,61 @@ def _run_marlhf(
     against this round's fitted reward model, on every train item, with the prompt ids stored in this round's
     candidates. The rollouts are generated in process, or with ``runner: ray`` in shards on Ray workers
     (:func:`pbrl.run.marlhf_setup.rollout_generator`): the same tokens, every row having its own seed."""
-    paths, round_index, a, g = record.paths, record.round_index, job.num_agents, job.num_generations
+    paths, round_index, a = record.paths, record.round_index, job.num_agents
     scorer = reward_scorer(job, paths, round_index)
-    prompts: dict[str, list[list[int]]] = {}
-    for (item_id, side, _), group in read_joint_responses(paths.candidates(round_index), a).items():
-        if side == "target":
-            prompts.setdefault(item_id, [row["prompt_ids"] for row in group])
+    prompts = round_prompts(paths, round_index, a)
     item_ids = list(prompts)
-
-    def seed(side: str, agent: int = -1, item: str = "", index: int = -1) -> int:
-        return derive_seed(
-            job.seed, round_index=round_index, stage=NAME, side=side, agent=agent, item=item, index=index
-        )
-
     generator = rollout_generator(job, start, policies, tokenizers, len(item_ids))
     references = reference_policies(job, paths, policies) if job.reference_kl_enabled else None
     rl = rl_settings(job)
     critics = round_critics(job, paths, start, policies) if job.rl_algorithm in ACTOR_CRITIC else None
     with generator as (generate_rows, rollout_details):
-
-        def sample(agent: int, rows: list[list[int]], items: list[str], epoch: int) -> list:
-            draws = list(zip(items, [epoch * g + r % g for r in range(len(rows))], strict=True))
-            return generate_rows(
-                agent,
-                rows,
-                [seed("rollout", agent, item, k) for item, k in draws],
-                [f"agent {agent}, item {item!r}, rollout {k}" for item, k in draws],
-            )
-
-        progress = record.progress(rl.epochs * -(-len(item_ids) // rl.batch_size), "steps")
         live = LiveLog(record, job, start)
-
-        def on_step(items: int, metrics: dict[str, float]) -> None:
-            live.step(items, metrics)
-            progress.advance()
-
         result = run_rl(
             policies,
             [[prompts[item][i] for item in item_ids] for i in range(a)],
             item_ids,
             rl,
-            sample=sample,
-            score=scorer.score,
+            rl_hooks(record, live, rl, job.seed, generate_rows, scorer.score, len(item_ids)),
             references=references,
-            order_seed=seed("order"),
-            dropout_seed=lambda agent, step: seed("dropout", agent, index=step),
             critics=critics,
-            on_step=on_step,
         )
     rollouts = rollouts_path(paths.round_dir(round_index))
     write_table(rollouts, result.rollouts, ROLLOUTS)
-    checkpoint, axis, log = save_round(
-        paths,
-        job,
-        round_index,
-        start,
+    _count_rl(record, job, pairs, result, len(item_ids))
+    trained = _Trained(
         lambda folder: write_policies(policies, folder),
-        result.batch_sizes,
-        result.step_metrics,
-        environment_steps_per_pair=1,
+        RoundSteps(result.batch_sizes, result.step_metrics, environment_steps_per_pair=1),
         critics=critics.critics if critics is not None else None,
+        details={"rl_algorithm": job.rl_algorithm, **rollout_details},
+        outputs=(rollouts,),
     )
-    record.metrics = {
-        **rl_metrics(result, a),
-        **(critics.metrics() if critics is not None else {}),
-        "train/env_step": float(axis[-1]) if axis else float("nan"),
-    }
     reward_mean = _pairs_reward_mean(pairs)
-    record.metrics.update({"turn_1/reward_mean": reward_mean, "turn_1/expected_return": reward_mean})
+    return _record_update(
+        record,
+        job,
+        start,
+        trained,
+        lambda env_step: {
+            **rl_metrics(result, a),
+            **(critics.metrics() if critics is not None else {}),
+            "train/env_step": env_step,
+            "turn_1/reward_mean": reward_mean,
+            "turn_1/expected_return": reward_mean,
+        },
+    )
+
+
+def _seed(job: JobConfig, round_index: int, side: str, agent: int = -1, item: str = "", index: int = -1) -> int:
+    """The seed ``(seed, round, "update-policies", side, agent, item, index)`` (:func:`pbrl.data.seeds.derive_seed`)."""
+    return derive_seed(job.seed, round_index=round_index, stage=NAME, side=side, agent=agent, item=item, index=index)
+
+
+def _count_rl(record: StageRecord, job: JobConfig, pairs: list[PairRow], result: RLResult, num_items: int) -> None:
+    """The RL pass's counts and its messages (skipped agent steps, item groups left out) in ``record``."""
     record.counts = {
         "pairs": len(pairs),
-        "items": len(item_ids),
+        "items": num_items,
         "epochs": job.num_train_epochs,
         "steps": result.steps,
         "joint_responses": sum(result.batch_sizes),
@@ -347,14 +286,45 @@ def _run_marlhf(
             f"{result.dropped_groups} item group(s) left out of their update: a joint response did not "
             f"fit reward_max_length={job.reward_max_length}"
         )
+
+
+@dataclass(frozen=True)
+class _Trained:
+    """What an update path trained, for :func:`_record_update`: ``write(folder)`` writes every ``agent_<i>/`` of the
+    checkpoint, its steps (each one's row count and metrics, the env steps per pair), the critics (maac/iac), the
+    path's own manifest details and the files it wrote besides the checkpoint."""
+
+    write: Callable[[Path], None]
+    steps: RoundSteps
+    critics: list[Critic] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    outputs: tuple[Path, ...] = ()
+
+
+def _record_update(
+    record: StageRecord,
+    job: JobConfig,
+    start: Path,
+    trained: _Trained,
+    metrics: Callable[[float], dict[str, float]],
+) -> StageManifest:
+    """The recording both update paths share: the round checkpoint with its train log
+    (:func:`pbrl.run.round_checkpoint.save_round`), the round's metrics (``metrics(env_step)``: the path's own, in
+    its order, given the env step of the last update; NaN for none), the manifest's details (``checkpoint``,
+    ``updated``, the path's details, ``train_log``), the manifest, the export (``policy_checkpoint_dir``)."""
+    paths, round_index = record.paths, record.round_index
+    checkpoint, axis, log = save_round(
+        paths, job, round_index, start, trained.write, trained.steps, critics=trained.critics
+    )
+    record.metrics = metrics(float(axis[-1]) if axis else float("nan"))
     record.details = {
+        **record.details,
         "checkpoint": paths.rel(checkpoint),
         "updated": True,
-        "rl_algorithm": job.rl_algorithm,
-        **rollout_details,
+        **trained.details,
         "train_log": [{k: v for k, v in row.items() if math.isfinite(v)} for row in log],
     }
-    manifest = record.finish(input_files(paths, round_index, job), [checkpoint, rollouts])
+    manifest = record.finish(input_files(paths, round_index, job), [checkpoint, *trained.outputs])
     export_round(job, checkpoint, round_index)
     return manifest
 

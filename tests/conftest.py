@@ -1,6 +1,12 @@
 """Shared fixtures. Tiers: ``pytest`` alone runs the fast unit and stage tests; ``make test`` (and CI) also
 runs the ``flow`` tests (Prefect test harness, one per session) and the ``slow`` ones (real SmolLM2).
 
+Where tests live: ``unit/<package>/`` tests one package of ``pbrl`` (``front_doors/``: the CLI, the trainer API and
+callbacks; ``stages/``, ``flows/`` and ``benchmarks/``: those folders), on the tiny model, stages called directly;
+``flow/`` runs whole jobs under Prefect; ``browser/`` drives the Prefect UI in Chromium (its fixtures in its own
+conftest); ``pinned/`` pins what ``make mutate`` found unchecked (docs/results/mutation.md); ``repo/`` checks the
+docs, the README and the shape of the code. Builders shared by several folders are in ``helpers.py``.
+
 Prefect reads its settings at import, so they are set here, before anything imports it: an isolated
 PREFECT_HOME, no telemetry, no user profile or server.
 
@@ -39,6 +45,12 @@ import pytest  # noqa: E402
 from pbrl.models.tiny import build_tiny_model  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The browser tests run last (pytest would take ``tests/browser/`` first): their session fixture ``ui``, a Prefect
+    server and ``pbrl serve``, would otherwise keep running beside every later test."""
+    items.sort(key=lambda item: item.nodeid.startswith("tests/browser/"))  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def _no_load_follower_after_a_test():
     """A flow a test runs starts torch's load follower in this process (pbrl/models/threads.py): the next test
@@ -72,24 +84,3 @@ def prefect_api():
         prefect_test_harness(server_startup_timeout=90),
     ):
         yield
-
-
-@pytest.fixture(scope="session")
-def ui(tmp_path_factory: pytest.TempPathFactory):
-    """``prefect server start`` and ``pbrl serve`` for the browser tests, one for the session
-    (:func:`tests.ui_kit.serve_ui`)."""
-    from tests.ui_kit import serve_ui
-
-    yield from serve_ui(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Debian's Chromium for the browser tests, one per test module (:func:`tests.ui_kit.chromium_browser`).
-
-    Not one for the session: Playwright's sync API keeps an asyncio loop running in the main thread while it is
-    open, and Prefect's sync-or-async calls (``State.result()``, clients) return coroutines beside a running loop,
-    so the modules after the browser's failed with "'coroutine' object is not subscriptable"."""
-    from tests.ui_kit import chromium_browser
-
-    yield from chromium_browser()

@@ -16,7 +16,8 @@ The code is split along its seams:
 * :mod:`pbrl.config.rules` — the cross-field rules;
 * :mod:`pbrl.config.notices` — warnings about valid options (no effect in pbrl) and options derived from others;
 * :mod:`pbrl.config.messages` — pydantic's errors in pbrl's wording;
-* :mod:`pbrl.config.models` — the models, their registries and :func:`collect_problems`;
+* :mod:`pbrl.config.models` — the models, their registries, the job groups that narrow a job to its trainer's
+  options (``isinstance(job, IterativeJob)``) and :func:`collect_problems`;
 * :mod:`pbrl.config.loading` — mappings, YAML files and overrides to jobs; jobs to run + trainer; hashing.
 """
 
@@ -39,6 +40,7 @@ from pbrl.config.models import (
     JOB_CLASSES,
     RUN_FIELDS,
     TRAINER_CONFIGS,
+    IterativeJob,
     JobConfig,
     MADPOConfig,
     MADPOIterConfig,
@@ -48,6 +50,7 @@ from pbrl.config.models import (
     MARLHFIterConfig,
     MARLHFIterJob,
     MARLHFJob,
+    RewardModelJob,
     RunConfig,
     TrainerConfig,
     actor_job,
@@ -67,6 +70,8 @@ __all__ = [
     "RUN_FIELDS",
     "TRAINER_CONFIGS",
     "JobConfig",
+    "IterativeJob",
+    "RewardModelJob",
     "TrainerConfig",
     "RunConfig",
     "job_adapter",

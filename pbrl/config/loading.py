@@ -308,8 +308,9 @@ def split_job(job: Any) -> tuple[RunConfig, TrainerConfig]:
     """The run-level options and the trainer config of a flat job (inverse of make_job)."""
     trainer_cls = TRAINER_CONFIGS[job.trainer]
     quiet = {VALIDATION_MODE: "quiet"}
-    run = RunConfig.model_validate({k: getattr(job, k) for k in RUN_FIELDS}, context=quiet)
-    trainer = trainer_cls.model_validate({k: getattr(job, k) for k in trainer_cls.model_fields}, context=quiet)
+    values = dict(job)  # pydantic's fields and their values, as they are (no dump, no conversion)
+    run = RunConfig.model_validate({k: values[k] for k in RUN_FIELDS}, context=quiet)
+    trainer = trainer_cls.model_validate({k: values[k] for k in trainer_cls.model_fields}, context=quiet)
     return run, trainer
 
 

@@ -175,6 +175,12 @@ class MARLHFIterJob(_MARLHFIterFields, _RunFields, _Checked):
 TrainerConfig = MADPOConfig | MARLHFConfig | MADPOIterConfig | MARLHFIterConfig
 JobConfig = Annotated[MADPOJob | MARLHFJob | MADPOIterJob | MARLHFIterJob, Field(discriminator="trainer")]
 job_adapter: TypeAdapter[Any] = TypeAdapter(JobConfig)
+# The jobs that hold a trainer's own options, for ``isinstance`` checks that narrow a job to the class that has the
+# option, so that every read of it is written ``job.<option>``: the iterative trainers' rounds, comparator, replay and
+# policy export (``num_iterations``, ``comparator_*``, ``preference_replay_*``, ``policy_checkpoint_dir``), and
+# MARLHF's reward model and RL (``reward_*``, ``rl_algorithm``, ``critic_*``).
+IterativeJob = MADPOIterJob | MARLHFIterJob
+RewardModelJob = MARLHFJob | MARLHFIterJob
 
 TRAINER_CONFIGS: dict[str, type] = {
     "madpo": MADPOConfig,
@@ -275,7 +281,7 @@ def _validate_fields(cls: type[BaseModel], known: dict[str, Any]) -> tuple[dict[
 
 def is_centralized(job: Any) -> bool:
     """Whether one actor writes every role (``collaboration_mode: centralized``)."""
-    return getattr(job, "collaboration_mode", "decentralized") == "centralized"
+    return job.collaboration_mode == "centralized"
 
 
 def num_actors(job: Any) -> int:

@@ -1,6 +1,6 @@
 """The replay options' rules (``preference_replay_mode``, ``_k``, ``_lambda``, ``_sample_size``), one function
-each: the iterative trainers' config rules (:data:`REPLAY_RULES`) and the replay buffer itself
-(pbrl.preference.replay.select_replay, for callers that pass raw values) both use them."""
+each, used by the iterative trainers' config rules (:data:`REPLAY_RULES`). The replay buffer
+(pbrl.preference.replay.select_replay) takes the values of a job that passed them."""
 
 from __future__ import annotations
 

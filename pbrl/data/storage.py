@@ -18,10 +18,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pbrl.config import is_iterative, is_marlhf
+from pbrl.config import is_iterative
 from pbrl.data.folders import FILE_MODE, make_folder, usual_modes
 from pbrl.errors import ArtifactError, ConfigError
 
+# The names of the stage manifests a round folder can hold (``rounds/<rrrr>/<stage>.manifest.json``), in pipeline
+# order: part of the run folder's format (docs/design/file-formats.md#stage-manifests), so that the readers below
+# the stages (metrics.parquet, pbrl status's damage check, the CLI) walk a round's manifests without importing
+# ``stages`` (a layer above this one, which loads torch). ``stages.STAGE_MODULES`` lists the same names in the same
+# order (tests/test_storage.py checks it); which of them a run's round calls: pbrl.run.stage_plan.trainer_stages.
 STAGES = (
     "sample-candidates",
     "score-with-oracle",
@@ -33,18 +38,6 @@ STAGES = (
     "update-policies",
     "evaluate",
 )
-
-
-def trainer_stages(trainer: str, *, judged: bool = False, scored: bool = True) -> tuple[str, ...]:
-    """The stages of a round of ``trainer``: fit-reward-model belongs to the MARLHF trainers only, judge-pairs to
-    runs whose preferences come from a judge (``judged``), score-with-oracle to runs whose task has a reward
-    (``scored``)."""
-    skipped = {
-        "fit-reward-model": not is_marlhf(trainer),
-        "judge-pairs": not judged,
-        "score-with-oracle": not scored,
-    }
-    return tuple(s for s in STAGES if not skipped.get(s, False))
 
 
 # ---------------------------------------------------------------------------------------------- atomic I/O

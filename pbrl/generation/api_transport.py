@@ -156,15 +156,11 @@ class ApiClient:
                         break
                 return response.status_code, response.headers, bytes(data)
 
-    # Over 60 lines: one flat ladder that sorts every outcome of one POST (each transport failure, then each HTTP
-    # status class) into retried (_Retryable) or final (ApiComparatorError), each with its own message and fix; read
-    # top to bottom it is the client's whole failure policy, and most of its lines are those messages.
     async def _attempt(
         self, client: httpx.AsyncClient, request: ApiRequest, body: dict[str, Any], n: int, tries: dict[str, int]
     ) -> list[ApiAnswer]:
         """One POST. Raises _Retryable on 408, 429, 5xx, a missed deadline and connection errors;
         ApiComparatorError on any other refusal, a redirect, a malformed or oversized answer (never retried)."""
-        s, r = self.settings, self.settings.role
         tries["attempts"] += 1
         tries["sent"] += 1
         try:
@@ -172,47 +168,61 @@ class ApiClient:
                 started = time.monotonic()
                 status, headers, raw = await self._exchange(client, body)
                 seconds = time.monotonic() - started
-        except (TimeoutError, httpx.TimeoutException) as exc:
+        except (TimeoutError, httpx.HTTPError, httpx.InvalidURL, _TooLarge) as exc:
+            raise self._transport_failure(exc, request, tries) from None
+        return self._answers(status, headers, raw, request, n, seconds)
+
+    def _transport_failure(self, exc: Exception, request: ApiRequest, tries: dict[str, int]) -> Exception:
+        """What a POST that got no answer raises: _Retryable for a missed deadline or a connection error, else an
+        ApiComparatorError naming the fix. A request that never left (it could not connect, or be built) is taken
+        off ``tries["sent"]``."""
+        s, r = self.settings, self.settings.role
+        if isinstance(exc, TimeoutError | httpx.TimeoutException):
             if isinstance(exc, httpx.ConnectTimeout):
                 tries["sent"] -= 1
-            raise _Retryable(
+            return _Retryable(
                 f"no complete answer within the {s.timeout:g} s deadline of one request "
                 f"({r.option('timeout')}: connect, send and every read together)",
                 None,
-            ) from None
-        except httpx.LocalProtocolError as exc:
+            )
+        if isinstance(exc, httpx.LocalProtocolError):
             tries["sent"] -= 1
             var = s.key_env or r.option("key_env")
-            raise self.error(
+            return self.error(
                 ApiComparatorError,
                 f"the request could not be sent ({type(exc).__name__}: {exc}): check that {var} holds only the key "
                 f"(no spaces or line breaks), {r.option('key_header')} and {r.option('headers')}",
                 None,
                 request,
-            ) from None
-        except httpx.TransportError as exc:
+            )
+        if isinstance(exc, httpx.TransportError):
             if isinstance(exc, httpx.ConnectError):
                 tries["sent"] -= 1
-            raise _Retryable(f"connection error ({type(exc).__name__}: {exc})", None) from None
-        except httpx.InvalidURL as exc:  # settings built without the config's checks
-            raise self.error(
-                ApiComparatorError, f"{r.option('url')} is not a valid URL ({exc})", None, request
-            ) from None
-        except httpx.HTTPError as exc:  # e.g. a body that does not decode (gzip): malformed, not worth retrying
-            raise self.error(
+            return _Retryable(f"connection error ({type(exc).__name__}: {exc})", None)
+        if isinstance(exc, httpx.InvalidURL):  # settings built without the config's checks
+            return self.error(ApiComparatorError, f"{r.option('url')} is not a valid URL ({exc})", None, request)
+        if isinstance(exc, httpx.HTTPError):  # e.g. a body that does not decode (gzip): malformed, not worth retrying
+            return self.error(
                 ApiComparatorError, f"the answer could not be read ({type(exc).__name__}: {exc})", None, request
-            ) from None
-        except _TooLarge as exc:
-            size = f"{exc.declared} bytes declared" if exc.declared is not None else "more, reading stopped there"
-            fewer = f"fewer answers per request ({r.max_n_option}) or " if r.max_n_option else ""
-            raise self.error(
-                ApiComparatorError,
-                f"HTTP {exc.status}, answer larger than the cap of {s.max_response_bytes} bytes per response "
-                f"({size}; pbrl.generation.api_formats.MAX_RESPONSE_BYTES): ask for {fewer}fewer tokens "
-                f"({r.max_tokens_option}), or check {r.option('url')}",
-                exc.status,
-                request,
-            ) from None
+            )
+        assert isinstance(exc, _TooLarge)
+        size = f"{exc.declared} bytes declared" if exc.declared is not None else "more, reading stopped there"
+        fewer = f"fewer answers per request ({r.max_n_option}) or " if r.max_n_option else ""
+        return self.error(
+            ApiComparatorError,
+            f"HTTP {exc.status}, answer larger than the cap of {s.max_response_bytes} bytes per response "
+            f"({size}; pbrl.generation.api_formats.MAX_RESPONSE_BYTES): ask for {fewer}fewer tokens "
+            f"({r.max_tokens_option}), or check {r.option('url')}",
+            exc.status,
+            request,
+        )
+
+    def _answers(
+        self, status: int, headers: httpx.Headers, raw: bytes, request: ApiRequest, n: int, seconds: float
+    ) -> list[ApiAnswer]:
+        """The answers of a 2xx response (at most ``n``, redacted, each with the request's ``seconds``). Raises
+        _Retryable on 408, 429 and 5xx; ApiComparatorError on a malformed answer, a redirect or any other status."""
+        s, r = self.settings, self.settings.role
         if 200 <= status < 300:
             try:
                 answers = parse_answers(s, json.loads(raw))[:n]

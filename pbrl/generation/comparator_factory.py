@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError, Problem
 from pbrl.generation.centralized import load_adapter
 from pbrl.generation.comparators import (
@@ -21,25 +20,32 @@ from pbrl.generation.comparators import (
     SamplingSide,
 )
 from pbrl.models.loading import load_model, load_tokenizer, resolve_devices, resolve_model_source
-from pbrl.models.policies import policy_checkpoint
+
+CHECKPOINT_KINDS = ("current", "current_copy", "history")  # the kinds that sample a policy checkpoint of the run
 
 
-def _checkpoint(paths: RunPaths, round_index: int, settings: ComparatorSettings) -> tuple[Path, Devices]:
+def compared_round(policy: str, round_index: int, history_k: int) -> int | None:
+    """The round after which the policy a checkpoint comparator samples in round ``round_index`` was stored
+    (``current``, ``current_copy``: the previous round's, as the target's; ``history``: C_max(0, r-1-k), the policy
+    ``history_k`` updates older than the current one, the initial one until it exists); None for the kinds that
+    sample no checkpoint of the run (``model``, ``api``)."""
+    if policy not in CHECKPOINT_KINDS:
+        return None
+    return round_index - 1 if policy != "history" else max(0, round_index - 1 - history_k)
+
+
+def _checkpoint(settings: ComparatorSettings) -> tuple[Path, Devices]:
+    if settings.checkpoint is None:
+        raise ValueError(f"comparator_policy={settings.policy!r} needs the compared policy's checkpoint")
     if settings.policy == "current":
-        return policy_checkpoint(paths, round_index - 1), settings.agent_devices  # live weights, own seed stream
-    if settings.policy == "current_copy":
-        return policy_checkpoint(paths, round_index - 1), settings.copy_devices  # a frozen copy
-    # history: C_max(0, r-1-k), the policy k updates older than the current one, the initial one until it exists.
-    return policy_checkpoint(paths, max(0, round_index - 1 - settings.history_k)), settings.copy_devices
+        return settings.checkpoint, settings.agent_devices  # live weights, own seed stream
+    return settings.checkpoint, settings.copy_devices  # a frozen copy (current_copy, history)
 
 
 def _checkpoint_kind(
-    paths: RunPaths,
-    round_index: int,
-    settings: ComparatorSettings,
-    load_checkpoint: Callable[[int, Path, Devices], LoadedModel],
+    settings: ComparatorSettings, load_checkpoint: Callable[[int, Path, Devices], LoadedModel]
 ) -> Comparator:
-    checkpoint, devices = _checkpoint(paths, round_index, settings)
+    checkpoint, devices = _checkpoint(settings)
     if settings.centralized_adapter is None:
         return CheckpointComparator(SamplingSide("comparator", checkpoint, settings.num_candidates, devices))
     return LocalModelComparator(
@@ -52,10 +58,7 @@ def _checkpoint_kind(
 
 
 def _model_kind(
-    paths: RunPaths,
-    round_index: int,
-    settings: ComparatorSettings,
-    load_checkpoint: Callable[[int, Path, Devices], LoadedModel],
+    settings: ComparatorSettings, load_checkpoint: Callable[[int, Path, Devices], LoadedModel]
 ) -> Comparator:
     loaded: dict[tuple[str, str], LoadedModel] = {}  # agents that share a model and device share one copy
 
@@ -73,12 +76,7 @@ def _model_kind(
     return LocalModelComparator(load, settings.num_candidates, settings.centralized_adapter, settings.centralized_index)
 
 
-def _api_kind(
-    paths: RunPaths,
-    round_index: int,
-    settings: ComparatorSettings,
-    load_checkpoint: Callable[[int, Path, Devices], LoadedModel],
-) -> Comparator:
+def _api_kind(settings: ComparatorSettings, load_checkpoint: Callable[[int, Path, Devices], LoadedModel]) -> Comparator:
     if settings.api is None or settings.store_dir is None:
         raise ValueError("comparator_policy='api' needs ApiSettings and a store_dir")
     return ApiComparator(
@@ -90,7 +88,7 @@ def _api_kind(
     )
 
 
-# comparator_policy -> builder(paths, round, settings, load_checkpoint(agent, checkpoint, devices)).
+# comparator_policy -> builder(settings, load_checkpoint(agent, checkpoint, devices)).
 COMPARATORS: dict[str, Callable[..., Comparator]] = {
     "current": _checkpoint_kind,
     "current_copy": _checkpoint_kind,
@@ -101,21 +99,20 @@ COMPARATORS: dict[str, Callable[..., Comparator]] = {
 
 
 def build_comparator(
-    paths: RunPaths,
-    round_index: int,
-    settings: ComparatorSettings,
-    load_checkpoint: Callable[[int, Path, Devices], LoadedModel],
+    settings: ComparatorSettings, load_checkpoint: Callable[[int, Path, Devices], LoadedModel]
 ) -> Comparator:
-    """The comparator of round ``round_index``; ``load_checkpoint(agent, checkpoint, devices)`` loads an agent's
-    policy from a checkpoint (centralized generation by a checkpoint kind).
+    """The comparator of a round (a checkpoint kind samples ``settings.checkpoint``, the policy after round
+    :func:`compared_round`); ``load_checkpoint(agent, checkpoint, devices)`` loads an agent's policy from a
+    checkpoint (centralized generation by a checkpoint kind).
 
     Raises:
         ConfigError: an unknown ``comparator_policy``.
+        ValueError: a checkpoint kind without ``settings.checkpoint``, ``api`` without its settings.
     """
     builder = COMPARATORS.get(settings.policy)
     if builder is None:
         raise ConfigError([Problem("comparator_policy", settings.policy, f"allowed: {', '.join(COMPARATORS)}")])
-    return builder(paths, round_index, settings, load_checkpoint)
+    return builder(settings, load_checkpoint)
 
 
 def preflight_problems(

@@ -36,12 +36,11 @@ from typing import Any, Literal, Protocol
 
 from pbrl.data.schema import CandidateRow
 from pbrl.data.seeds import derive_seed
-from pbrl.data.storage import RunPaths, read_json, write_json
+from pbrl.data.storage import read_json, write_json
 from pbrl.generation.api_client import fetch_answers
 from pbrl.generation.api_formats import ApiAnswer, ApiRequest, ApiSettings
 from pbrl.generation.centralized import CentralizedAdapter, split_roles
 from pbrl.generation.sampling import Generation, SamplingSettings, encode_prompt, generate
-from pbrl.models.policies import policy_checkpoint
 
 Devices = str | list[str] | None  # one device, one per agent, or None (resolved by pbrl.models.loading.resolve_devices)
 IdsSource = Literal["generated", "encoded_from_text"]
@@ -88,7 +87,7 @@ class ComparatorRequest:
 
 @dataclass
 class ComparatorOutput:
-    """The comparator rows and counters for the manifest (e.g. ``centralized_parse_failures``)."""
+    """The comparator rows and counters a stage records (e.g. ``centralized_parse_failures``)."""
 
     rows: list[CandidateRow]
     counts: dict[str, int] = field(default_factory=dict)
@@ -122,6 +121,9 @@ class ComparatorSettings:
         centralized_adapter: with centralized generation: the adapter; None = decentralized.
         centralized_index: which comparator writes the joint response.
         store_dir: where API answers are kept as they arrive (a rerun asks only for the missing ones).
+        checkpoint: with ``current``, ``current_copy`` and ``history``: the compared policy's checkpoint folder,
+            the policy after round :func:`~pbrl.generation.comparator_factory.compared_round` (resolved by the
+            caller, :func:`pbrl.run.policy_records.policy_checkpoint`).
     """
 
     policy: str
@@ -135,6 +137,7 @@ class ComparatorSettings:
     centralized_adapter: CentralizedAdapter | None = None
     centralized_index: int = 0
     store_dir: Path | None = None
+    checkpoint: Path | None = None
 
     @property
     def copy_devices(self) -> Devices:
@@ -142,9 +145,10 @@ class ComparatorSettings:
         return self.comparator_devices if self.comparator_devices is not None else self.agent_devices
 
 
-def target_side(paths: RunPaths, round_index: int, num_candidates: int, devices: Devices) -> SamplingSide:
-    """The current agents: the policy after round ``round_index - 1``."""
-    return SamplingSide("target", policy_checkpoint(paths, round_index - 1), num_candidates, devices)
+def target_side(checkpoint: Path, num_candidates: int, devices: Devices) -> SamplingSide:
+    """The current agents: ``checkpoint`` holds the policy after the previous round (the stage resolves it,
+    :func:`pbrl.run.policy_records.policy_checkpoint`)."""
+    return SamplingSide("target", checkpoint, num_candidates, devices)
 
 
 # ------------------------------------------------------------------------------------------- text entry

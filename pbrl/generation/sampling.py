@@ -46,6 +46,7 @@ from pbrl.generation.seeded_sampler import (
     SEED_LIMIT,
     SeededSampler,
     build_warpers,
+    greedy_generation_config,
 )
 from pbrl.models import row_invariance
 from pbrl.models.forward import distinct_prompts, eval_mode
@@ -69,6 +70,21 @@ class SamplingSettings:
     top_p: float
     top_k: int | None
     batch_size: int
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How :func:`generate` lays its rows out; a row's tokens do not depend on it (up to float32 rounding, see there).
+
+    Attributes:
+        share_prompts: chunk the rows of one prompt together and prefill each distinct prompt of a chunk once, its
+            KV cache expanded to every row that continues it.
+        preallocate: keep each layer's keys and values in one buffer for the prompt and every new token
+            (:mod:`pbrl.generation.kv_cache`) instead of transformers' cache, which copies itself at every token.
+    """
+
+    share_prompts: bool = True
+    preallocate: bool = True
 
 
 @dataclass(frozen=True)
@@ -111,24 +127,6 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return list(ids)
 
 
-# GenerationConfig fields that would add a logits processor or change decoding and have no explicit
-# neutral value (None means "unset", which generate() fills from model.generation_config).
-_UNNEUTRALISABLE = (
-    "bad_words_ids",
-    "sequence_bias",
-    "forced_bos_token_id",
-    "forced_eos_token_id",
-    "exponential_decay_length_penalty",
-    "suppress_tokens",
-    "begin_suppress_tokens",
-    "watermarking_config",
-    "stop_strings",
-    "max_time",
-    "prompt_lookup_num_tokens",
-    "assistant_early_exit",
-)
-
-
 def stop_token_ids(model: nn.Module, tokenizer: Any) -> list[int]:
     """The ids that end a row: the tokenizer's EOS, then ``model.generation_config.eos_token_id`` (an int or
     a list: Llama 3, Qwen2.5 and Gemma instruct models stop at several), without repeats. ``generate``
@@ -158,46 +156,6 @@ def stop_token_ids(model: nn.Module, tokenizer: Any) -> list[int]:
             "completions could never finish with 'eos'"
         )
     return ids
-
-
-def _generation_config(model: nn.Module, max_new_tokens: int, pad_id: int, stop_ids: list[int]) -> GenerationConfig:
-    """Greedy decoding with every processor-adding field set to its neutral value.
-
-    ``generate`` fills unset (None) fields from ``model.generation_config``; explicit values keep the
-    model's own settings (temperature, repetition penalty, …) out. Fields with no neutral value must be
-    unset on the model.
-    """
-    model_config = getattr(model, "generation_config", None)
-    if model_config is not None:
-        found = {f: getattr(model_config, f, None) for f in _UNNEUTRALISABLE}
-        found = {f: v for f, v in found.items() if v is not None}
-        if found:
-            raise ValueError(
-                f"model.generation_config sets {found}; pbrl samples with its own processor and cannot "
-                "neutralise these fields: set them to None on the model's generation_config"
-            )
-    return GenerationConfig(
-        do_sample=False,
-        num_beams=1,
-        num_return_sequences=1,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=0,  # takes precedence over any min_length (becomes the prompt length)
-        temperature=1.0,
-        top_p=1.0,
-        top_k=50,
-        repetition_penalty=1.0,
-        encoder_repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        encoder_no_repeat_ngram_size=0,
-        remove_invalid_values=False,
-        renormalize_logits=False,
-        guidance_scale=1.0,
-        use_cache=True,
-        output_scores=False,
-        return_dict_in_generate=False,
-        pad_token_id=pad_id,
-        eos_token_id=stop_ids,
-    )
 
 
 def _validate(
@@ -273,7 +231,21 @@ def prompt_grouped_order(prompt_ids: Sequence[Sequence[int]]) -> list[int]:
     return sorted(range(len(prompt_ids)), key=lambda r: which[r])
 
 
-# Over 60 lines because of its docstring (the reproducibility contract); the code is ~30 lines.
+@dataclass(frozen=True)
+class _Plan:
+    """What every chunk of one :func:`generate` call shares (built once from its arguments and the model)."""
+
+    settings: SamplingSettings
+    batching: Batching
+    config: GenerationConfig
+    warpers: LogitsProcessorList
+    stop_ids: list[int]
+    pad_id: int
+    device: torch.device
+    invariant: bool  # bfloat16/float16 on the CPU: each row computed as if alone (pbrl.models.row_invariance)
+
+
+# Over 60 lines because of its docstring (the reproducibility contract); the code is ~20 lines.
 def generate(
     model: nn.Module,
     tokenizer: Any,
@@ -282,19 +254,18 @@ def generate(
     settings: SamplingSettings,
     *,
     row_names: Sequence[str] | None = None,
-    share_prompts: bool = True,
     on_rows: Callable[[int], None] | None = None,
-    preallocate: bool = True,
+    batching: Batching = Batching(),
 ) -> list[Generation]:
     """Sample one completion per (prompt_ids[r], seeds[r]) row; repeat a prompt for K candidates.
 
     Rows go through ``model.generate`` in chunks of ``settings.batch_size``, left-padded, with the KV
     cache, in eval mode under ``torch.inference_mode`` (every submodule's mode is restored afterwards).
-    With ``share_prompts`` (the default) the rows of one prompt are chunked together and each distinct prompt of
-    a chunk is prefilled once, its KV cache expanded to every row that continues it (the K candidates of a
+    With ``batching.share_prompts`` (the default) the rows of one prompt are chunked together and each distinct
+    prompt of a chunk is prefilled once, its KV cache expanded to every row that continues it (the K candidates of a
     prompt, both sides of a comparator with the same weights); each row still draws from its own seed stream,
     and the tokens equal those of ``share_prompts=False`` up to the float32 rounding of a different batch shape
-    (see below; tests/test_shared_prompt.py). A
+    (see below; tests/unit/learning/test_shared_prompt.py). A
     row's tokens depend only on its prompt, its seed and the sampling settings, never on the batch it lands
     in or on global random state (see the module docstring). A bfloat16/float16 model on the CPU samples every
     row bitwise as it samples the row alone, whatever the chunking, padding, ``share_prompts`` or thread count
@@ -314,9 +285,7 @@ def generate(
         row_names: b labels naming each row in errors (e.g. "agent 0, item 'q1', target candidate 2");
             None names them "row r".
         on_rows: called with the number of rows after each generate chunk (a stage's progress).
-        preallocate: keep each layer's keys and values in one buffer for the prompt and every new token
-            (:mod:`pbrl.generation.kv_cache`) instead of transformers' cache, which copies itself at every token;
-            the same tokens either way.
+        batching: see :class:`Batching` (prompts shared, the preallocated KV cache: the same tokens either way).
 
     Returns:
         b :class:`Generation` in row order: ``finish_reason`` "eos" when a stop id was generated (kept as
@@ -330,46 +299,91 @@ def generate(
     """
     _validate(prompt_ids, seeds, settings, row_names)
     names = list(row_names) if row_names is not None else [f"row {r}" for r in range(len(prompt_ids))]
-    stop_ids = stop_token_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
-    config = _generation_config(model, settings.max_new_tokens, pad_id, stop_ids)
-    warpers = build_warpers(settings.temperature, settings.top_p, settings.top_k)
-    device = next(model.parameters()).device
-    invariant = row_invariance.applies(model)  # bfloat16/float16 on the CPU: each row computed as if alone
-    if invariant:  # rows of one prompt length together: fewer attention groups (the bits do not depend on it)
-        _, which = distinct_prompts(prompt_ids)
-        order = sorted(range(len(prompt_ids)), key=lambda r: (len(prompt_ids[r]), which[r]))
-    else:
-        order = prompt_grouped_order(prompt_ids) if share_prompts else list(range(len(prompt_ids)))
+    plan = _plan(model, tokenizer, settings, batching)
+    order = _row_order(prompt_ids, invariant=plan.invariant, share_prompts=batching.share_prompts)
     results: dict[int, Generation] = {}
-    rows_alone = row_invariance.row_invariant(model) if invariant else contextlib.nullcontext()
+    rows_alone = row_invariance.row_invariant(model) if plan.invariant else contextlib.nullcontext()
     with eval_mode(model), torch.inference_mode(), rows_alone:
         for start in range(0, len(order), settings.batch_size):
             chunk = order[start : start + settings.batch_size]
             row_seeds = [int(seeds[r]) for r in chunk]
-            input_ids, attention_mask = _left_pad([prompt_ids[r] for r in chunk], pad_id)  # (b, t)
-            sampler = SeededSampler(
-                torch.tensor(row_seeds, dtype=torch.int64),
-                input_ids.shape[1],
-                warpers,
-                torch.tensor(stop_ids, dtype=torch.int64),
-                [names[r] for r in chunk],
-                settings.temperature,
-            )
-            capacity = input_ids.shape[1] + settings.max_new_tokens
-            cache = preallocated_cache(model, capacity) if preallocate else DynamicCache(config=model.config)
-            prefill(model, input_ids, attention_mask, device, cache, invariant=invariant, share=share_prompts)
-            sequences = model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                generation_config=config,
-                logits_processor=LogitsProcessorList([sampler]),
-                cache=cache,  # holds every prompt column but the last (prefill), or none: generate fills it
-            )  # (b, t + new)
-            for r, row, seed in zip(chunk, sequences[:, input_ids.shape[1] :].tolist(), row_seeds, strict=True):
-                completion, reason, stop_id = _cut(row, stop_ids, settings.max_new_tokens)
-                text = tokenizer.decode(completion, skip_special_tokens=True)
-                results[r] = Generation(completion, text, reason, seed, stop_id)
+            rows = [prompt_ids[r] for r in chunk]
+            generated = _sample_chunk(model, tokenizer, rows, row_seeds, [names[r] for r in chunk], plan)
+            results.update(zip(chunk, generated, strict=True))
             if on_rows is not None:
                 on_rows(len(chunk))
     return [results[r] for r in range(len(prompt_ids))]
+
+
+def _plan(model: nn.Module, tokenizer: Any, settings: SamplingSettings, batching: Batching) -> _Plan:
+    """The stop and pad ids, the greedy generation config, the warpers, the device and whether rows are computed as
+    if alone, for one :func:`generate` call.
+
+    Raises:
+        ValueError: no stop id, or a model generation_config field that would alter sampling (see
+            :func:`stop_token_ids` and :func:`~pbrl.generation.seeded_sampler.greedy_generation_config`).
+    """
+    stop_ids = stop_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    return _Plan(
+        settings=settings,
+        batching=batching,
+        config=greedy_generation_config(model, settings.max_new_tokens, pad_id, stop_ids),
+        warpers=build_warpers(settings.temperature, settings.top_p, settings.top_k),
+        stop_ids=stop_ids,
+        pad_id=pad_id,
+        device=next(model.parameters()).device,
+        invariant=row_invariance.applies(model),
+    )
+
+
+def _row_order(prompt_ids: Sequence[list[int]], *, invariant: bool, share_prompts: bool) -> list[int]:
+    """The order rows are chunked in: rows computed as if alone (``invariant``) by prompt length, then prompt (fewer
+    attention groups; the bits do not depend on it); else a prompt's rows adjacent (``share_prompts``) or as given."""
+    if invariant:
+        _, which = distinct_prompts(prompt_ids)
+        return sorted(range(len(prompt_ids)), key=lambda r: (len(prompt_ids[r]), which[r]))
+    return prompt_grouped_order(prompt_ids) if share_prompts else list(range(len(prompt_ids)))
+
+
+def _sample_chunk(
+    model: nn.Module,
+    tokenizer: Any,
+    rows: list[list[int]],
+    seeds: list[int],
+    names: list[str],
+    plan: _Plan,
+) -> list[Generation]:
+    """One ``model.generate`` call over the b rows of a chunk (left-padded, prefilled, each row drawn from its seed by
+    the :class:`SeededSampler`); their :class:`Generation` in the chunk's order.
+
+    Raises:
+        SamplingError: an unfinished row's logits are not finite (the sampler names the rows).
+    """
+    settings = plan.settings
+    input_ids, attention_mask = _left_pad(rows, plan.pad_id)  # (b, t)
+    sampler = SeededSampler(
+        torch.tensor(seeds, dtype=torch.int64),
+        input_ids.shape[1],
+        plan.warpers,
+        torch.tensor(plan.stop_ids, dtype=torch.int64),
+        names,
+        settings.temperature,
+    )
+    capacity = input_ids.shape[1] + settings.max_new_tokens
+    cache = preallocated_cache(model, capacity) if plan.batching.preallocate else DynamicCache(config=model.config)
+    share = plan.batching.share_prompts
+    prefill(model, input_ids, attention_mask, plan.device, cache, invariant=plan.invariant, share=share)
+    sequences = model.generate(
+        input_ids=input_ids.to(plan.device),
+        attention_mask=attention_mask.to(plan.device),
+        generation_config=plan.config,
+        logits_processor=LogitsProcessorList([sampler]),
+        cache=cache,  # holds every prompt column but the last (prefill), or none: generate fills it
+    )  # (b, t + new)
+    generated = []
+    for row, seed in zip(sequences[:, input_ids.shape[1] :].tolist(), seeds, strict=True):
+        completion, reason, stop_id = _cut(row, plan.stop_ids, settings.max_new_tokens)
+        text = tokenizer.decode(completion, skip_special_tokens=True)
+        generated.append(Generation(completion, text, reason, seed, stop_id))
+    return generated

@@ -27,7 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 from transformers import (
+    GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -304,3 +306,64 @@ class SeededSampler(LogitsProcessor):
         raise SamplingError(
             f"cannot sample generated token {step} in {len(rows)} of {len(bad)} rows ({named}{more}): {why}"
         )
+
+
+# GenerationConfig fields that would add a logits processor or change decoding and have no explicit
+# neutral value (None means "unset", which generate() fills from model.generation_config).
+_UNNEUTRALISABLE = (
+    "bad_words_ids",
+    "sequence_bias",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "watermarking_config",
+    "stop_strings",
+    "max_time",
+    "prompt_lookup_num_tokens",
+    "assistant_early_exit",
+)
+
+
+def greedy_generation_config(
+    model: nn.Module, max_new_tokens: int, pad_id: int, stop_ids: list[int]
+) -> GenerationConfig:
+    """Greedy decoding with every processor-adding field set to its neutral value: with a :class:`SeededSampler` as
+    its only logits processor, ``generate`` emits exactly the drawn tokens.
+
+    ``generate`` fills unset (None) fields from ``model.generation_config``; explicit values keep the
+    model's own settings (temperature, repetition penalty, …) out. Fields with no neutral value must be
+    unset on the model.
+    """
+    model_config = getattr(model, "generation_config", None)
+    if model_config is not None:
+        found = {f: getattr(model_config, f, None) for f in _UNNEUTRALISABLE}
+        found = {f: v for f, v in found.items() if v is not None}
+        if found:
+            raise ValueError(
+                f"model.generation_config sets {found}; pbrl samples with its own processor and cannot "
+                "neutralise these fields: set them to None on the model's generation_config"
+            )
+    return GenerationConfig(
+        do_sample=False,
+        num_beams=1,
+        num_return_sequences=1,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,  # takes precedence over any min_length (becomes the prompt length)
+        temperature=1.0,
+        top_p=1.0,
+        top_k=50,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        remove_invalid_values=False,
+        renormalize_logits=False,
+        guidance_scale=1.0,
+        use_cache=True,
+        output_scores=False,
+        return_dict_in_generate=False,
+        pad_token_id=pad_id,
+        eos_token_id=stop_ids,
+    )

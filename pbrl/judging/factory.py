@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from pbrl.errors import ConfigError, Problem
 from pbrl.generation.api_formats import ApiSettings
@@ -38,46 +37,18 @@ def read_template(path: str | Path | None) -> str:
 
 
 def api_judge_from_options(
-    *,
-    api_format: str,
-    url: str,
-    model: str | None,
-    key_env: str | None,
-    key_header: str = "Authorization",
-    key_prefix: str = "Bearer",
-    headers: Mapping[str, str] | None = None,
-    extra_body: Mapping[str, Any] | None = None,
-    response_field: str = "completions",
-    max_tokens: int = 16,
-    timeout: float = 120.0,
-    max_concurrency: int = 4,
-    prompt_template: str | Path | None = None,
+    settings: ApiSettings, *, max_tokens: int = 16, prompt_template: str | Path | None = None
 ) -> ApiJudge:
-    """``judge: api`` from the values of ``judge_api_format``, ``judge_api_url``, ``judge_model``,
-    ``judge_api_key_env`` (the variable's NAME; the key is read only when asking), ``judge_api_key_header``,
-    ``judge_api_key_prefix``, ``judge_api_headers``, ``judge_api_extra_body``, ``judge_api_response_field``,
-    ``judge_api_max_tokens``, ``judge_api_timeout`` (seconds, per request in all), ``judge_api_max_concurrency`` and
-    ``judge_prompt_template`` (a file path, or None for the built-in template). Nothing is sent here.
+    """``judge: api`` from the client's settings (the ``judge_api_*`` options, ``judge_model`` as ``model``; the key
+    variable's NAME only, the key is read when asking), ``judge_api_max_tokens`` and ``judge_prompt_template`` (a
+    file path, or None for the built-in template). The settings speak as the judge (:data:`JUDGE_ROLE`) whoever
+    built them. Nothing is sent here.
 
     Raises:
         ConfigError: the template file cannot be read or has problems.
-        ValueError: an unknown format (naming ``judge_api_format``) or ``max_tokens`` < 1.
+        ValueError: ``max_tokens`` < 1 (naming ``judge_api_max_tokens``).
     """
-    settings = ApiSettings(
-        api_format=api_format,
-        url=url,
-        model=model,
-        key_env=key_env,
-        key_header=key_header,
-        key_prefix=key_prefix,
-        headers=dict(headers or {}),
-        extra_body=dict(extra_body or {}),
-        response_field=response_field,
-        timeout=timeout,
-        max_concurrency=max_concurrency,
-        role=JUDGE_ROLE,
-    )
-    return ApiJudge(settings, read_template(prompt_template), max_tokens)
+    return ApiJudge(replace(settings, role=JUDGE_ROLE), read_template(prompt_template), max_tokens)
 
 
 def local_judge_from_options(

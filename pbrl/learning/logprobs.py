@@ -21,7 +21,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from pbrl.models import row_invariance
-from pbrl.models.forward import distinct_prompts, eval_mode
+from pbrl.models.forward import distinct_prompts, eval_mode, pad_rows
 from pbrl.models.row_invariance import set_row_offsets
 
 
@@ -241,8 +241,7 @@ def token_logprobs(
     return score(model, prompt_ids, completion_ids, pad_token_id=pad_token_id, dropout=dropout)
 
 
-# Over 60 lines: the docstring states the method and its equivalence to padded scoring; the code is one
-# batched pass (prefill each distinct prompt, expand its KV cache, score the completions) that shares its tensors.
+# Over 60 lines because of its docstring (the method and its equivalence to padded scoring); the code is ~25 lines.
 def shared_prompt_token_logprobs(
     model: nn.Module,
     prompt_ids: Sequence[Sequence[int]],
@@ -263,7 +262,7 @@ def shared_prompt_token_logprobs(
     instead of k times; with gradients enabled the prompt's activations are stored once too. Positions are
     the same as in :func:`sequence_logprobs` (prompt length + j for completion token j) and the masks come from
     the lengths, so the values agree with it to float32 rounding (≤ 1e-5 nats on the tiny model and
-    SmolLM2: tests/test_shared_prompt.py), and so do the gradients.
+    SmolLM2: tests/unit/learning/test_shared_prompt.py), and so do the gradients.
 
     Use it when prompts repeat and are long compared with the completions (HumanEval: 150–300 prompt
     tokens, ≤ 64 completion tokens, 2 completions per pair). It needs the model's KV cache in the training
@@ -304,18 +303,30 @@ def shared_prompt_token_logprobs(
         return (torch.zeros((batch, 0), device=device), torch.zeros((batch, 0), dtype=torch.bool, device=device))
 
     distinct, prompt_of_row = distinct_prompts(prompt_ids)
-    width = max(len(p) for p in distinct)
-    prompt_input = torch.full((len(distinct), width), pad_token_id, dtype=torch.long)  # (d, t)
-    prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)  # (d, t)
-    for d, prompt in enumerate(distinct):
-        prompt_input[d, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        prompt_mask[d, width - len(prompt) :] = 1
-    prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (d, t)
+    prompt_input, prompt_mask, prompt_positions, _ = pad_rows(distinct, pad_token_id, "left")  # (d, t) each
     rows = torch.tensor(prompt_of_row, dtype=torch.long)  # (b,)
-    prompt_lens = prompt_mask.sum(-1)[rows]  # (b,)
+    completion_input, targets, completion_mask, valid = _shifted_completions(
+        completion_ids, completion_lens, max_completion, pad_token_id
+    )
+    with contextlib.nullcontext() if dropout else eval_mode(model):
+        logits = _prefill_and_continue(
+            model, (prompt_input, prompt_mask, prompt_positions), rows, completion_input, completion_mask, device
+        )  # (b, c, v)
+    logits = logits.float()
+    targets, valid = targets.to(device), valid.to(device)
+    token_logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (b, c)
+    return torch.where(valid, token_logprobs, torch.zeros_like(token_logprobs)), valid
 
+
+def _shifted_completions(
+    completion_ids: Sequence[Sequence[int]], completion_lens: torch.Tensor, max_completion: int, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The continue pass's inputs of b completions (c = ``max_completion`` >= 1, the longest; right-padded with
+    ``pad_token_id``): (b, c-1) input ids (tokens 0 .. c-2: the last token predicts nothing), (b, c) targets,
+    (b, c-1) long attention mask of the inputs and (b, c) bool mask of real completion tokens, all from the
+    (b,) ``completion_lens``."""
+    batch, steps = len(completion_ids), max_completion - 1
     # Completion token j of row r sits at column width + j; the input holds tokens 0 .. c-2 (right-padded).
-    steps = max_completion - 1
     completion_input = torch.full((batch, max(steps, 0)), pad_token_id, dtype=torch.long)  # (b, c-1)
     targets = torch.full((batch, max_completion), pad_token_id, dtype=torch.long)  # (b, c)
     for r, completion in enumerate(completion_ids):
@@ -324,34 +335,44 @@ def shared_prompt_token_logprobs(
             completion_input[r, : len(completion) - 1] = targets[r, : len(completion) - 1]
     completion_mask = (torch.arange(steps)[None, :] < (completion_lens[:, None] - 1)).long()  # (b, c-1)
     valid = torch.arange(max_completion)[None, :] < completion_lens[:, None]  # (b, c)
+    return completion_input, targets, completion_mask, valid
 
-    with contextlib.nullcontext() if dropout else eval_mode(model):
-        cache = DynamicCache(config=model.config)
-        first = model(
-            input_ids=prompt_input.to(device),
-            attention_mask=prompt_mask.to(device),
-            position_ids=prompt_positions.to(device),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]  # (d, v): predicts every row's completion token 0
-        first = first.index_select(0, rows.to(device))[:, None]  # (b, 1, v)
-        if steps > 0:
-            cache.batch_select_indices(rows)  # (d, …) → (b, …), differentiable; CPU ids index any device
-            attention_mask = torch.cat([prompt_mask[rows], completion_mask], dim=1)  # (b, t + c-1)
-            positions = prompt_lens[:, None] + torch.arange(steps)[None, :]  # (b, c-1)
-            rest = model(
-                input_ids=completion_input.to(device),
-                attention_mask=attention_mask.to(device),
-                position_ids=positions.to(device),
-                cache=cache,
-                use_cache=True,
-            ).logits  # (b, c-1, v)
-            logits = torch.cat([first, rest], dim=1)  # (b, c, v)
-        else:
-            logits = first
-        del cache
-    logits = logits.float()
-    targets, valid = targets.to(device), valid.to(device)
-    token_logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (b, c)
-    return torch.where(valid, token_logprobs, torch.zeros_like(token_logprobs)), valid
+
+def _prefill_and_continue(
+    model: nn.Module,
+    prompts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    rows: torch.Tensor,
+    completion_input: torch.Tensor,
+    completion_mask: torch.Tensor,
+    device: torch.device,
+) -> torch.Tensor:
+    """The two forward passes of :func:`shared_prompt_token_logprobs`: the d left-padded ``prompts`` (ids, mask,
+    positions, each (d, t)) with a fresh KV cache, then the b rows' completions over that cache gathered to them
+    (``rows``: (b,) the prompt of each row). Returns the (b, c, v) logits in the model's dtype: the prompt's last
+    position for completion token 0, then one per completion input token."""
+    prompt_input, prompt_mask, prompt_positions = prompts
+    steps = completion_input.shape[1]
+    cache = DynamicCache(config=model.config)
+    first = model(
+        input_ids=prompt_input.to(device),
+        attention_mask=prompt_mask.to(device),
+        position_ids=prompt_positions.to(device),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]  # (d, v): predicts every row's completion token 0
+    first = first.index_select(0, rows.to(device))[:, None]  # (b, 1, v)
+    if steps == 0:
+        return first
+    cache.batch_select_indices(rows)  # (d, …) → (b, …), differentiable; CPU ids index any device
+    attention_mask = torch.cat([prompt_mask[rows], completion_mask], dim=1)  # (b, t + c-1)
+    prompt_lens = prompt_mask.sum(-1)[rows]  # (b,)
+    positions = prompt_lens[:, None] + torch.arange(steps)[None, :]  # (b, c-1)
+    rest = model(
+        input_ids=completion_input.to(device),
+        attention_mask=attention_mask.to(device),
+        position_ids=positions.to(device),
+        cache=cache,
+        use_cache=True,
+    ).logits  # (b, c-1, v)
+    return torch.cat([first, rest], dim=1)  # (b, c, v)

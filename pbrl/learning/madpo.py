@@ -1,16 +1,15 @@
 """One MADPO update step over a batch of pairs (docs/design/algorithms.md#the-update-step): every agent moves with its
-own margin and the
-others' margins detached, so the credit weight −β σ(−βΔ) is the joint margin's for every agent.
+own margin and the others' margins detached, so the credit weight −β σ(−βΔ) is the joint margin's for every agent.
 
 With several agents, the margins of agents 1…a−1 are first computed without gradients where another agent's
 gradient needs them (their detached values are the "others" terms; no agent has moved yet; counterfactual pairs need
 none, :func:`phase_one_agents`), then each agent in turn scores with gradients, steps and frees its graph, agent 0
-first: its margins from that forward, before it steps, join the others terms of the later
-agents (Ray actors, which work in parallel, compute the detached margins others need first: ``concurrent``). One agent's
-graph is alive at a time, so training memory does not grow with the number of agents.
-Each distinct prompt of a batch runs once (:func:`pbrl.learning.logprobs.shared_prompt_logprobs`).
-These training forwards run in train mode, so dropout (``lora_dropout``) takes effect, with masks drawn
-from a seed per agent and step; sampling and evaluation forwards run in eval mode without gradients.
+first: its margins from that forward, before it steps, join the others terms of the later agents (Ray actors, which
+work in parallel, compute the detached margins others need first: ``concurrent``). One agent's graph is alive at a
+time, so training memory does not grow with the number of agents. Each distinct prompt of a batch runs once
+(:func:`pbrl.learning.logprobs.shared_prompt_logprobs`). These training forwards run in train mode, so dropout
+(``lora_dropout``) takes effect, with masks drawn from a seed per agent and step; sampling and evaluation forwards run
+in eval mode without gradients.
 """
 
 from __future__ import annotations
@@ -18,12 +17,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from pbrl.learning.logprobs import sequence_logprobs, shared_prompt_logprobs, uses_activation_checkpointing
 from pbrl.learning.losses import madpo_agent_loss, madpo_loss, preference_accuracy
+from pbrl.learning.madpo_phases import Phases, run_phases
 from pbrl.models.forward import has_dropout, training_forward
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from pbrl.models.precision import autocast, backward_and_step
@@ -40,6 +40,32 @@ class PairBatch:
     @property
     def size(self) -> int:
         return len(self.prompt_ids[0])
+
+    def agent(self, i: int) -> AgentPairs:
+        """Agent ``i``'s side of the batch."""
+        return AgentPairs(self.prompt_ids[i], self.winner_ids[i], self.loser_ids[i])
+
+
+class AgentPairs(NamedTuple):
+    """One agent's side of b pairs (:meth:`PairBatch.agent`): per pair its prompt, winner and loser token ids."""
+
+    prompt_ids: list[list[int]]
+    winner_ids: list[list[int]]
+    loser_ids: list[list[int]]
+
+    def rows(self, part: slice) -> AgentPairs:
+        """The pairs of one micro-batch."""
+        return AgentPairs(self.prompt_ids[part], self.winner_ids[part], self.loser_ids[part])
+
+
+def _check_seeds(agents: Sequence[StepAgent], seeds: Sequence[int] | None) -> None:
+    """Raises ValueError: ``seeds`` is not one per agent, or is missing while a model has dropout."""
+    if seeds is not None and len(seeds) != len(agents):
+        raise ValueError(f"seeds: got {len(seeds)} for {len(agents)} agents; give one dropout seed per agent")
+    if seeds is None and any(agent.has_dropout() for agent in agents):
+        raise ValueError(
+            "seeds: a policy has dropout (lora_dropout > 0), so its training forwards need one dropout seed per agent"
+        )
 
 
 @dataclass(frozen=True)
@@ -92,8 +118,7 @@ def agent_margins(policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, se
     Each distinct prompt of the batch runs once and its KV cache (with its autograd graph) serves the winner
     and the loser of every pair of that prompt (:func:`pbrl.learning.logprobs.shared_prompt_logprobs`; equal to
     :func:`pbrl.learning.logprobs.sequence_logprobs` within float32 rounding); with activation checkpointing on, the
-    rows
-    are scored in one padded forward pass instead.
+    rows are scored in one padded forward pass instead.
     With ``seed``, the forward is a training forward (:func:`training_forward`: dropout on, masks from
     ``seed``); without, dropout is off. Either runs under the policy's mixed-precision autocast. A pair
     whose winner and loser completions are the same token ids has Δ_i ≡ 0 for every θ: it is set to an
@@ -130,17 +155,12 @@ def micro_seed(seed: int | None, index: int) -> int | None:
     return (seed * 1_000_003 + index) % 2**63
 
 
-def _detached_margins(
-    policy: TrainablePolicy, prompt_ids, winner_ids, loser_ids, seed: int | None, parts: list[slice]
-) -> torch.Tensor:
+def _detached_margins(policy: TrainablePolicy, pairs: AgentPairs, seed: int | None, parts: list[slice]) -> torch.Tensor:
     """(b,) float32 margins without a graph, micro-batch by micro-batch with the training forwards' seeds (so
     the same dropout masks, hence the same values as the training forward that follows)."""
     with torch.no_grad():
         return torch.cat(
-            [
-                agent_margins(policy, prompt_ids[s], winner_ids[s], loser_ids[s], micro_seed(seed, k)).float().cpu()
-                for k, s in enumerate(parts)
-            ]
+            [agent_margins(policy, *pairs.rows(s), micro_seed(seed, k)).float().cpu() for k, s in enumerate(parts)]
         )
 
 
@@ -161,9 +181,7 @@ class _AccumulatedGradients(torch.autograd.Function):
 
 def _agent_update(
     policy: TrainablePolicy,
-    prompt_ids,
-    winner_ids,
-    loser_ids,
+    pairs: AgentPairs,
     others: torch.Tensor,
     seed: int | None,
     parts: list[slice],
@@ -174,15 +192,14 @@ def _agent_update(
     """One agent's step on the batch (its mean MADPO loss, ``others`` (b,) detached), micro-batch by
     micro-batch: each micro-batch's graph is freed once its gradient is taken, so memory grows with the
     micro-batch. Returns the agent's detached margins (b,) and whether the step was skipped."""
-    size = len(prompt_ids)
     params = trainable_parameters(policy.model)
     scaler = policy.precision.scaler if policy.precision is not None else None
     accumulated: list[torch.Tensor | None] | None = None
     margins, loss_value, final = [], 0.0, None
     for k, s in enumerate(parts):
-        own = agent_margins(policy, prompt_ids[s], winner_ids[s], loser_ids[s], micro_seed(seed, k))
+        own = agent_margins(policy, *pairs.rows(s), micro_seed(seed, k))
         margins.append(own.detach().float().cpu())
-        loss = madpo_agent_loss(own, others[s].to(own.device), beta).sum() / size  # this micro-batch's share
+        loss = madpo_agent_loss(own, others[s].to(own.device), beta).sum() / len(pairs.prompt_ids)  # its share
         loss_value += float(loss.detach())
         if not loss.requires_grad or not torch.isfinite(loss):
             continue
@@ -192,12 +209,7 @@ def _agent_update(
         # Not the last micro-batch: keep its true (unscaled) gradient and free its graph now.
         scale = scaler.get_scale() if scaler is not None else 1.0
         grads = torch.autograd.grad(loss * scale, params, allow_unused=True)
-        grads = [None if g is None else g / scale for g in grads]
-        accumulated = (
-            grads
-            if accumulated is None
-            else [a if g is None else (g if a is None else a + g) for a, g in zip(accumulated, grads, strict=True)]
-        )
+        accumulated = _accumulate(accumulated, [None if g is None else g / scale for g in grads])
     own_margins = torch.cat(margins)
     if not math.isfinite(loss_value):
         return own_margins, True
@@ -210,6 +222,13 @@ def _agent_update(
         policy.optimizer, final, params, max_grad_norm=max_grad_norm, precision=policy.precision
     )
     return own_margins, not stepped
+
+
+def _accumulate(total: list[torch.Tensor | None] | None, grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Per parameter, the running sum of the micro-batches' gradients (None: no gradient yet)."""
+    if total is None:
+        return grads
+    return [a if g is None else (g if a is None else a + g) for a, g in zip(total, grads, strict=True)]
 
 
 class StepAgent(Protocol):
@@ -251,17 +270,15 @@ class LocalAgent:
         return has_dropout(self.policy.model)
 
     def detached_margins(self, prompt_ids, winner_ids, loser_ids, seed, parts) -> torch.Tensor:
-        return _detached_margins(self.policy, prompt_ids, winner_ids, loser_ids, seed, parts)
+        return _detached_margins(self.policy, AgentPairs(prompt_ids, winner_ids, loser_ids), seed, parts)
 
     def update(
         self, prompt_ids, winner_ids, loser_ids, others, seed, parts, *, beta, max_grad_norm
     ) -> tuple[torch.Tensor, bool]:
-        return _agent_update(
-            self.policy, prompt_ids, winner_ids, loser_ids, others, seed, parts, beta=beta, max_grad_norm=max_grad_norm
-        )
+        pairs = AgentPairs(prompt_ids, winner_ids, loser_ids)
+        return _agent_update(self.policy, pairs, others, seed, parts, beta=beta, max_grad_norm=max_grad_norm)
 
 
-# Over 60 lines because of its docstring (the two phases, memory and the in-process order); the code is ~40 lines.
 def madpo_agents_step(
     agents: Sequence[StepAgent],
     batch: PairBatch,
@@ -287,100 +304,37 @@ def madpo_agents_step(
 
     The agents are :class:`StepAgent` s (:class:`LocalAgent` in process, Ray actors remotely): phase 1 asks the
     agents whose margins another agent's gradient needs (:func:`phase_one_agents`) for their detached margins, the
-    "others" term of agent i is the sum over the other agents' margins (Σ_{j≠i} Δ_j),
-    phase 2 asks every agent for its step. ``gather`` turns a phase's list of per-agent results (or handles,
-    e.g. Ray object refs with ``ray.get``) into the results.
-
-    ``concurrent`` (remote agents, e.g. :mod:`pbrl.distributed.ray_agents`): every agent of a phase is asked before
-    ``gather`` is called, so they work in parallel; every agent that :func:`phase_one_agents` names computes its
-    detached margins in phase 1. In process (the default, agents one after another) agent 0 skips phase 1: its
-    update is asked first, and the margins its training forward computes before it steps (the same function on
-    the same weights with the same dropout seeds, hence the same values, bitwise on CPU) are its "others" term for
-    the agents after it. That saves one of the step's 3a forward-or-backward passes per micro-batch (a
-    detached forward costs about half a forward and backward; measured on SmolLM2,
-    docs/results/benchmarks.md#shared-prompts-and-memory)
-    and gives the same step. An agent whose margins no other agent's gradient needs skips phase 1 too (a pair that
-    changes only agent i moves nobody else): with counterfactual pairs, a step is one training forward and backward
-    per agent and micro-batch. The returned ``margins`` are each agent's from its training forward.
-
-    Agent i's others term is left out (0) on the pairs that do not change it: its loss there has no gradient, so
-    its step is skipped only when its loss on its own pairs is not finite, in every mode and agent order.
-
-    An agent whose winner and loser ids are the same in every pair of the batch (:func:`identical_sides`; with
-    ``joint_mode: cross``, counterfactual pairs that change other agents) is not asked in either phase: its
-    margins are exactly 0, its weights and optimizer state do not move, and ``StepStats.idle`` marks it.
-    Within a batch, such pairs cost an agent nothing either (:func:`agent_margins` skips them).
+    "others" term of agent i is the sum over the other agents' margins (Σ_{j≠i} Δ_j), phase 2 asks every agent for
+    its step (:class:`pbrl.learning.madpo_phases.Phases`; the order of the two, ``concurrent`` or in process:
+    :func:`pbrl.learning.madpo_phases.run_phases`). ``gather`` turns a phase's list of per-agent results (or
+    handles, e.g. Ray object refs with ``ray.get``) into the results. The returned ``margins`` are each agent's
+    from its training forward.
 
     Raises:
         ValueError: ``seeds`` is not one per agent, or is missing while a model has dropout.
     """
-    if seeds is not None and len(seeds) != len(agents):
-        raise ValueError(f"seeds: got {len(seeds)} for {len(agents)} agents; give one dropout seed per agent")
-    if seeds is None and any(agent.has_dropout() for agent in agents):
-        raise ValueError(
-            "seeds: a policy has dropout (lora_dropout > 0), so its training forwards need one dropout seed per agent"
-        )
+    _check_seeds(agents, seeds)
     parts = micro_batches(batch.size, micro_batch_size)
-    n = len(agents)
-    agent_seeds = [None if seeds is None else seeds[i] for i in range(n)]
-    args = [(batch.prompt_ids[i], batch.winner_ids[i], batch.loser_ids[i]) for i in range(n)]
-    # An agent whose sides are identical in every pair has margins ≡ 0 and no gradient: it is not asked at all (no
-    # forward, no backward, no optimizer step, no round trip to a remote agent); its margins column stays 0.
     differs = changed_pairs(batch)  # (a, b)
-    idle = [not any(row) for row in differs]  # identical_sides of each agent's pairs
-    needed = phase_one_agents(differs)  # a subset of the agents that are not idle
-    # Agent i's others term only where a pair changes i: elsewhere its loss has no gradient, and a term there (a
-    # NaN margin of another agent on a pair that changes only that agent) would skip i's step for nothing, in one
-    # mode and not the other (phase 1 is not asked for those margins).
-    changes = torch.tensor(differs).T  # (b, a)
-
-    def detached(ids: list[int]) -> None:  # phase 1 for agents ``ids``: their columns of ``margins``
-        ids = [i for i in ids if needed[i]]
-        if not ids:
-            return
-        for i, m in zip(
-            ids, gather([agents[i].detached_margins(*args[i], agent_seeds[i], parts) for i in ids]), strict=True
-        ):
-            margins[:, i] = m
-
-    def updates(ids: list[int]) -> list[Any]:  # phase 2 for agents ``ids``, against the others' columns
-        asked = [i for i in ids if not idle[i]]
-        got = (
-            gather(
-                [
-                    agents[i].update(
-                        *args[i],
-                        margins[:, [j for j in range(n) if j != i]].sum(dim=1).where(changes[:, i], 0.0),
-                        agent_seeds[i],
-                        parts,
-                        beta=beta,
-                        max_grad_norm=max_grad_norm,
-                    )
-                    for i in asked
-                ]
-            )
-            if asked
-            else []
-        )
-        by_agent = dict(zip(asked, got, strict=True))
-        return [by_agent.get(i, (torch.zeros(batch.size), False)) for i in ids]
-
-    margins = torch.zeros(batch.size, n)  # (b, a): column i is agent i's detached margins (0 until computed)
-    if concurrent and n > 1:
-        detached(list(range(n)))
-        results = updates(list(range(n)))
-    else:  # agents one after another (or a single agent: no others to wait for)
-        detached(list(range(1, n)))
-        results = updates([0])
-        margins[:, 0] = results[0][0]  # agent 0's own margins, from its update's forward, for the later agents
-        results += updates(list(range(1, n)))
+    phases = Phases(
+        agents,
+        batch,
+        [None if seeds is None else seeds[i] for i in range(len(agents))],
+        parts,
+        needed=phase_one_agents(differs),  # a subset of the agents that are not idle
+        idle=[not any(row) for row in differs],  # identical_sides of each agent's pairs
+        changes=torch.tensor(differs).T,  # (b, a)
+        gather=gather,
+        beta=beta,
+        max_grad_norm=max_grad_norm,
+    )
+    margins, results = run_phases(phases, concurrent)
     for i, (own, _) in enumerate(results):  # the statistics: every agent's margins from its training forward
         margins[:, i] = own
-    skipped = [was_skipped for _, was_skipped in results]
     return StepStats(
         loss=float(madpo_loss(margins, beta).mean()),
         accuracy=float(preference_accuracy(margins)),
         margins=margins,
-        skipped=tuple(skipped),
-        idle=tuple(idle),
+        skipped=tuple(was_skipped for _, was_skipped in results),
+        idle=tuple(phases.idle),
     )

@@ -80,8 +80,6 @@ def _distinct_rows(pairs: Sequence[Pair]) -> tuple[list[JointRow], list[tuple[in
     return rows, [(index[w], index[lo]) for w, lo in keys]
 
 
-# Over 60 lines: one fitting loop reads top to bottom (standardize, then per step: scores, loss, checks, step; then
-# the input range); the frozen and trained paths differ in one line (cached features or a forward).
 def fit_bradley_terry(
     model: JointRewardModel,
     pairs: Sequence[Pair],
@@ -112,48 +110,81 @@ def fit_bradley_terry(
     optimizer = torch.optim.AdamW(params, lr=learning_rate)
     rng = np.random.default_rng(seed)
     rows, index = _distinct_rows(pairs)
-    joint = isinstance(model, JointRewardModel)  # any other module: a plain scorer of rows (tests' hand models)
-    frozen = joint and model.backbone_frozen
-    cached = row_features(model, rows) if rows and joint and (frozen or model.pooling == "segments") else None
-    if cached is not None:
-        model.standardize_on(cached, rows)
-    overlaps = model.overlap_features(rows) if cached is not None and model.uses_overlap else None  # (n, a)
-    if not frozen:
-        cached = None  # the backbone moves: features are recomputed at every step
+    features = _training_features(model, rows)
     steps = skipped = 0
     for _ in range(epochs):
         order = rng.permutation(len(pairs))
         for begin in range(0, len(pairs), batch_size):
             chunk = [index[j] for j in order[begin : begin + batch_size]]
-            both = [w for w, _ in chunk] + [lo for _, lo in chunk]  # winners then losers: (2b,)
             follow_load()  # before a step: a safe point to change torch's threads (pbrl/models/threads.py)
-            if cached is not None:
-                scores = model.head_scores(cached[both], None if overlaps is None else overlaps[both])
-            else:
-                scores = model([rows[j] for j in both])
-            loss = bradley_terry_loss(scores[: len(chunk)], scores[len(chunk) :]).mean()
+            loss = _batch_loss(model, rows, features, chunk)
             steps += 1
             if on_step is not None:
                 on_step(float(loss.detach()))
-            optimizer.zero_grad(set_to_none=True)
-            if not torch.isfinite(loss):
-                skipped += 1
-                continue
-            loss.backward()
-            norm = (
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-                if max_grad_norm is not None
-                else torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-            )
-            if not torch.isfinite(norm):
-                optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-                continue
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    if joint and rows and model.pooling == "segments":  # the fitted model's inputs on its training rows
-        model.set_input_range(row_features(model, rows) if cached is None else cached, overlaps)
+            skipped += not _adamw_step(optimizer, params, loss, max_grad_norm)
+    if isinstance(model, JointRewardModel) and rows and model.pooling == "segments":  # the fitted model's inputs
+        model.set_input_range(
+            row_features(model, rows) if features.cached is None else features.cached, features.overlaps
+        )
     return {"steps": steps, "skipped_steps": skipped}
+
+
+@dataclass(frozen=True)
+class _Features:
+    """What a fit computes once from its distinct rows (n): ``cached`` (n, f) the features of a frozen backbone (None:
+    the backbone moves, its features are recomputed at every step), ``overlaps`` (n, a) the prompt-overlap inputs."""
+
+    cached: torch.Tensor | None
+    overlaps: torch.Tensor | None
+
+
+def _training_features(model: JointRewardModel, rows: list[JointRow]) -> _Features:
+    """Standardize ``segments`` features on the training rows (:meth:`JointRewardModel.standardize_on`) and keep what
+    the steps reuse. Any model other than a :class:`JointRewardModel` (tests' hand models: plain scorers of rows)
+    has neither."""
+    joint = isinstance(model, JointRewardModel)
+    frozen = joint and model.backbone_frozen
+    cached = row_features(model, rows) if rows and joint and (frozen or model.pooling == "segments") else None
+    if cached is not None:
+        model.standardize_on(cached, rows)
+    overlaps = model.overlap_features(rows) if cached is not None and model.uses_overlap else None  # (n, a)
+    return _Features(cached if frozen else None, overlaps)
+
+
+def _batch_loss(
+    model: JointRewardModel, rows: list[JointRow], features: _Features, chunk: list[tuple[int, int]]
+) -> torch.Tensor:
+    """The mean Bradley–Terry loss of the pairs ``chunk`` ((winner, loser) row indexes), winners and losers scored
+    together: the head on the cached features, or a forward of the rows."""
+    both = [w for w, _ in chunk] + [lo for _, lo in chunk]  # winners then losers: (2b,)
+    if features.cached is not None:
+        overlaps = None if features.overlaps is None else features.overlaps[both]
+        scores = model.head_scores(features.cached[both], overlaps)
+    else:
+        scores = model([rows[j] for j in both])
+    return bradley_terry_loss(scores[: len(chunk)], scores[len(chunk) :]).mean()
+
+
+def _adamw_step(
+    optimizer: torch.optim.Optimizer, params: list[torch.Tensor], loss: torch.Tensor, max_grad_norm: float | None
+) -> bool:
+    """One step on ``loss``, its gradient norm clipped to ``max_grad_norm`` (None: measured, not clipped); whether it
+    stepped. A non-finite loss or gradient norm leaves the parameters and the optimizer state untouched."""
+    optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return False
+    loss.backward()
+    norm = (
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if max_grad_norm is not None
+        else torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+    )
+    if not torch.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        return False
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return True
 
 
 def heldout_split(groups: Sequence[str], share: float, seed: int) -> tuple[list[int], list[int]]:

@@ -1,8 +1,7 @@
-"""The joint reward model in a run folder (docs/design/file-formats.md#the-run-folder): where a round's fitted model
-and its pairs' joint ids live, which device it runs on, the newest fitted model of earlier rounds, and
-:class:`RewardScorer`, a fitted model scoring joint responses from stored ids (MARLHF's update-policies, and
-score-with-oracle with ``preference_scoring_reward: reward_model``). The model itself:
-:mod:`pbrl.learning.reward_model`.
+"""A fitted joint reward model at work: which device it runs on, and :class:`RewardScorer`, a fitted model (its
+folder given as a path) scoring joint responses from stored ids (MARLHF's update-policies, and score-with-oracle
+with ``preference_scoring_reward: reward_model``). The model itself: :mod:`pbrl.learning.reward_model`; where a
+run keeps its fitted models and which one is newest: :mod:`pbrl.run.reward_records`.
 """
 
 from __future__ import annotations
@@ -10,24 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
 from pbrl.learning.reward_model import score_joint
 from pbrl.learning.reward_model_build import load_reward_model
 from pbrl.models.loading import load_tokenizer, resolve_devices, resolve_model_source
-
-PAIR_JOINT_IDS_FILE = "pair_joint_ids.parquet"  # rounds/<r>/: the pairs' joint input ids (build-pairs)
-REWARD_MODEL_DIR = "reward_model"  # rounds/<r>/reward_model/: the fitted model (fit-reward-model)
-
-
-def reward_model_dir(round_dir: Path) -> Path:
-    """``rounds/<r>/reward_model/``."""
-    return Path(round_dir) / REWARD_MODEL_DIR
-
-
-def pair_joint_ids_path(round_dir: Path) -> Path:
-    """``rounds/<r>/pair_joint_ids.parquet``."""
-    return Path(round_dir) / PAIR_JOINT_IDS_FILE
 
 
 def reward_device(configured: str | None, agent_devices: str | Sequence[str] | None, num_agents: int) -> str:
@@ -61,13 +46,3 @@ class RewardScorer:
         kept = [j for j in joint if j.ids is not None]
         scores = iter(score_joint(self.model, kept, self.batch_size))
         return [(next(scores), j.ids) if j.ids is not None else (None, None) for j in joint]
-
-
-def newest_reward_model(paths: RunPaths, before_round: int) -> tuple[int, Path] | None:
-    """The newest fitted reward model of a round < ``before_round``: (round, folder), from the
-    fit-reward-model manifests (``details.fitted``); None when none exists yet."""
-    for r in range(before_round - 1, 0, -1):
-        manifest = read_manifest(paths, r, "fit-reward-model")
-        if manifest is not None and manifest.details.get("fitted"):
-            return r, paths.root / manifest.details["reward_model"]
-    return None

@@ -13,7 +13,9 @@ Advantage backends (:mod:`pbrl.learning.advantages`) are a name → function map
 the group-baseline family. The actor-critic backends (``maac``, ``iac``) take their baseline from critics
 (:class:`pbrl.learning.critic_set.CriticSet`): A_ij = R_ij − V (V recorded before the update, a constant),
 normalised over the batch when ``advantage_normalization`` is on (the reference's actor-critic rule: (A − mean) /
-std, std clamped at 1e-6); after the agents' steps each critic takes one step on its clipped value loss.
+std, std clamped at 1e-6); after the agents' steps each critic takes one step on its clipped value loss. The loop
+chooses one of the two strategies before its first step (:mod:`pbrl.learning.baselines`); a step's rollouts are
+collected and recorded by :mod:`pbrl.learning.rollouts`.
 
 Shape legend: b items in a batch, g generations per item, n = b·g rows, a agents, c completion positions.
 """
@@ -28,16 +30,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from pbrl.learning.advantages import (
-    ACTOR_CRITIC,
-    actor_critic_advantages,
-    advantage_backend,
-    normalize_batch,
-    normalize_group,
-)
+from pbrl.data.schema import RolloutRow
+from pbrl.learning.baselines import StepBaseline, choose_baseline
 from pbrl.learning.critic_set import CriticSet
 from pbrl.learning.logprobs import token_logprobs as scoring_token_logprobs
 from pbrl.learning.losses import k3_kl, policy_gradient_loss
+from pbrl.learning.rollouts import (
+    Sampler,
+    Scorer,
+    StepOutcome,
+    StepRollouts,
+    collect_rollouts,
+    rollout_records,
+    step_rows,
+)
 from pbrl.models.forward import has_dropout, training_forward
 from pbrl.models.policies import TrainablePolicy, trainable_parameters
 from pbrl.models.precision import autocast, backward_and_step
@@ -163,9 +169,30 @@ class RLSettings:
     max_grad_norm: float | None
 
 
+@dataclass(frozen=True)
+class RLHooks:
+    """What a stage plugs into the RL loop: its sampler and reward model, its seeds and its live log.
+
+    Attributes:
+        sample: (agent, prompt rows, item id per row, epoch) → b·g :class:`pbrl.generation.sampling.Generation`, the
+            rows being each item's prompt repeated g times; row r is generation r mod g.
+        score: (prompts [joint][agent], completions [joint][agent]) → per joint response (R or None when it
+            cannot be scored, its joint input ids or None).
+        order_seed: seed of the item order of every epoch.
+        dropout_seed: (agent, step) → the dropout seed of that training forward (None: no dropout).
+        on_step: called after each step with its row count and metrics (the stage's live log and progress).
+    """
+
+    sample: Sampler
+    score: Scorer
+    order_seed: int
+    dropout_seed: Callable[[int, int], int | None]
+    on_step: Callable[[int, dict[str, float]], None] | None = None
+
+
 @dataclass
 class RLResult:
-    rollouts: list[dict[str, Any]] = field(default_factory=list)  # one row per (step, item, generation, agent)
+    rollouts: list[RolloutRow] = field(default_factory=list)  # one row per (step, item, generation, agent)
     steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # joint responses per step
     step_metrics: list[dict[str, float]] = field(default_factory=list)
@@ -173,146 +200,128 @@ class RLResult:
     dropped_groups: int = 0  # item groups left out: a joint response did not fit reward_max_length
 
 
-Sampler = Callable[[int, list[list[int]], list[str], int], list[Any]]  # (agent, prompt rows, item ids, epoch)
-Scorer = Callable[[list[list[list[int]]], list[list[list[int]]]], list[tuple[float | None, list[int] | None]]]
-
-
-# Over 60 lines: one RL step reads top to bottom as the algorithm (rollouts, rewards, KL, advantages, each
-# agent's update, the critics); split up, the step's shared per-row tensors would have to travel between helpers.
 def run_rl(
     policies: Sequence[TrainablePolicy],
     prompt_ids: Sequence[Sequence[list[int]]],
     item_ids: list[str],
     settings: RLSettings,
+    hooks: RLHooks,
     *,
-    sample: Sampler,
-    score: Scorer,
     references: Sequence[ReferencePolicy] | None,
-    order_seed: int,
-    dropout_seed: Callable[[int, int], int | None],
     critics: CriticSet | None = None,
-    on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> RLResult:
-    """``settings.epochs`` passes over the items in seeded order, ``settings.batch_size`` items per step.
+    """``settings.epochs`` passes over the items in seeded order, ``settings.batch_size`` items per step; each
+    step collects its rollouts (:func:`pbrl.learning.rollouts.collect_rollouts`) and updates every agent
+    (:func:`rl_step`) against the advantage strategy chosen once here (:func:`pbrl.learning.baselines.choose_baseline`).
 
     Args:
         policies: a trainable agents.
         prompt_ids: [agent][item] stored prompt ids.
         item_ids: the items' ids, in the order of ``prompt_ids``.
-        sample: (agent, prompt rows, item id per row, epoch) → b·g :class:`pbrl.generation.sampling.Generation`, the
-            rows being each item's prompt repeated g times; row r is generation r mod g.
-        score: (prompts [joint][agent], completions [joint][agent]) → per joint response (R or None when it
-            cannot be scored, its joint input ids or None).
+        hooks: the sampler, the reward model, the seeds and the live log (:class:`RLHooks`).
         references: one per agent when the KL is on, else None.
-        order_seed: seed of the item order of every epoch.
-        dropout_seed: (agent, step) → the dropout seed of that training forward (None: no dropout).
         critics: the critics of an actor-critic backend (``maac``/``iac``), updated in place; None otherwise.
-        on_step: called after each step with its item count and metrics (the stage's live log and progress).
 
     Raises:
         ValueError: an actor-critic backend without critics, or critics with a group backend.
     """
-    if (settings.backend in ACTOR_CRITIC) != (critics is not None):
-        raise ValueError(
-            f"rl_algorithm: {settings.backend!r} " + ("needs critics" if critics is None else "takes no critics")
-        )
-    backend = None if critics is not None else advantage_backend(settings.backend)
+    baseline = choose_baseline(settings.backend, settings.normalize, critics)
     g, a = settings.num_generations, len(policies)
     out = RLResult(skipped=[0] * a)
-    rng = np.random.default_rng(order_seed)
+    rng = np.random.default_rng(hooks.order_seed)
     for epoch in range(settings.epochs):
         order = rng.permutation(len(item_ids))
         for begin in range(0, len(item_ids), settings.batch_size):
             chunk = [int(j) for j in order[begin : begin + settings.batch_size]]
-            rows_items = [item_ids[j] for j in chunk for _ in range(g)]
-            prompts = [[prompt_ids[i][j] for j in chunk for _ in range(g)] for i in range(a)]  # [a][n]
-            gens = [sample(i, prompts[i], rows_items, epoch) for i in range(a)]  # [a][n]
-            completions = [[x.completion_ids for x in gens[i]] for i in range(a)]  # [a][n]
-            scored = score(
-                [[prompts[i][r] for i in range(a)] for r in range(len(rows_items))],
-                [[completions[i][r] for i in range(a)] for r in range(len(rows_items))],
+            prompts, rows_items = step_rows(prompt_ids, item_ids, chunk, g, a)
+            rollouts = collect_rollouts(hooks.sample, hooks.score, prompts, rows_items, epoch=epoch, num_generations=g)
+            out.dropped_groups += int((~rollouts.ok).sum())
+            outcome, metrics, skipped = rl_step(
+                policies, rollouts, baseline.start(rollouts), settings, hooks, references, out.steps
             )
-            ok = torch.tensor([s[0] is not None for s in scored]).view(len(chunk), g).all(dim=-1)  # (b,)
-            out.dropped_groups += int((~ok).sum())
-            rewards = torch.tensor([s[0] if s[0] is not None else 0.0 for s in scored], dtype=torch.float64).view(
-                len(chunk), g
-            )  # (b, g)
-            kl = torch.zeros((a, len(rows_items)), dtype=torch.float64)  # (a, n)
-            critic_batch = critics.evaluate(prompts, completions) if critics is not None else None
-            if critic_batch is not None:  # a critic input that does not fit leaves its item group out
-                ok &= critic_batch.ok.view(len(chunk), g).all(dim=-1)
-            valid = ok.repeat_interleave(g)  # (n,)
-            metrics: dict[str, float] = {}
-            advantages = torch.zeros((a, len(rows_items)), dtype=torch.float64)  # (a, n)
-            returns = torch.zeros((a, len(rows_items)), dtype=torch.float64)  # (a, n): R − c·KL_i
-            for i in range(a):
-                step_seed, tokens = dropout_seed(i, out.steps), None
-                if references is not None:  # KL to the reference, from the step's own training forward
-                    tokens, mask = training_token_logprobs(policies[i], prompts[i], completions[i], seed=step_seed)
-                    pol = (
-                        tokens.detach().double().cpu()
-                        if not has_dropout(policies[i].model)
-                        else completion_token_logprobs(  # dropout on: the KL is measured without it
-                            policies[i].model, prompts[i], completions[i], pad_token_id=policies[i].pad_token_id
-                        )[0]
-                    )
-                    ref, _ = references[i].token_logprobs(prompts[i], completions[i])
-                    kl[i] = k3_kl(pol, ref, mask.cpu())
-                shaped = rewards - (settings.kl_coef or 0.0) * kl[i].view(len(chunk), g)  # (b, g)
-                returns[i] = shaped.reshape(-1)
-                if critic_batch is not None:
-                    adv = actor_critic_advantages(returns[i], critic_batch.values[i])  # (n,)
-                    adv = normalize_batch(adv, valid) if settings.normalize else adv
-                    advantages[i] = torch.where(valid, adv, torch.zeros_like(adv))
-                else:
-                    adv = backend(shaped)
-                    adv = normalize_group(adv) if settings.normalize else adv
-                    advantages[i] = torch.where(ok[:, None], adv, torch.zeros_like(adv)).reshape(-1)  # (n,)
-                loss, outcome = rl_agent_step(
-                    policies[i],
-                    prompts[i],
-                    completions[i],
-                    advantages[i],
-                    max_grad_norm=settings.max_grad_norm,
-                    seed=step_seed,
-                    token_logprobs=tokens,
-                )
-                del tokens  # the graph of this agent's forward
-                out.skipped[i] += outcome == "skipped"
-                metrics[f"rl/loss_agent_{i}"] = loss
-            if critic_batch is not None:  # after the policy steps: a value head sees its moved backbone
-                metrics.update(critics.update(critic_batch, returns, valid))
-            metrics["rl/reward_mean"] = float(rewards.reshape(-1)[valid].mean()) if valid.any() else float("nan")
-            for r in range(len(rows_items)):
-                for i in range(a):
-                    x = gens[i][r]
-                    out.rollouts.append(
-                        {
-                            "epoch": epoch,
-                            "step": out.steps,
-                            "item_id": rows_items[r],
-                            "generation_index": r % g,
-                            "agent_index": i,
-                            "prompt_ids": list(prompts[i][r]),
-                            "completion_ids": list(x.completion_ids),
-                            "completion": x.text,
-                            "finish_reason": x.finish_reason,
-                            "seed": x.seed,
-                            "joint_ids": scored[r][1],
-                            "reward": scored[r][0],
-                            "kl": float(kl[i, r]),
-                            "advantage": float(advantages[i, r]) if bool(valid[r]) else None,
-                            "value": float(critic_batch.values[i, r])
-                            if critic_batch is not None and bool(valid[r])
-                            else None,  # written once ROLLOUTS declares it
-                        }
-                    )
+            out.skipped = [n + s for n, s in zip(out.skipped, skipped, strict=True)]
+            out.rollouts += rollout_records(rollouts, out.steps, outcome)
             out.steps += 1
             out.batch_sizes.append(len(rows_items))
             out.step_metrics.append(metrics)
-            if on_step is not None:
-                on_step(len(rows_items), metrics)
+            if hooks.on_step is not None:
+                hooks.on_step(len(rows_items), metrics)
     return out
+
+
+def rl_step(
+    policies: Sequence[TrainablePolicy],
+    rollouts: StepRollouts,
+    baseline: StepBaseline,
+    settings: RLSettings,
+    hooks: RLHooks,
+    references: Sequence[ReferencePolicy] | None,
+    step: int,
+) -> tuple[StepOutcome, dict[str, float], list[bool]]:
+    """Update ``step`` of the pass: every agent on ``rollouts`` (agent 0 first), then the baseline. Agent i's reward
+    is R − c·KL_i (:func:`reference_kl`, c = ``kl_coef``), its advantages ``baseline``'s, its step
+    :func:`rl_agent_step` (dropout seed ``hooks.dropout_seed(i, step)``).
+
+    Returns:
+        The step's per-row KL, advantages, values and kept rows; its metrics (``rl/loss_agent_<i>``, the
+        baseline's, ``rl/reward_mean`` over the kept joint responses); per agent, whether its step was skipped.
+    """
+    b, g = rollouts.rewards.shape
+    ok = baseline.keep(rollouts.ok)  # (b,)
+    valid = ok.repeat_interleave(g)  # (n,)
+    kl = torch.zeros((len(policies), b * g), dtype=torch.float64)  # (a, n)
+    advantages = torch.zeros((len(policies), b * g), dtype=torch.float64)  # (a, n)
+    returns = torch.zeros((len(policies), b * g), dtype=torch.float64)  # (a, n): R − c·KL_i
+    metrics: dict[str, float] = {}
+    skipped = []
+    for i, policy in enumerate(policies):
+        step_seed, tokens = hooks.dropout_seed(i, step), None
+        if references is not None:  # KL to the reference, from the step's own training forward
+            tokens, kl[i] = reference_kl(policy, references[i], rollouts.prompts[i], rollouts.completions[i], step_seed)
+        shaped = rollouts.rewards - (settings.kl_coef or 0.0) * kl[i].view(b, g)  # (b, g)
+        returns[i] = shaped.reshape(-1)
+        advantages[i] = baseline.advantages(i, shaped, ok)
+        loss, outcome = rl_agent_step(
+            policy,
+            rollouts.prompts[i],
+            rollouts.completions[i],
+            advantages[i],
+            max_grad_norm=settings.max_grad_norm,
+            seed=step_seed,
+            token_logprobs=tokens,
+        )
+        del tokens  # the graph of this agent's forward
+        skipped.append(outcome == "skipped")
+        metrics[f"rl/loss_agent_{i}"] = loss
+    metrics.update(baseline.update(returns, valid))  # after the policy steps: a value head sees its moved backbone
+    rewards = rollouts.rewards.reshape(-1)
+    metrics["rl/reward_mean"] = float(rewards[valid].mean()) if valid.any() else float("nan")
+    return StepOutcome(kl, advantages, baseline.values, valid), metrics, skipped
+
+
+def reference_kl(
+    policy: TrainablePolicy,
+    reference: ReferencePolicy,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    seed: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training forward of an agent's step (:func:`training_token_logprobs`, seeded by ``seed``) and the k3 KL
+    (:func:`pbrl.learning.losses.k3_kl`) of its completions to ``reference``, measured without dropout.
+
+    Returns:
+        (n, c) token log-probs with their graph (for :func:`rl_agent_step`), and the (n,) float64 KL, nats.
+    """
+    tokens, mask = training_token_logprobs(policy, prompt_ids, completion_ids, seed=seed)
+    pol = (
+        tokens.detach().double().cpu()
+        if not has_dropout(policy.model)
+        else completion_token_logprobs(  # dropout on: the KL is measured without it
+            policy.model, prompt_ids, completion_ids, pad_token_id=policy.pad_token_id
+        )[0]
+    )
+    ref, _ = reference.token_logprobs(prompt_ids, completion_ids)
+    return tokens, k3_kl(pol, ref, mask.cpu())
 
 
 ROLLOUTS_FILE = "rollouts.parquet"

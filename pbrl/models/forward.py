@@ -120,8 +120,6 @@ def pad_rows(
     return input_ids, mask, positions, offsets + lengths - 1
 
 
-# Over 60 lines: one loop over the chunk levels (distinct prefixes, cache gathered to them, chunk forward, hidden
-# states placed back row by row) reads best whole.
 def shared_prefix_hidden(
     backbone: nn.Module, rows: Sequence[Sequence[int]], cuts: Sequence[Sequence[int]], pad_token_id: int
 ) -> torch.Tensor:
@@ -135,7 +133,7 @@ def shared_prefix_hidden(
     per distinct candidate prefix instead of once per row (the shared-prompt idea of
     :func:`pbrl.learning.logprobs.shared_prompt_logprobs`, one level deeper). Positions count the real tokens
     before each one and masks come from the lengths, so the values agree with one plain forward per row to
-    float32 rounding (tests/test_reward_model.py).
+    float32 rounding (tests/unit/learning/test_reward_model.py).
 
     Args:
         backbone: a transformer body (``AutoModel``, possibly peft-wrapped) taking ``cache``, ``use_cache``,
@@ -151,6 +149,40 @@ def shared_prefix_hidden(
     Raises:
         ValueError: rows with different numbers of cuts, a cut outside [1, len(row)] or a decreasing one.
     """
+    bounds, levels = _chunk_bounds(rows, cuts)
+    device = next(backbone.parameters()).device
+    out: torch.Tensor | None = None
+    cache = DynamicCache(config=backbone.config)
+    mask: torch.Tensor | None = None  # (d, tokens so far): the mask of the previous level's distinct prefixes
+    parent_of_row: list[int] = []
+    for level in range(levels + 1):
+        keys = [tuple(int(i) for i in r[: bd[level + 1]]) for r, bd in zip(rows, bounds, strict=True)]
+        distinct, of_row = distinct_prompts(keys)
+        first_row = [of_row.index(d) for d in range(len(distinct))]
+        starts = [bounds[first_row[d]][level] for d in range(len(distinct))]
+        chunks = [distinct[d][starts[d] :] for d in range(len(distinct))]
+        if level:
+            parents = torch.tensor([parent_of_row[first_row[d]] for d in range(len(distinct))], dtype=torch.long)
+            cache.batch_select_indices(parents)
+            mask = mask[parents] if mask is not None else None
+        if max(len(c) for c in chunks):
+            hidden, mask = _chunk_forward(backbone, chunks, starts, mask, pad_token_id, cache, device)  # (d, w, h)
+            if out is None:
+                out = hidden.new_zeros((len(rows), max(len(r) for r in rows), hidden.shape[-1]))  # (b, t, h)
+            for r, bd in enumerate(bounds):
+                out[r, bd[level] : bd[level + 1]] = hidden[of_row[r], : bd[level + 1] - bd[level]]
+        parent_of_row = of_row
+    del cache
+    assert out is not None  # the first chunk of every row is non-empty (checked above)
+    return out
+
+
+def _chunk_bounds(rows: Sequence[Sequence[int]], cuts: Sequence[Sequence[int]]) -> tuple[list[list[int]], int]:
+    """Per row, its chunk boundaries ``[0, *cuts[r], len(row)]``, and L, the number of cuts of every row.
+
+    Raises:
+        ValueError: no rows, rows with different numbers of cuts, a cut outside [1, len(row)] or a decreasing one.
+    """
     if not rows:
         raise ValueError("shared_prefix_hidden: no rows")
     levels = {len(c) for c in cuts}
@@ -160,44 +192,37 @@ def shared_prefix_hidden(
         raise ValueError(
             f"shared_prefix_hidden: cuts must be as many per row, within [1, len], non-decreasing; rows {bad}"
         )
-    device = next(backbone.parameters()).device
-    out: torch.Tensor | None = None
-    cache = DynamicCache(config=backbone.config)
-    mask: torch.Tensor | None = None  # (d, tokens so far): the mask of the previous level's distinct prefixes
-    parent_of_row: list[int] = []
-    for level in range(levels.pop() + 1):
-        keys = [tuple(int(i) for i in r[: bd[level + 1]]) for r, bd in zip(rows, bounds, strict=True)]
-        distinct, of_row = distinct_prompts(keys)
-        first_row = {d: of_row.index(d) for d in range(len(distinct))}
-        chunks = [distinct[d][bounds[first_row[d]][level] :] for d in range(len(distinct))]
-        if level:
-            parents = torch.tensor([parent_of_row[first_row[d]] for d in range(len(distinct))], dtype=torch.long)
-            cache.batch_select_indices(parents)
-            mask = mask[parents] if mask is not None else None
-        width = max(len(c) for c in chunks)
-        if width:
-            ids = torch.full((len(chunks), width), pad_token_id, dtype=torch.long)  # (d, w)
-            chunk_mask = torch.zeros((len(chunks), width), dtype=torch.long)  # (d, w)
-            for d, chunk in enumerate(chunks):
-                ids[d, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
-                chunk_mask[d, : len(chunk)] = 1
-            starts = torch.tensor([bounds[first_row[d]][level] for d in range(len(chunks))], dtype=torch.long)
-            mask = chunk_mask if mask is None else torch.cat([mask, chunk_mask], dim=1)
-            hidden = backbone(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                position_ids=(starts[:, None] + torch.arange(width)[None, :]).to(device),
-                cache=cache,
-                use_cache=True,
-            ).last_hidden_state  # (d, w, h)
-            if out is None:
-                out = hidden.new_zeros((len(rows), max(len(r) for r in rows), hidden.shape[-1]))  # (b, t, h)
-            for r, bd in enumerate(bounds):
-                out[r, bd[level] : bd[level + 1]] = hidden[of_row[r], : bd[level + 1] - bd[level]]
-        parent_of_row = of_row
-    del cache
-    assert out is not None  # the first chunk of every row is non-empty (checked above)
-    return out
+    return bounds, levels.pop()
+
+
+def _chunk_forward(
+    backbone: nn.Module,
+    chunks: list[list[int]],
+    starts: list[int],
+    mask: torch.Tensor | None,
+    pad_token_id: int,
+    cache: DynamicCache,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One level of :func:`shared_prefix_hidden`: the d ``chunks`` (right-padded to the longest, w >= 1), chunk d
+    starting at position ``starts[d]``, over ``cache`` (the d prefixes before them, whose (d, tokens so far) mask is
+    ``mask``; None at the first level). Returns the (d, w, h) hidden states and the mask through these chunks."""
+    width = max(len(c) for c in chunks)
+    ids = torch.full((len(chunks), width), pad_token_id, dtype=torch.long)  # (d, w)
+    chunk_mask = torch.zeros((len(chunks), width), dtype=torch.long)  # (d, w)
+    for d, chunk in enumerate(chunks):
+        ids[d, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
+        chunk_mask[d, : len(chunk)] = 1
+    first = torch.tensor(starts, dtype=torch.long)  # (d,)
+    mask = chunk_mask if mask is None else torch.cat([mask, chunk_mask], dim=1)
+    hidden = backbone(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=(first[:, None] + torch.arange(width)[None, :]).to(device),
+        cache=cache,
+        use_cache=True,
+    ).last_hidden_state  # (d, w, h)
+    return hidden, mask
 
 
 def keep_first_layers(body: nn.Module, count: int | None, *, field: str = "reward_backbone_layers") -> nn.Module:

@@ -12,6 +12,7 @@ then reused (about 2 s to load).
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import logging
 import os
@@ -79,16 +80,10 @@ def resolve_model_source(source: str | Path, root: Path | None = None, *, field:
         cached = None
     if not isinstance(cached, str):
         raise ConfigError(
-            [
-                Problem(
-                    field,
-                    text,
-                    f"not a packaged model ({', '.join(sorted(PACKAGED_MODELS))}), not a local folder, and "
-                    f"not in the local Hugging Face cache ({constants.HF_HUB_CACHE}); pbrl downloads nothing "
-                    "at run time: download it beforehand (huggingface-cli download ...) or give a local folder",
-                )
-            ]
-        )
+            [Problem(field, text, f"not a packaged model ({', '.join(sorted(PACKAGED_MODELS))}), not a local folder, "
+                     f"and not in the local Hugging Face cache ({constants.HF_HUB_CACHE}); pbrl downloads nothing at "
+                     "run time: download it beforehand (huggingface-cli download ...) or give a local folder")]
+        )  # fmt: skip
     return Path(cached).parent
 
 
@@ -121,7 +116,7 @@ def load_tokenizer(source: str | Path) -> Any:
     return tokenizer
 
 
-# Over 60 lines because of its docstring (every source, dtype and placement case); the code is ~40 lines.
+# Over 60 lines because of its docstring (every source, dtype and placement case); the code is ~25 lines.
 def load_model(
     source: str | Path,
     *,
@@ -166,32 +161,8 @@ def load_model(
     weights_dtype = torch_dtype(dtype)
     if trainable and lora is None:
         weights_dtype = torch.float32  # every weight is trainable: all of them are master weights
-    placement: dict[str, Any] = {}
-    if device == AUTO:
-        device_map = auto_device_map(
-            src,
-            dtype=weights_dtype,
-            max_memory=max_memory,
-            trainable=trainable,
-            lora_targets=None if lora is None else tuple(lora.target_modules),
-        )
-        placement["device_map"] = device_map
-        if "disk" in device_map.values():
-            placement["offload_folder"] = tempfile.mkdtemp(prefix="pbrl-offload-")
-
-    def from_pretrained() -> Any:
-        model = None if placement else load_cast(src, weights_dtype)  # bfloat16 from float32 files, streamed
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(
-                src, dtype=weights_dtype, local_files_only=True, use_safetensors=True, **placement
-            )
-        if "offload_folder" in placement:
-            weakref.finalize(model, shutil.rmtree, placement["offload_folder"], True)
-        if device == AUTO and getattr(model, "hf_device_map", None) is None:
-            model.hf_device_map = dict(placement["device_map"])  # transformers omits a one-device map
-        _fill_pad_ids(model, src)
-        return model
-
+    placement = _auto_placement(src, weights_dtype, max_memory, trainable, lora) if device == AUTO else {}
+    from_pretrained = functools.partial(_from_pretrained, src, weights_dtype, placement, auto=device == AUTO)
     with torch.random.fork_rng(devices=[]):
         if lora is not None and device != AUTO:  # a frozen base: one copy per process, shared by every adapter
             model = _shared_base((str(src), weights_dtype, device), from_pretrained)
@@ -207,6 +178,35 @@ def load_model(
     model.train(trainable)
     contiguous_head_input(model)  # a strided bfloat16 head input on the CPU copies the head per row
     return model if device == AUTO else model.to(device)
+
+
+def _auto_placement(
+    src: Path, dtype: torch.dtype, max_memory: Any, trainable: bool, lora: LoraSettings | None
+) -> dict[str, Any]:
+    """``from_pretrained``'s placement arguments for ``device="auto"``: accelerate's ``device_map``
+    (:func:`pbrl.models.placement.auto_device_map`), plus a fresh ``offload_folder`` when weights go to disk."""
+    targets = None if lora is None else tuple(lora.target_modules)
+    device_map = auto_device_map(src, dtype=dtype, max_memory=max_memory, trainable=trainable, lora_targets=targets)
+    placement: dict[str, Any] = {"device_map": device_map}
+    if "disk" in device_map.values():
+        placement["offload_folder"] = tempfile.mkdtemp(prefix="pbrl-offload-")
+    return placement
+
+
+def _from_pretrained(src: Path, dtype: torch.dtype, placement: dict[str, Any], *, auto: bool) -> Any:
+    """The causal LM of ``src`` with its weights in ``dtype``, placed as ``placement`` says (:func:`_auto_placement`),
+    its pad ids filled; the offload folder, if any, is deleted with the model."""
+    model = None if placement else load_cast(src, dtype)  # bfloat16 from float32 files, streamed
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(
+            src, dtype=dtype, local_files_only=True, use_safetensors=True, **placement
+        )
+    if "offload_folder" in placement:
+        weakref.finalize(model, shutil.rmtree, placement["offload_folder"], True)
+    if auto and getattr(model, "hf_device_map", None) is None:
+        model.hf_device_map = dict(placement["device_map"])  # transformers omits a one-device map
+    _fill_pad_ids(model, src)
+    return model
 
 
 # Frozen base weights shared by every LoRA policy of this process over the same base (source, dtype, device):

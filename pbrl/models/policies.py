@@ -1,5 +1,6 @@
-"""Where each agent's policy lives in a run, and how it loads: the initial checkpoint and the one after each
-round's update, decided by the manifests.
+"""How each agent's policy is stored and loads: the initial checkpoint, a round checkpoint's files, and loading
+and saving an agent from a checkpoint folder given as a plain path (which checkpoint holds the policy after a round
+is run-folder knowledge: :func:`pbrl.run.policy_records.policy_checkpoint`).
 
 Library code here takes plain values: a :class:`PolicySource` says how the agents' policies load (model
 sources, LoRA settings, dtype, devices); stages build it from their job with :meth:`PolicySource.from_job`.
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 
 from pbrl.data.seeds import derive_seed
-from pbrl.data.storage import RunPaths, atomic_path, hash_path, read_json, read_manifest, write_json
+from pbrl.data.storage import RunPaths, atomic_path, hash_path, read_json, write_json
 from pbrl.errors import ArtifactError
 from pbrl.models.loading import (
     init_lora_adapter,
@@ -29,7 +30,6 @@ from pbrl.models.placement import AUTO, main_device
 from pbrl.models.precision import Precision, load_precision_state, make_precision, save_precision_state
 
 TRAINER_STATE = "trainer_state.json"  # written last in checkpoints/round_<r>/: its presence marks completeness
-UPDATE_STAGE = "update-policies"  # the stage whose manifest names the policy after its round
 SOURCE_FILE = "source.json"  # written last in checkpoints/initial/agent_<i>/
 OPTIMIZER_FILE = "optimizer.pt"  # an agent's AdamW state in a round checkpoint's agent_<i>/
 
@@ -103,40 +103,6 @@ def write_initial_checkpoints(paths: RunPaths, source: PolicySource, *, seed: in
             )
         base_hash = hash_path(Path(resolved)) if Path(str(resolved)).exists() else str(resolved)
         write_json(agent_dir / SOURCE_FILE, {"source": model, "resolved": str(resolved), "hash": base_hash})
-
-
-def policy_checkpoint(paths: RunPaths, round_index: int) -> Path:
-    """The policy after round ``round_index``, as the manifests record it.
-
-    Round 0 (and below): ``checkpoints/initial``. Round r ≥ 1: the checkpoint named by round r's
-    update-policies manifest (``details.checkpoint``): ``checkpoints/round_<r>`` when that round updated,
-    the previous policy when it had no pairs. A ``checkpoints/round_<r>`` folder that the manifest does not
-    name (left by an earlier attempt of the round) is never used.
-
-    Raises:
-        ArtifactError: round r's update-policies manifest is missing (that stage has not finished) or
-            malformed, or the checkpoint it names is missing or incomplete.
-    """
-    if round_index <= 0:
-        return paths.initial
-    manifest_path = paths.manifest(round_index, UPDATE_STAGE)
-    manifest = read_manifest(paths, round_index, UPDATE_STAGE)
-    if manifest is None:
-        raise ArtifactError(
-            f"{manifest_path}: missing; the policy after round {round_index} is known once "
-            f"{UPDATE_STAGE} of round {round_index} has finished: run it first"
-        )
-    rel = manifest.details.get("checkpoint")
-    if not isinstance(rel, str) or not rel:
-        raise ArtifactError(f"{manifest_path}: details.checkpoint missing; rerun {UPDATE_STAGE} of round {round_index}")
-    checkpoint = paths.root / rel
-    complete = checkpoint.is_dir() if checkpoint == paths.initial else (checkpoint / TRAINER_STATE).is_file()
-    if not complete:
-        raise ArtifactError(
-            f"{manifest_path}: names checkpoint {rel}, which is missing or incomplete; rerun "
-            f"{UPDATE_STAGE} of round {round_index}"
-        )
-    return checkpoint
 
 
 def read_trainer_state(checkpoint: Path) -> dict[str, Any]:

@@ -34,10 +34,10 @@ float16 goes through oneDNN, which MKL's mode does not govern: its follower is *
 inside row-invariant forwards (sampling, evaluation; :func:`results_independent_of_threads`), whose bits do not
 depend on the count, and using the CPUs it owns for training (issue #57: before, such a job never followed, and
 its sampling beside one busy process took 3.3x its time alone). In float32 the demo round with 1 and 2 threads was
-bitwise the same (docs/results/benchmarks.md); ``tests/test_threads.py`` checks the tiny model's tokens, log-probs and
-gradients at batches of 1 to 12 rows. Elsewhere torch does not promise it: a sum or mean of more than 32,768
-numbers into one is split between the threads (pbrl's losses reduce far fewer), and LAPACK's float64 SVD differs in
-its last bits, which is why the reward head's SVD runs on one thread (:func:`one_thread`).
+bitwise the same (docs/results/benchmarks.md); ``tests/unit/models/test_threads.py`` checks the tiny model's tokens,
+log-probs and gradients at batches of 1 to 12 rows. Elsewhere torch does not promise it: a sum or mean of more than
+32,768 numbers into one is split between the threads (pbrl's losses reduce far fewer), and LAPACK's float64 SVD
+differs in its last bits, which is why the reward head's SVD runs on one thread (:func:`one_thread`).
 
 No library does this: torch, accelerate and Ray set a thread count once, at start.
 """
@@ -54,6 +54,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +107,8 @@ def gemm_independent_of_threads() -> bool:
 
 
 def mkl_mode_note() -> str | None:
-    """What a run's float32 results owe to a mode other than MKL's strict one, for its manifests; None when the mode is
-    strict (:func:`gemm_independent_of_threads`) or torch has no oneMKL. Outside strict mode MKL picks its kernels by
+    """What a run's float32 results owe to a mode other than MKL's strict one, for its stage records; None when the mode
+    is strict (:func:`gemm_independent_of_threads`) or torch has no oneMKL. Outside strict mode MKL picks its kernels by
     CPU and thread count, so the bits differ from a run in strict mode on the same inputs. The note names the cause:
     the mode could not be read, ``MKL_CBWR`` is unset or the user's own, or (pbrl's value set) MKL had already
     started when pbrl was imported."""
@@ -142,6 +143,18 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+@dataclass(frozen=True)
+class FollowerHooks:
+    """What a :class:`LoadFollower` reads and calls, replaced by fakes in tests: ``own()`` this process's CPU seconds,
+    ``clock()`` seconds, ``set_threads(n)`` torch's intra-op thread count, ``free()`` whether the work in progress
+    gives the same bits whatever the thread count (inside :func:`results_independent_of_threads`)."""
+
+    own: Callable[[], float] = time.process_time
+    clock: Callable[[], float] = time.monotonic
+    set_threads: Callable[[int], None] = torch.set_num_threads
+    free: Callable[[], bool] = lambda: _INDEPENDENT.get()
+
+
 class LoadFollower:
     """Fits torch's intra-op threads to the CPUs other processes leave free (see the module docstring).
 
@@ -152,7 +165,7 @@ class LoadFollower:
     at once: spinning against another process costs several times the work) and as free again when they use under a
     fifth of it, for ``_RAISE_AFTER`` looks in a row. The count stays between 1 and ``owned``.
     ``tick()`` must be called from the thread that runs the work: an OpenMP thread count is the calling thread's
-    own. The clock, the readers and the thread setter are parameters for tests.
+    own. The clock, the readers and the thread setter are parameters for tests (:class:`FollowerHooks`).
 
     A ``pinned`` follower (a job that computes in bfloat16 or float16, whose oneDNN products may change with the
     thread count) follows the load only where ``free()`` says the results cannot depend on the count (inside
@@ -168,19 +181,17 @@ class LoadFollower:
         busy: Callable[[], float | None],
         *,
         interval_s: float = _INTERVAL_S,
-        own: Callable[[], float] = time.process_time,
-        clock: Callable[[], float] = time.monotonic,
-        set_threads: Callable[[int], None] = torch.set_num_threads,
         pinned: bool = False,
-        free: Callable[[], bool] = lambda: _INDEPENDENT.get(),
+        hooks: FollowerHooks = FollowerHooks(),
     ) -> None:
         self.owned, self.capacity, self.interval_s, self.pinned = owned, capacity, interval_s, pinned
-        self._busy, self._own, self._clock, self._set, self._free = busy, own, clock, set_threads, free
+        self._busy = busy
+        self._own, self._clock, self._set, self._free = hooks.own, hooks.clock, hooks.set_threads, hooks.free
         self._set(owned)
         self._applied = {threading.get_ident()}  # threads whose OpenMP count is self.threads
         self._votes = 0
         self.followed = owned  # the count the load leaves: in use wherever the follower may change the count
-        self._last = (clock(), self._busy(), own())
+        self._last = (self._clock(), self._busy(), self._own())
         self.changes: list[tuple[float, int]] = [(self._last[0], owned)]  # (clock, threads from then on)
 
     @property

@@ -16,7 +16,7 @@ def cross_refs(
     joint: dict[JointKey, list[dict]], *, num_agents: int, max_per_item: int, seed: int, round_index: int
 ) -> tuple[dict[JointKey, CandidateRef], dict[str, int]]:
     """``joint_mode: cross``: the combinations of each item, in the aligned joint responses' item order and
-    combination-number order within an item, and the counts of the manifest: ``joint_combinations`` (every
+    combination-number order within an item, and the counts a stage records: ``joint_combinations`` (every
     combination, before the guard) and ``items_capped`` (items with more than ``max_per_item``).
 
     Args:

@@ -22,14 +22,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
-from pbrl.config.replay_rules import REPLAY_MODES, replay_problems
-from pbrl.errors import ConfigError
-
 ReplayMode = Literal["current", "nearest_k", "all_history", "lambda_decay"]
+REPLAY_MODES: tuple[str, ...] = get_args(ReplayMode)
 
 
 @dataclass(frozen=True)
@@ -259,13 +257,13 @@ def select_replay(
         weight, sampled within each dataset and shuffled together; no draws when every eligible round is
         empty.
 
+    The options are those of a validated job: their rules (an option the mode does not use is None, every
+    problem at once) are the config's (:mod:`pbrl.config.replay_rules`), checked when the job loads.
+
     Raises:
-        ConfigError: (a ValueError) every invalid combination of mode, k, lam and sample_size at once.
-        ValueError: inconsistent ``datasets`` (see :func:`eligible_datasets`).
+        ValueError: an unknown mode, ``nearest_k`` without k >= 1, ``lambda_decay`` without a lam in [0, 1], a
+            negative sample size, or inconsistent ``datasets`` (see :func:`eligible_datasets`).
     """
-    problems = replay_problems(mode, k, lam, sample_size)
-    if problems:
-        raise ConfigError(problems)
     eligible = eligible_datasets(datasets, mode=mode, current_round=current_round, k=k)
     weights = dataset_weights(eligible, mode=mode, lam=lam)
     current_pairs = next(d.num_pairs for d in datasets if d.round_index == current_round)

@@ -5,7 +5,8 @@ Panels, in order (rows of three):
 * **Evaluation reward** per round with its 95 % interval (resampling items), the round-0 baseline dashed;
 * **Paired gain vs round 0** with its 95 % interval against a zero line: per item, reward now minus reward at round 0
   on the same draws (:mod:`pbrl.reporting.stats`); an interval above 0 is a gain beyond the sampling noise;
-* **Reward parts** per round, where the task's reward has declared parts (:data:`REWARD_PARTS`);
+* **Reward parts** per round, where the task's reward has declared parts
+  (:data:`pbrl.tasks.reward_parts.REWARD_PARTS`);
 * **Training per step**, on the reference's env-step axis with the round boundaries (the logged ``train_log`` rows
   of each round's update-policies manifest, and each round's mean): MADPO's loss and pair accuracy; MARLHF's RL
   reward;
@@ -40,22 +41,9 @@ from pbrl.data.schema import EVAL  # noqa: E402
 from pbrl.data.storage import RunPaths, existing_rounds, read_manifest  # noqa: E402
 from pbrl.data.tables import read_rows  # noqa: E402
 from pbrl.reporting.metrics import metrics_frame, round_table  # noqa: E402
+from pbrl.tasks.reward_parts import REWARD_PARTS, RewardParts  # noqa: E402
 
 MARLHF_TRAINERS = ("marlhf", "marlhf_iter")
-# The parts of a task's reward, for the report: task name -> f(completions, one per agent; item) -> {part: value}
-# (None when the joint response has no parts, e.g. an empty completion). Each part is averaged per round.
-RewardParts = Callable[[Sequence[str], Mapping[str, Any]], Mapping[str, float] | None]
-
-
-def _humaneval_docs_parts(completions: Sequence[str], item: Mapping[str, Any]) -> Mapping[str, float] | None:
-    from pbrl.tasks.humaneval_docs import docs_terms  # deferred: only runs of this task need it
-
-    if len(completions) != 2:  # the reward's two roles, summary and explanation
-        return None
-    return docs_terms(completions[0], completions[1], dict(item))
-
-
-REWARD_PARTS: dict[str, RewardParts] = {"humaneval_docs": _humaneval_docs_parts}
 AGENT_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 
 
@@ -105,10 +93,10 @@ def completion_stats(run_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["round", "agent", "tokens", "cut"])
 
 
-def reward_parts(run_dir: str | Path, task: str | None) -> pd.DataFrame:
-    """Per round (index), the mean of each part of the task's reward over the evaluation draws (:data:`REWARD_PARTS`);
-    empty when the task declares none. A draw without parts (an empty completion) counts 0 for each."""
-    parts_of = REWARD_PARTS.get(task or "")
+def reward_parts(run_dir: str | Path, parts_of: RewardParts | None) -> pd.DataFrame:
+    """Per round (index), the mean of each part of the task's reward over the evaluation draws, as ``parts_of``
+    (the task's, :data:`pbrl.tasks.reward_parts.REWARD_PARTS`) splits a joint response; empty without it. A draw
+    without parts (an empty completion) counts 0 for each."""
     paths = RunPaths(run_dir)
     if parts_of is None or not paths.items.is_file():
         return pd.DataFrame()
@@ -306,7 +294,7 @@ def report_figure(run_dir: str | Path, table: pd.DataFrame | None = None) -> Fig
     table = round_table(run_dir) if table is None else table
     config = run_config(run_dir)
     marlhf = config.get("trainer") in MARLHF_TRAINERS if config else "rl_reward" in table
-    parts = reward_parts(run_dir, config.get("task"))
+    parts = reward_parts(run_dir, REWARD_PARTS.get(config.get("task") or ""))
     panels: list[Callable[[Axes], None]] = [lambda ax: draw_eval(ax, table), lambda ax: draw_gain(ax, table)]
     if not parts.empty:
         panels.append(lambda ax: draw_parts(ax, parts))

@@ -8,7 +8,7 @@ for ``peft.AutoPeftModelForCausalLM``) or, with ``merge_lora``, the adapter merg
 the full weights (``AutoModelForCausalLM``). Each folder also holds the tokenizer as the run used it (pad token =
 EOS when the model has none, left padding) and a model card (``README.md``) naming the run, round, trainer, agent and
 eval reward. ``<out>/pbrl-export.json`` records what was exported. The policy of round r is the one the run's
-manifests name (:func:`pbrl.models.policies.policy_checkpoint`): a round without pairs writes no checkpoint and keeps
+manifests name (:func:`pbrl.run.policy_records.policy_checkpoint`): a round without pairs writes no checkpoint and keeps
 the previous policy.
 
 **The reference's layout.** The reference (CoMLRL ``MADPOIterTrainer._save_policy_checkpoint``;
@@ -29,16 +29,17 @@ from typing import Any, NamedTuple
 
 import torch
 
-from pbrl.config import JobConfig, is_centralized, parse_job
+from pbrl.config import JobConfig, parse_job
 from pbrl.data.folders import usual_modes
 from pbrl.data.storage import RunPaths, atomic_dir, existing_rounds, read_json, read_manifest, write_json
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.head_input import contiguous_head_input
 from pbrl.models.loading import DTYPES, load_tokenizer, resolve_devices, resolve_model_source
 from pbrl.models.lora import quiet_peft_wrapping, save_pretrained_stably
-from pbrl.models.packaged import MODEL_OBJECT_PREFIX, PACKAGED_MODELS
-from pbrl.models.policies import SOURCE_FILE, UPDATE_STAGE, PolicySource, policy_checkpoint
+from pbrl.models.policies import SOURCE_FILE, PolicySource
 from pbrl.run.export_target import EXPORT_FILE, export_target, replace_export
+from pbrl.run.model_card import hub_id, model_card
+from pbrl.run.policy_records import UPDATE_STAGE, policy_checkpoint
 from pbrl.run.settings import policy_source
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -107,7 +108,7 @@ def stored_job(run_dir: str | Path) -> JobConfig:
 def trained_round(run_dir: str | Path, round: int | None = None) -> int:
     """The round whose policy to take: ``round`` when given, else the newest round whose update-policies has
     finished (0, the initial policies, when none has). The policy of that round is
-    :func:`pbrl.models.policies.policy_checkpoint`'s (the previous one when the round had no pairs).
+    :func:`pbrl.run.policy_records.policy_checkpoint`'s (the previous one when the round had no pairs).
 
     Raises:
         ConfigError: naming ``round``, when it is not a round whose policy the run has.
@@ -208,7 +209,8 @@ def export_agents(
     """Write every agent's policy after round ``round`` (default: the newest that has weights) as a Hugging Face
     folder ``<out>/agent_<i>/``, loadable with ``AutoModelForCausalLM.from_pretrained`` (full or merged weights) or
     ``peft.AutoPeftModelForCausalLM.from_pretrained`` (an adapter; its ``base_model_name_or_path`` is the hub id the
-    run named, else the local base folder), with the tokenizer and a model card (:func:`model_card`).
+    run named, else the local base folder), with the tokenizer and a model card
+    (:func:`pbrl.run.model_card.model_card`).
     ``push_to_hub`` then uploads one as it is (``model.push_to_hub("me/agent-0")`` after loading it).
 
     A new ``out`` is assembled under a temporary name and renamed into place; an earlier export in ``out`` (it has
@@ -254,7 +256,7 @@ def _write_export(
     for agent in range(source.num_agents):
         loaded = _load_agent(source, agent, checkpoint, merge_lora)
         target = folder / f"agent_{agent}"
-        if source.lora is not None and not merge_lora and _hub_id(source.models[agent]):
+        if source.lora is not None and not merge_lora and hub_id(source.models[agent]):
             loaded.model.peft_config["default"].base_model_name_or_path = source.models[agent]
         save_pretrained_stably(loaded.model, target)  # the same adapter_config.json bytes in every process
         # saved as the run used it: transformers saves the init kwargs, not the attribute set after loading
@@ -279,104 +281,3 @@ def _write_export(
         },
     )
     usual_modes(folder)
-
-
-def _hub_id(source: str) -> bool:
-    """Whether an agent source is a hub id (neither a packaged alias nor a local folder)."""
-    if source in PACKAGED_MODELS or source.startswith(MODEL_OBJECT_PREFIX):
-        return False
-    return not Path(source).expanduser().is_dir()
-
-
-TRAINER_CLASSES = {
-    "madpo": "MADPOTrainer",
-    "madpo_iter": "MADPOIterTrainer",
-    "marlhf": "MARLHFTrainer",
-    "marlhf_iter": "MARLHFIterTrainer",
-}
-
-
-# Over 60 lines: the card is one document written top to bottom (metadata, the table's rows, how to load, the
-# sampling settings); most of its lines are the card's own text.
-def model_card(
-    job: JobConfig,
-    run: dict[str, Any],
-    paths: RunPaths,
-    round_index: int,
-    checkpoint: Path,
-    agent: int,
-    *,
-    merge_lora: bool,
-) -> str:
-    """The ``README.md`` of an exported agent: YAML metadata (library, base model when it is a hub id, tags), then
-    the run, round, trainer, agent, eval reward after that round (with its 95 % interval, when evaluated), the base
-    model and LoRA settings, how to load it and the sampling settings of the run."""
-    source = policy_source(job)
-    lora = source.lora
-    adapter = lora is not None and not merge_lora
-    base = source.models[agent]
-    meta = ["---", f"library_name: {'peft' if adapter else 'transformers'}"]
-    if _hub_id(base):
-        meta.append(f"base_model: {base}")
-    meta += ["tags:", "- pbrl", f"- {job.trainer}", "- multi-agent", "- preference-based-rl", "---", ""]
-    role = "the centralized actor (writes every role)" if is_centralized(job) else f"agent {agent} of {job.num_agents}"
-    evaluation = read_manifest(paths, round_index, "evaluate")
-    m = evaluation.metrics if evaluation is not None else {}
-    if "eval/reward_mean" in m:
-        reward = f"{m['eval/reward_mean']:.4g} [{m['eval/reward_ci_low']:.4g}, {m['eval/reward_ci_high']:.4g}]"
-        reward += f" (95 % interval; {evaluation.counts.get('samples', '?')} draws of round {round_index})"
-    else:
-        reward = f"not evaluated after round {round_index}"
-    weights = (
-        "full weights"
-        if lora is None
-        else ("LoRA adapter merged into the base weights" if merge_lora else "LoRA adapter (peft)")
-    )
-    if lora is not None:
-        weights += f"; r={lora.r}, alpha={lora.alpha}, dropout={lora.dropout}, targets {', '.join(lora.target_modules)}"
-    loader = "peft import AutoPeftModelForCausalLM" if adapter else "transformers import AutoModelForCausalLM"
-    cls = "AutoPeftModelForCausalLM" if adapter else "AutoModelForCausalLM"
-    rows = [
-        ("run", f"{paths.root.resolve().name} (run id {run.get('run_id', '?')})"),
-        ("round", f"{round_index}: the policy after round {round_index} ({paths.rel(checkpoint)})"),
-        ("trainer", f"{job.trainer} ({TRAINER_CLASSES.get(job.trainer, '?')})"),
-        ("agent", role),
-        ("eval reward", reward),
-        ("base model", base),
-        ("weights", weights),
-        ("seed", str(job.seed)),
-    ]
-    top_k = "none" if job.top_k is None else job.top_k
-    return "\n".join(
-        [
-            *meta,
-            f"# {paths.root.resolve().name}: {role}, round {round_index}",
-            "",
-            "Trained with [pbrl](https://pypi.org/project/pbrl/): cooperating LLM agents trained from preferences "
-            "between their joint responses.",
-            "",
-            "| | |",
-            "|---|---|",
-            *(f"| {k} | {v} |" for k, v in rows),
-            "",
-            "## Use",
-            "",
-            "```python",
-            f"from {loader}, AutoTokenizer",
-            "",
-            f'model = {cls}.from_pretrained("<this folder>")',
-            'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
-            "```",
-            "",
-            f"The run sampled with temperature {job.temperature}, top_p {job.top_p}, top_k {top_k}, at most "
-            f"{job.max_new_tokens} new tokens, the prompt in the tokenizer's chat template, frozen weights in "
-            f"{job.torch_dtype}. `pbrl.generation.sampling.generate` with a row's seed (`pbrl.data.seeds.derive_seed`) "
-            + (
-                "reproduces its tokens from the run's adapter export (merged weights are float32, the sum that "
-                "the run computed in two precisions rounded into one)."
-                if lora is not None and merge_lora and job.torch_dtype != "float32"
-                else f"reproduces its tokens, the model loaded with `dtype={job.torch_dtype!r}`."
-            ),
-            "",
-        ]
-    )

@@ -23,7 +23,7 @@ from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.models.policies import write_initial_checkpoints
 from pbrl.run.export import export_policy_checkpoint
 from pbrl.run.preflight import preflight
-from pbrl.run.settings import concrete_precision, describe_precision, policy_source
+from pbrl.run.settings import concrete_precision, describe_precision, policy_source, run_outputs
 from pbrl.run.task import attach_task, attached_task
 from pbrl.tasks.base import Task
 
@@ -55,7 +55,7 @@ def run_dir_for(job: JobConfig) -> Path:
 
 def job_replay_dir(paths: RunPaths, job: JobConfig) -> Path:
     """The replay folder of ``job``'s run: ``preference_replay_dir`` (iterative trainers) or ``<run>/replay``."""
-    return replay_dir(paths.root, getattr(job, "preference_replay_dir", None))  # base trainers lack the option
+    return replay_dir(paths.root, run_outputs(job).replay_dir)
 
 
 # ---------------------------------------------------------------------------------------------- run.json
@@ -193,14 +193,7 @@ def start_problems(job: JobConfig, run_dir: Path, *, resume: bool) -> list[Probl
     paths = RunPaths(run_dir)
     if paths.run_json.is_file():
         if not resume:
-            return [
-                Problem(
-                    "run_name",
-                    job.run_name,
-                    f"run folder {run_dir} already exists; continue it with "
-                    "--resume (CLI) or resume=True (Python API), or choose another run name",
-                )
-            ]
+            return [_exists(job.run_name, run_dir)]
         try:
             check_resumable(paths, job)
             holder = run_holder(run_dir)
@@ -208,14 +201,25 @@ def start_problems(job: JobConfig, run_dir: Path, *, resume: bool) -> list[Probl
             return exc.problems
         return [] if holder is None else [_in_use(run_dir, holder)]
     if Path(run_dir).exists() and any(Path(run_dir).iterdir()):
-        return [
-            Problem(
-                "run_name",
-                job.run_name,
-                f"{run_dir} exists and is not a run folder (no run.json); remove it or choose another run name",
-            )
-        ]
+        return [_not_a_run(job.run_name, run_dir)]
     return []
+
+
+def _exists(run_name: str | None, run_dir: Path) -> Problem:
+    return Problem(
+        "run_name",
+        run_name,
+        f"run folder {run_dir} already exists; continue it with "
+        "--resume (CLI) or resume=True (Python API), or choose another run name",
+    )
+
+
+def _not_a_run(run_name: str | None, run_dir: Path) -> Problem:
+    return Problem(
+        "run_name",
+        run_name,
+        f"{run_dir} exists and is not a run folder (no run.json); remove it or choose another run name",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- in use
@@ -313,8 +317,6 @@ def _in_use(run_dir: Path, holder: dict[str, object]) -> Problem:
 
 
 # ---------------------------------------------------------------------------------------------- prepare
-# Over 60 lines: a 12-line docstring, and the two paths (reopen a run, create one), each doing its steps in the
-# order that keeps a failed start retryable.
 def prepare_run(
     job: JobConfig,
     *,
@@ -336,49 +338,44 @@ def prepare_run(
         ConfigError: the run exists and ``resume`` is false, the stored config differs, the task or items
             are invalid, the folder exists but is not a run, or the replay folder holds another run's files.
     """
-
     run_dir = Path(run_dir) if run_dir is not None else run_dir_for(job)
-    paths = RunPaths(run_dir)
     given = task or attached_task(run_dir)  # a task of Python objects; a config's task is resolved anew
-    if paths.run_json.is_file():
-        if not resume:
-            raise ConfigError(
-                [
-                    Problem(
-                        "run_name",
-                        job.run_name,
-                        f"run folder {run_dir} already exists; continue "
-                        "it with --resume (CLI) or resume=True (Python API), or choose another "
-                        "run name",
-                    )
-                ]
-            )
-        check_resumable(paths, job)
-        job, _ = concrete_precision(job, open_job(paths.root))
-        remove_stale_temporaries(paths)  # what a killed write left behind (never read, but never cleaned)
-        task = preflight(
-            job, task=given, train_items=train_items, eval_items=eval_items, check_items=not paths.items.is_file()
-        )
-        if given is not None:
-            attach_task(run_dir, given)
-        if not paths.items.is_file():
-            write_items(paths, *load_run_items(job, task, train_items, eval_items))
-        write_run_json(paths, job)
-        check_owned(job_replay_dir(paths, job), run_identity(paths))
-        write_initial_checkpoints(paths, policy_source(job), seed=job.seed)
-        return run_dir
+    if not RunPaths(run_dir).run_json.is_file():
+        _create_run(job, run_dir, given, train_items, eval_items)
+    elif resume:
+        _reopen_run(job, run_dir, given, train_items, eval_items)
+    else:
+        raise ConfigError([_exists(job.run_name, run_dir)])
+    return run_dir
+
+
+def _reopen_run(job: JobConfig, run_dir: Path, given: Task | None, train_items: Any, eval_items: Any) -> None:
+    """Continue the run in ``run_dir`` (:func:`prepare_run` with ``resume``): its config checked against the
+    stored one, the run's ``auto`` precision kept, its items written only if a killed start left none, run.json
+    rewritten (a run from before run ids gets one), and the initial checkpoints completed."""
+    paths = RunPaths(run_dir)
+    check_resumable(paths, job)
+    job, _ = concrete_precision(job, open_job(paths.root))
+    remove_stale_temporaries(paths)  # what a killed write left behind (never read, but never cleaned)
+    stored_items = paths.items.is_file()
+    task = preflight(job, task=given, train_items=train_items, eval_items=eval_items, check_items=not stored_items)
+    if given is not None:
+        attach_task(run_dir, given)
+    if not stored_items:
+        write_items(paths, *load_run_items(job, task, train_items, eval_items))
+    write_run_json(paths, job)
+    check_owned(job_replay_dir(paths, job), run_identity(paths))
+    write_initial_checkpoints(paths, policy_source(job), seed=job.seed)
+
+
+def _create_run(job: JobConfig, run_dir: Path, given: Task | None, train_items: Any, eval_items: Any) -> None:
+    """Build a new run in ``run_dir`` (:func:`prepare_run`): ``auto`` precision made concrete for this machine,
+    preflight, then items, run.json and initial checkpoints in a temporary sibling folder renamed into place when
+    complete; the initial policy is exported to ``policy_checkpoint_dir`` when the job names one."""
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(
-            [
-                Problem(
-                    "run_name",
-                    job.run_name,
-                    f"{run_dir} exists and is not a run folder (no run.json); remove it or choose another run name",
-                )
-            ]
-        )
+        raise ConfigError([_not_a_run(job.run_name, run_dir)])
     job, choice = concrete_precision(job)  # auto made concrete for this machine, recorded in run.json
-    if (line := describe_precision(choice, job)) is not None:
+    if (line := describe_precision(choice, job.torch_dtype, job.mixed_precision)) is not None:
         log.info(line)
     task = preflight(job, task=given, train_items=train_items, eval_items=eval_items)
     train, evals = load_run_items(job, task, train_items, eval_items)
@@ -390,6 +387,5 @@ def prepare_run(
         write_initial_checkpoints(new, policy_source(job), seed=job.seed)
     if given is not None:
         attach_task(run_dir, given)
-    if getattr(job, "policy_checkpoint_dir", None):
-        export_policy_checkpoint(paths.initial, job.policy_checkpoint_dir, 0, policy_source(job).num_agents)
-    return run_dir
+    if export_dir := run_outputs(job).policy_checkpoint_dir:
+        export_policy_checkpoint(RunPaths(run_dir).initial, export_dir, 0, policy_source(job).num_agents)

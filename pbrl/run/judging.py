@@ -9,8 +9,10 @@ from pathlib import Path
 
 from pbrl.config import JobConfig
 from pbrl.config.judge_fields import BUILT_IN_JUDGES, IN_PROCESS_JUDGE
-from pbrl.data.storage import RunPaths, trainer_stages
+from pbrl.data.storage import RunPaths
 from pbrl.errors import ArtifactError, ConfigError, Problem
+from pbrl.generation.api_formats import ApiSettings
+from pbrl.judging.api_judge import JUDGE_ROLE
 from pbrl.judging.callable_judge import CallableJudge
 from pbrl.judging.factory import api_judge_from_options, local_judge_from_options, read_template
 from pbrl.judging.human import HumanJudge
@@ -19,6 +21,7 @@ from pbrl.judging.store import AnswerStore
 from pbrl.judging.verdicts import PairwiseJudge
 from pbrl.models.loading import resolve_devices, resolve_model_source
 from pbrl.models.packaged import PACKAGED_MODELS, locate_packaged_file
+from pbrl.run.stage_plan import trainer_stages
 from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task, import_object
 
@@ -112,21 +115,21 @@ def _model_judge(job: JobConfig, kind: str) -> PairwiseJudge:
     """The API or local judge of the job (:mod:`pbrl.judging.api_judge`, :mod:`pbrl.judging.local_judge`)."""
     template = job.judge_prompt_template
     if kind == "api":
-        return api_judge_from_options(
+        settings = ApiSettings(
             api_format=job.judge_api_format,
             url=str(job.judge_api_url),
             model=job.judge_model,
             key_env=job.judge_api_key_env,
             key_header=job.judge_api_key_header,
             key_prefix=job.judge_api_key_prefix,
-            headers=job.judge_api_headers,
-            extra_body=job.judge_api_extra_body,
+            headers=dict(job.judge_api_headers or {}),
+            extra_body=dict(job.judge_api_extra_body or {}),
             response_field=job.judge_api_response_field,
-            max_tokens=job.judge_api_max_tokens,
             timeout=job.judge_api_timeout,
             max_concurrency=job.judge_api_max_concurrency,
-            prompt_template=template,
+            role=JUDGE_ROLE,
         )
+        return api_judge_from_options(settings, max_tokens=job.judge_api_max_tokens, prompt_template=template)
     device = resolve_devices(job.agent_devices, job.num_agents)[0]  # beside the first agent
     return local_judge_from_options(
         model=str(job.judge_model),
@@ -141,47 +144,77 @@ def _model_judge(job: JobConfig, kind: str) -> PairwiseJudge:
 def preflight_problems(job: JobConfig, task: Task | None, *, prepare_models: bool) -> list[Problem]:
     """What ``pbrl validate`` checks of the judge beyond the options: the simulator has a reward to simulate
     from, a Python judge imports and is a judge, the local judge's model is there (a packaged one converted when
-    ``prepare_models``), the prompt template reads and is usable, the API key's variable is set."""
+    ``prepare_models``), the prompt template reads and is usable, the API key's variable is set. Every problem, in
+    that order."""
     if job.preference_source != "judge" or job.judge in (None, IN_PROCESS_JUDGE):
         return []
-    problems: list[Problem] = []
-    if job.judge == "reward_noisy" and task is not None and task.reward_func is None:
-        problems.append(
-            Problem(
-                "judge", job.judge, f"simulates labels from the task's reward, and task {task.name!r} has none"
-            )  # fmt: skip
-        )
-    if job.judge == HumanJudge.name and task is not None and task.reward_func is None and job.eval_interval > 0:
-        problems.append(Problem("judge", job.judge, f"task {task.name!r} has no reward, so evaluation asks the judge "
-                                "for win rates, and people label training pairs only; give the task a reward_func "
-                                "or set eval_interval: 0"))  # fmt: skip
-    if job.judge not in BUILT_IN_JUDGES:
-        try:
-            found = import_object(job.judge)
-            if not callable(found) and not callable(getattr(found, "answer", None)):
-                problems.append(Problem("judge", job.judge, "is neither a function nor a judge object (name, answer)"))
-        except ImportError as exc:
-            problems.append(Problem("judge", job.judge, str(exc)))
-    if job.judge == "local" and job.judge_model is not None:
-        try:
-            if prepare_models or job.judge_model not in PACKAGED_MODELS:
-                resolve_model_source(job.judge_model, field="judge_model")
-            else:
-                locate_packaged_file(job.judge_model)
-        except (ConfigError, ArtifactError) as exc:
-            problems += exc.problems if isinstance(exc, ConfigError) else [Problem("judge_model", job.judge_model,
-                                                                                   str(exc))]  # fmt: skip
-    if job.judge in ("api", "local"):
-        try:
-            prompt_template(job)
-        except ConfigError as exc:
-            problems += exc.problems
+    return [
+        *_reward_problems(job, task),
+        *_python_judge_problems(job),
+        *_local_model_problems(job, prepare_models=prepare_models),
+        *_template_problems(job),
+        *_key_problems(job),
+    ]
+
+
+def _reward_problems(job: JobConfig, task: Task | None) -> list[Problem]:
+    """A judge that needs the task's reward (the simulator; a person's judge while evaluation asks for win rates)."""
+    if task is None or task.reward_func is not None:
+        return []
+    if job.judge == "reward_noisy":
+        return [
+            Problem("judge", job.judge, f"simulates labels from the task's reward, and task {task.name!r} has none")
+        ]
+    if job.judge == HumanJudge.name and job.eval_interval > 0:
+        return [Problem("judge", job.judge, f"task {task.name!r} has no reward, so evaluation asks the judge "
+                        "for win rates, and people label training pairs only; give the task a reward_func "
+                        "or set eval_interval: 0")]  # fmt: skip
+    return []
+
+
+def _python_judge_problems(job: JobConfig) -> list[Problem]:
+    """A judge named by its import path imports and is a function or a judge object."""
+    if job.judge in BUILT_IN_JUDGES:
+        return []
+    try:
+        found = import_object(job.judge)
+    except ImportError as exc:
+        return [Problem("judge", job.judge, str(exc))]
+    if not callable(found) and not callable(getattr(found, "answer", None)):
+        return [Problem("judge", job.judge, "is neither a function nor a judge object (name, answer)")]
+    return []
+
+
+def _local_model_problems(job: JobConfig, *, prepare_models: bool) -> list[Problem]:
+    """The local judge's model is there (a packaged one converted when ``prepare_models``)."""
+    if job.judge != "local" or job.judge_model is None:
+        return []
+    try:
+        if prepare_models or job.judge_model not in PACKAGED_MODELS:
+            resolve_model_source(job.judge_model, field="judge_model")
+        else:
+            locate_packaged_file(job.judge_model)
+    except ConfigError as exc:
+        return list(exc.problems)
+    except ArtifactError as exc:
+        return [Problem("judge_model", job.judge_model, str(exc))]
+    return []
+
+
+def _template_problems(job: JobConfig) -> list[Problem]:
+    """The prompt template of a model judge (api, local) reads and is usable."""
+    if job.judge not in ("api", "local"):
+        return []
+    try:
+        prompt_template(job)
+    except ConfigError as exc:
+        return list(exc.problems)
+    return []
+
+
+def _key_problems(job: JobConfig) -> list[Problem]:
+    """The API judge's key variable is set (its value is never read here)."""
     if job.judge == "api" and job.judge_api_key_env and not os.environ.get(job.judge_api_key_env):
-        problems.append(
-            Problem(
-                "judge_api_key_env",
-                job.judge_api_key_env,
-                "this environment variable is not set; export the API key in it",
-            )  # fmt: skip
-        )
-    return problems
+        return [Problem("judge_api_key_env", job.judge_api_key_env, "this environment variable is not set; export "
+                        "the API key in it")]  # fmt: skip
+    return []

@@ -1,7 +1,8 @@
 """What update-policies builds from the job for MARLHF policy learning
 (docs/design/algorithms.md#marlhf-policy-learning, :func:`pbrl.learning.rl.run_rl`): the round's reward model, the
-rollout sampler (in process or on Ray workers), the RL loop's settings, the frozen references of the KL, and the
-critics of ``rl_algorithm: maac | iac`` (docs/design/algorithms.md#critics).
+rollout sampler (in process or on Ray workers), the round's prompts, the RL loop's settings and hooks (sampler, seeds,
+live log), the frozen references of the KL, and the critics of ``rl_algorithm: maac | iac``
+(docs/design/algorithms.md#critics).
 
 The critics are checkpointed beside the policies in ``checkpoints/round_<r>/critic_<k>/`` (trainable weights, AdamW
 state, ``critic.json``; :mod:`pbrl.run.round_checkpoint`) and the next round restores them from there, exactly like
@@ -20,17 +21,22 @@ from typing import Any
 from pbrl.config import JobConfig
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths, read_manifest
+from pbrl.data.tables import read_joint_responses
 from pbrl.distributed.ray_rollouts import RolloutGenerator, ray_rollouts
 from pbrl.errors import ArtifactError
 from pbrl.generation.sampling import generate
 from pbrl.learning.critic_set import CriticSet
-from pbrl.learning.critics import CriticSpec, new_critic, restore_critic
+from pbrl.learning.critics import Critic, CriticSpec, new_critic, restore_critic
 from pbrl.learning.joint_template import TEMPLATE_VERSION, joint_template_for
-from pbrl.learning.reward_scoring import RewardScorer, reward_device, reward_model_dir
-from pbrl.learning.rl import ReferencePolicy, RLSettings
+from pbrl.learning.reward_scoring import RewardScorer, reward_device
+from pbrl.learning.rl import ReferencePolicy, RLHooks, RLSettings
+from pbrl.learning.rollouts import Scorer
 from pbrl.models.loading import resolve_devices
 from pbrl.models.policies import TrainablePolicy, load_agent
+from pbrl.run.reward_records import reward_model_dir
+from pbrl.run.round_checkpoint import LiveLog
 from pbrl.run.settings import policy_source, ray_settings, sampling_settings
+from pbrl.run.stage_record import StageRecord
 
 FIT_STAGE = "fit-reward-model"
 
@@ -97,6 +103,59 @@ def rl_settings(job: JobConfig) -> RLSettings:
     )
 
 
+def round_prompts(paths: RunPaths, round_index: int, num_agents: int) -> dict[str, list[list[int]]]:
+    """Per train item (in the candidates' order), every agent's prompt ids as stored in this round's candidates."""
+    prompts: dict[str, list[list[int]]] = {}
+    for (item_id, side, _), group in read_joint_responses(paths.candidates(round_index), num_agents).items():
+        if side == "target":
+            prompts.setdefault(item_id, [row["prompt_ids"] for row in group])
+    return prompts
+
+
+def rl_hooks(
+    record: StageRecord,
+    live: LiveLog,
+    settings: RLSettings,
+    seed: int,
+    generate_rows: RolloutGenerator,
+    score: Scorer,
+    num_items: int,
+) -> RLHooks:
+    """What the stage ``record`` writes plugs into :func:`pbrl.learning.rl.run_rl`: the sampler (``generate_rows``,
+    each row seeded by ``(seed, round, stage, "rollout", agent, item, epoch·g + generation)``), the reward model's
+    ``score``, the order and dropout seeds, and after every step its ``live`` log and the stage's progress
+    (``num_items`` items in ``settings.batch_size`` items per step)."""
+    g = settings.num_generations
+
+    def seed_of(side: str, agent: int = -1, item: str = "", index: int = -1) -> int:
+        return derive_seed(
+            seed, round_index=record.round_index, stage=record.stage, side=side, agent=agent, item=item, index=index
+        )
+
+    def sample(agent: int, rows: list[list[int]], items: list[str], epoch: int) -> list:
+        draws = list(zip(items, [epoch * g + r % g for r in range(len(rows))], strict=True))
+        return generate_rows(
+            agent,
+            rows,
+            [seed_of("rollout", agent, item, k) for item, k in draws],
+            [f"agent {agent}, item {item!r}, rollout {k}" for item, k in draws],
+        )
+
+    progress = record.progress(settings.epochs * -(-num_items // settings.batch_size), "steps")
+
+    def on_step(items: int, metrics: dict[str, float]) -> None:
+        live.step(items, metrics)
+        progress.advance()
+
+    return RLHooks(
+        sample=sample,
+        score=score,
+        order_seed=seed_of("order"),
+        dropout_seed=lambda agent, step: seed_of("dropout", agent, index=step),
+        on_step=on_step,
+    )
+
+
 def reference_policies(job: JobConfig, paths: RunPaths, policies: list[TrainablePolicy]) -> list[ReferencePolicy]:
     """The frozen reference of each agent's KL: with LoRA the agent's own model with its adapter disabled (the base
     weights, no second copy), else the agent's initial checkpoint loaded frozen on ``reference_devices``."""
@@ -119,16 +178,11 @@ def round_critics(job: JobConfig, paths: RunPaths, start: Path, policies: list[T
     Raises:
         ArtifactError: a round checkpoint without its critics, or with critics of another configuration.
     """
-    source, a = policy_source(job), job.num_agents
-    separate = job.rl_algorithm == "maac" or job.use_separate_critic
-    count = 1 if job.rl_algorithm == "maac" else a
+    source, maac = policy_source(job), job.rl_algorithm == "maac"
+    separate = maac or job.use_separate_critic
+    count = 1 if maac else job.num_agents
     sources = [job.critic_model_name or source.models[k] for k in range(count)]
-    spec_devices = job.critic_devices if job.critic_devices is not None else job.agent_devices
-    devices = resolve_devices(
-        spec_devices if spec_devices is None or isinstance(spec_devices, str) else list(spec_devices),
-        a,
-        field="critic_devices",
-    )
+    devices = _critic_devices(job.critic_devices, job.agent_devices, job.num_agents)
     critics = []
     for k in range(count):
         spec = (
@@ -137,7 +191,7 @@ def round_critics(job: JobConfig, paths: RunPaths, start: Path, policies: list[T
                 sources[k],
                 source.lora,
                 job.critic_value_head_hidden_dim,
-                joint_template=TEMPLATE_VERSION if job.rl_algorithm == "maac" else None,
+                joint_template=TEMPLATE_VERSION if maac else None,
             )
             if separate
             else CriticSpec("value_head", None, None, job.value_head_hidden_dim)
@@ -150,26 +204,42 @@ def round_critics(job: JobConfig, paths: RunPaths, start: Path, policies: list[T
             policy=None if separate else policies[k].model,
             pad_token_id=policies[k].pad_token_id,
         )
-        folder = start / f"critic_{k}"
-        if folder.is_dir():
-            restore_critic(critic, folder)
-        elif start != paths.initial:
-            raise ArtifactError(
-                f"{folder}: missing; the checkpoint was written without the {job.rl_algorithm} "
-                f"critics: rerun update-policies of the round that wrote {paths.rel(start)}"
-            )
+        _restore_critic(critic, start / f"critic_{k}", job.rl_algorithm, paths, start)
         critics.append(critic)
-    template = joint_template_for(sources[0], source.models)[0] if job.rl_algorithm == "maac" else None
     return CriticSet(
         job.rl_algorithm,
         job.critic_type,
         critics,
-        template=template,
+        template=joint_template_for(sources[0], source.models)[0] if maac else None,
         max_length=job.reward_max_length,
         value_loss_coef=job.value_loss_coef,
         clip_range=job.value_clip_range,
         max_grad_norm=job.max_grad_norm,
     )
+
+
+def _critic_devices(critic_devices: Any, agent_devices: Any, num_agents: int) -> list[str]:
+    """Each critic's configured device: ``critic_devices``, else ``agent_devices`` (:func:`resolve_devices`)."""
+    devices = critic_devices if critic_devices is not None else agent_devices
+    return resolve_devices(
+        devices if devices is None or isinstance(devices, str) else list(devices), num_agents, field="critic_devices"
+    )
+
+
+def _restore_critic(critic: Critic, folder: Path, backend: str, paths: RunPaths, start: Path) -> None:
+    """Restore ``critic`` from ``folder`` (weights and AdamW state); at the initial checkpoint ``start`` without
+    one, the fresh critic stays as built.
+
+    Raises:
+        ArtifactError: ``folder`` is missing from a round checkpoint ``start``.
+    """
+    if folder.is_dir():
+        restore_critic(critic, folder)
+    elif start != paths.initial:
+        raise ArtifactError(
+            f"{folder}: missing; the checkpoint was written without the {backend} "
+            f"critics: rerun update-policies of the round that wrote {paths.rel(start)}"
+        )
 
 
 def _critic_device(device: str, policy: TrainablePolicy) -> str:

@@ -25,10 +25,12 @@ import torch
 from pbrl.config import JobConfig, is_centralized, is_marlhf
 from pbrl.data.storage import RunPaths, read_json, write_json
 from pbrl.learning.logprobs import sequence_logprobs
-from pbrl.learning.reward_scoring import RewardScorer, newest_reward_model, reward_device
-from pbrl.models.policies import load_agent, policy_checkpoint
+from pbrl.learning.reward_scoring import RewardScorer, reward_device
+from pbrl.models.policies import load_agent
 from pbrl.preference.joint import JointKey
 from pbrl.preference.questions import Question
+from pbrl.run.policy_records import policy_checkpoint
+from pbrl.run.reward_records import newest_reward_model
 from pbrl.run.settings import policy_source
 
 MARGINS_FILE = "pair_margins.json"

@@ -3,12 +3,14 @@ started (``pbrl validate``, ``pbrl train``, the trainers and every run start).""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pbrl.config import JobConfig, is_centralized, is_iterative
+from pbrl.config import IterativeJob, JobConfig, RewardModelJob, is_centralized
 from pbrl.data.items import load_run_items, with_item_ids
 from pbrl.errors import ArtifactError, ConfigError, Problem
 from pbrl.generation.collaboration import actor_prompts
@@ -33,7 +35,6 @@ from pbrl.run.task import resolve_task
 from pbrl.tasks.base import Task
 
 
-# Over 60 lines: a flat list of independent checks whose problems are all collected and reported at once.
 def preflight(
     job: JobConfig,
     *,
@@ -52,101 +53,141 @@ def preflight(
     thread count and config size suit this machine and Prefect (:mod:`pbrl.run.preflight_env`).
     ``check_items=False`` skips the items (a resumed run reads its stored ``items.parquet``).
 
+    The checks are :data:`CHECKS`, run in order on the job with its task and items resolved (:class:`Subject`).
+
     Returns:
         The resolved task.
 
     Raises:
         ConfigError: every problem found, at once.
     """
+    subject = _subject(job, task, prepare_models, train_items, eval_items, check_items)
+    problems = [problem for check in CHECKS for problem in check(subject)]
+    if problems:
+        raise ConfigError(list({str(p): p for p in problems}.values()))  # the same problem once
+    return subject.task  # type: ignore[return-value]
 
-    problems: list[Problem] = []
-    if job.trainer in ("marlhf", "marlhf_iter") and job.rl_algorithm in ("maac", "iac"):
-        problems += _actor_critic_problems(job)
-    if is_iterative(job.trainer):
-        problems += comparator_preflight_problems(
-            job.comparator_policy,
-            model_sources=job.comparator_agents or [job.comparator_model_name or ""],
-            model_field="comparator_agents" if job.comparator_agents else "comparator_model_name",
-            key_env=job.comparator_api_key_env,
-            generation_mode=job.comparator_generation_mode,
-            adapter_path=getattr(job, "comparator_centralized_adapter", None),
-        )
-    if getattr(job, "collaboration_mode", "decentralized") == "centralized":  # the actor's adapter imports
-        try:
-            centralized_adapter(job)
-        except ConfigError as exc:
-            problems += exc.problems
+
+@dataclass(frozen=True)
+class Subject:
+    """What the checks read: the job; its task and items as resolved (None where they failed, or the items were
+    not checked), with the problems that resolving them found; the agents' model sources; and whether packaged
+    models may be converted."""
+
+    job: JobConfig
+    task: Task | None
+    task_problems: list[Problem]
+    items: list[tuple[str, dict[str, Any]]] | None
+    item_problems: list[Problem]
+    models: tuple[str, ...]
+    prepare_models: bool
+
+
+def _subject(
+    job: JobConfig, task: Task | None, prepare_models: bool, train_items: Any, eval_items: Any, check_items: bool
+) -> Subject:
+    """The job with its task resolved (unless given) and its items loaded (unless ``check_items`` is off)."""
+    task_problems: list[Problem] = []
     try:
         task = task or resolve_task(job)
     except ConfigError as exc:
-        problems += exc.problems
-    if getattr(job, "log_reward_distribution", False) and task is not None:
+        task_problems += exc.problems
+    items, item_problems = _loaded_items(job, task, train_items, eval_items, check_items)
+    return Subject(job, task, task_problems, items, item_problems, policy_source(job).models, prepare_models)
+
+
+def _comparator_check(s: Subject) -> list[Problem]:
+    """The iterative trainers' comparator policy is available (:mod:`pbrl.generation.comparator_factory`)."""
+    job = s.job
+    if not isinstance(job, IterativeJob):
+        return []
+    return comparator_preflight_problems(
+        job.comparator_policy,
+        model_sources=job.comparator_agents or [job.comparator_model_name or ""],
+        model_field="comparator_agents" if job.comparator_agents else "comparator_model_name",
+        key_env=job.comparator_api_key_env,
+        generation_mode=job.comparator_generation_mode,
+        adapter_path=job.comparator_centralized_adapter,
+    )
+
+
+def _adapter_import_check(s: Subject) -> list[Problem]:
+    """With ``collaboration_mode: centralized``, the actor's adapter imports."""
+    if not is_centralized(s.job):
+        return []
+    try:
+        centralized_adapter(s.job)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+def _reward_range_check(s: Subject) -> list[Problem]:
+    """``log_reward_distribution`` (iterative trainers) needs a task whose rewards have a range."""
+    job, task = s.job, s.task
+    if not (isinstance(job, IterativeJob) and job.log_reward_distribution) or task is None:
+        return []
+    try:
+        check_reward_range(getattr(task.reward_func, "reward_range", None) or task.reward_range, source=task.name)
+    except ValueError as exc:
+        return [Problem("log_reward_distribution", True, str(exc))]
+    return []
+
+
+def _agent_model_check(s: Subject) -> list[Problem]:
+    """The agents' models, with each agent's prompts where the task and items resolved
+    (:func:`pbrl.run.preflight_models.agent_model_problems`)."""
+    prompts = None
+    if s.task is not None and s.items is not None:
         try:
-            check_reward_range(getattr(task.reward_func, "reward_range", None) or task.reward_range, source=task.name)
-        except ValueError as exc:
-            problems.append(Problem("log_reward_distribution", True, str(exc)))
-    items = _item_problems(job, task, train_items, eval_items, check_items, problems)
-    models = policy_source(job).models
-    if task is not None and items is not None:
-        try:
-            prompts = with_ids(actor_prompts(task, [item for _, item in items], centralized_adapter(job)), items)
+            prompts = with_ids(
+                actor_prompts(s.task, [item for _, item in s.items], centralized_adapter(s.job)), s.items
+            )
         except ConfigError:
             prompts = None  # the formatters' and the adapter's problems are reported with the items
-    else:
-        prompts = None
-    problems += agent_model_problems(job, models, prompts, prepare=prepare_models)
-    problems += _environment_problems(job, task, items, models)
-    problems += judge_preflight_problems(job, task, prepare_models=prepare_models)
-    problems += _precision_and_placement_problems(job)
-    problems += tracker_problems(getattr(job, "report_to", None))
-    if problems:
-        raise ConfigError(list({str(p): p for p in problems}.values()))  # the same problem once
-    return task  # type: ignore[return-value]
+    return agent_model_problems(s.job, s.models, prompts, prepare=s.prepare_models)
 
 
-def _item_problems(
-    job: JobConfig, task: Task | None, train_items: Any, eval_items: Any, check_items: bool, problems: list[Problem]
-) -> list[tuple[str, dict[str, Any]]] | None:
-    """Load the items (every problem added to ``problems``); the train and eval items with their ids
-    (``(item_id, item)``), or None."""
+def _loaded_items(
+    job: JobConfig, task: Task | None, train_items: Any, eval_items: Any, check_items: bool
+) -> tuple[list[tuple[str, dict[str, Any]]] | None, list[Problem]]:
+    """The train and eval items with their ids (``(item_id, item)``; None when they were not loaded, or failed to
+    load), and every problem found loading them."""
+    problems: list[Problem] = []
     missing_files = False
-    for name in ("train_dataset", "eval_dataset"):
-        path = getattr(job, name)
+    for name, path in (("train_dataset", job.train_dataset), ("eval_dataset", job.eval_dataset)):
         if isinstance(path, str) and not Path(path).is_file():  # a DatasetSpec is checked when loaded
             problems.append(Problem(name, path, "file not found"))
             missing_files = True
     if task is None or not check_items or missing_files:
-        return None
+        return None, problems
     try:
         train, evals = load_run_items(job, task, train_items, eval_items)
     except ConfigError as exc:
-        problems += exc.problems
-        return None
-    return with_item_ids(train, "item", "train_dataset") + with_item_ids(evals, "eval", "eval_dataset")
+        return None, problems + exc.problems
+    return with_item_ids(train, "item", "train_dataset") + with_item_ids(evals, "eval", "eval_dataset"), problems
 
 
-def _environment_problems(
-    job: JobConfig, task: Task | None, items: list[tuple[str, dict[str, Any]]] | None, models: tuple[str, ...]
-) -> list[Problem]:
+def _environment_check(s: Subject) -> list[Problem]:
     """What the job asks of this machine: devices, folders, threads, Prefect's parameter size, and the centralized
     adapter's contract (:mod:`pbrl.run.preflight_env`)."""
+    job = s.job
     problems = device_problems(job) + thread_problems(job) + parameter_size_problems(job)
-    problems += folder_problems(job, packaged_models=any(m in PACKAGED_MODELS for m in models))
-    if task is not None and is_centralized(job):
+    problems += folder_problems(job, packaged_models=any(m in PACKAGED_MODELS for m in s.models))
+    if s.task is not None and is_centralized(job):
         try:
             adapter = centralized_adapter(job)
         except ConfigError:
             adapter = None  # reported above
         if adapter is not None:
-            problems += adapter_problems(adapter, len(task.formatters), items[0][1] if items else None)
+            problems += adapter_problems(adapter, len(s.task.formatters), s.items[0][1] if s.items else None)
     return problems
 
 
-def _precision_and_placement_problems(job: JobConfig) -> list[Problem]:
+def _precision_and_placement_check(s: Subject) -> list[Problem]:
     """``mixed_precision`` autocast available on every agent device type; ``agent_devices: auto`` without
     LoRA fits ``max_memory`` without offloading trainable weights (accelerate's device map, no weights read)."""
-
-    job, _ = concrete_precision(job)  # auto resolves to what the device runs natively: checked like the rest
+    job, _ = concrete_precision(s.job)  # auto resolves to what the device runs natively: checked like the rest
     source = policy_source(job)
     devices = source.devices if isinstance(source.devices, tuple) else (source.devices,)
     default = "cuda" if torch.cuda.is_available() else "cpu"
@@ -171,18 +212,19 @@ def _precision_and_placement_problems(job: JobConfig) -> list[Problem]:
     return problems
 
 
-def _actor_critic_problems(job: JobConfig) -> list[Problem]:
+def _actor_critic_check(s: Subject) -> list[Problem]:
     """A ``maac``/``iac`` critic backbone (:mod:`pbrl.learning.critics`) resolves offline and shares the agents'
     vocabulary (the critic reads the agents' token ids). The critic layout is checked with the config
     (:mod:`pbrl.config.rules`)."""
-
+    job = s.job
+    if not (isinstance(job, RewardModelJob) and job.rl_algorithm in ("maac", "iac")):
+        return []
     problems = []
     head_only = job.rl_algorithm == "iac" and not job.use_separate_critic
     if job.critic_model_name and not head_only:
         try:
             critic = load_tokenizer(resolve_model_source(job.critic_model_name, field="critic_model_name"))
-            agents = policy_source(job).models
-            if any(load_tokenizer(resolve_model_source(m)).get_vocab() != critic.get_vocab() for m in set(agents)):
+            if any(load_tokenizer(resolve_model_source(m)).get_vocab() != critic.get_vocab() for m in set(s.models)):
                 problems.append(
                     Problem(
                         "critic_model_name",
@@ -197,3 +239,19 @@ def _actor_critic_problems(job: JobConfig) -> list[Problem]:
         except ArtifactError as exc:
             problems.append(Problem("critic_model_name", job.critic_model_name, str(exc)))
     return problems
+
+
+# The checks in the order their problems are reported: each reads the subject and returns its problems.
+CHECKS: tuple[Callable[[Subject], list[Problem]], ...] = (
+    _actor_critic_check,
+    _comparator_check,
+    _adapter_import_check,
+    lambda s: s.task_problems,
+    _reward_range_check,
+    lambda s: s.item_problems,
+    _agent_model_check,
+    _environment_check,
+    lambda s: judge_preflight_problems(s.job, s.task, prepare_models=s.prepare_models),
+    _precision_and_placement_check,
+    lambda s: tracker_problems(s.job.report_to),
+)

@@ -2,8 +2,8 @@
 a thread count the CPUs can run, a config Prefect can store, and a centralized adapter that keeps its contract.
 
 Each check covers a kind of option, found by its name where the kind is in the name (``*_device``/``*_devices``,
-``*_dir``), so that an option added later is checked with its kind (``tests/test_validate_property.py`` derives the
-kinds from the options reference and checks that ``validate`` refuses every bad value ``train`` would).
+``*_dir``), so that an option added later is checked with its kind (``tests/unit/run/test_validate_property.py``
+derives the kinds from the options reference and checks that ``validate`` refuses every bad value ``train`` would).
 """
 
 from __future__ import annotations
@@ -31,14 +31,10 @@ DEVICE_SUFFIXES = ("_device", "_devices")
 FOLDER_SUFFIX = "_dir"
 
 
-def device_fields(job: JobConfig) -> list[str]:
-    """The job's options that name devices (``agent_devices``, ``reward_model_device``, ...)."""
-    return [name for name in type(job).model_fields if name.endswith(DEVICE_SUFFIXES)]
-
-
-def folder_fields(job: JobConfig) -> list[str]:
-    """The job's options that name folders the run writes (``output_dir``, ``preference_replay_dir``, ...)."""
-    return [name for name in type(job).model_fields if name.endswith(FOLDER_SUFFIX)]
+def options_named(job: JobConfig, suffixes: str | tuple[str, ...]) -> dict[str, Any]:
+    """The job's options whose names end with ``suffixes`` (``*_device``/``*_devices``: devices, ``*_dir``: folders
+    the run writes), with their values, in field order."""
+    return job.model_dump(include={name for name in type(job).model_fields if name.endswith(suffixes)})
 
 
 def unavailable_device(device: str) -> str | None:
@@ -78,11 +74,10 @@ def _xpu_count() -> int:
 def device_problems(job: JobConfig) -> list[Problem]:
     """Every device option naming a device this torch does not have on this machine; none with ``runner: ray``,
     whose devices are the cluster's (a CPU-only head node submits to GPU workers: docs/guides/ray.md)."""
-    if getattr(job, "runner", "local") == "ray":
+    if job.runner == "ray":
         return []
     problems = []
-    for name in device_fields(job):
-        spec = getattr(job, name)
+    for name, spec in options_named(job, DEVICE_SUFFIXES).items():
         devices = [spec] if isinstance(spec, str) else list(spec or [])
         for device in dict.fromkeys(devices):
             if device != AUTO and (why := unavailable_device(device)):
@@ -108,8 +103,7 @@ def folder_problems(job: JobConfig, *, packaged_models: bool) -> list[Problem]:
     """Folder options that name a file (or lie under one), and the models' storage (``PBRL_STORAGE``, where packaged
     models are converted and model objects saved) when ``packaged_models`` (the job stores a model there)."""
     problems = []
-    for name in folder_fields(job):
-        value = getattr(job, name)
+    for name, value in options_named(job, FOLDER_SUFFIX).items():
         if isinstance(value, str) and (why := unwritable_folder(Path(value).expanduser())):
             problems.append(Problem(name, value, why))
     if packaged_models and (why := unwritable_folder(storage_root() / "models")):
@@ -122,7 +116,7 @@ def folder_problems(job: JobConfig, *, packaged_models: bool) -> list[Problem]:
 def thread_problems(job: JobConfig) -> list[Problem]:
     """``num_threads`` above the CPUs of this machine (its threads would only wait on each other, and OpenMP fails
     to start a pool of millions)."""
-    threads = getattr(job, "num_threads", None)
+    threads = job.num_threads
     cpus = os.cpu_count() or 1
     if threads is None or threads <= cpus:
         return []
@@ -136,7 +130,8 @@ def parameter_size_problems(job: JobConfig) -> list[Problem]:
     size = len(json.dumps(job.model_dump(mode="json")).encode())
     if not limit or size <= limit:
         return []
-    largest = max(type(job).model_fields, key=lambda n: len(json.dumps(getattr(job, n), default=str)))
+    values = dict(job)  # each option's value as the job holds it (a DatasetSpec as itself, as str() shows it)
+    largest = max(values, key=lambda n: len(json.dumps(values[n], default=str)))
     return [
         Problem(
             largest,

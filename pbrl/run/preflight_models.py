@@ -28,6 +28,7 @@ from pbrl.models.packaged import (
     prepare_packaged_model,
     read_marker,
 )
+from pbrl.run.settings import RewardBackbone, reward_backbone
 
 # Bytes of a prompt beyond which its token count is worth measuring: a token covers at least one byte, and a chat
 # template adds fewer tokens than this; under it a prompt cannot reach a context of this size.
@@ -65,11 +66,12 @@ def model_facts(source: str, *, field: str, prepare: bool) -> ModelFacts:
     return ModelFacts(source, AutoConfig.from_pretrained(folder, local_files_only=True), folder)
 
 
-def lora_problems(job: JobConfig, facts: ModelFacts, field: str) -> list[Problem]:
-    """``lora_target_modules`` entries that name no adaptable module of the model (LoRA only)."""
-    if job.lora_r is None or not job.lora_target_modules:
+def lora_problems(target_modules: Sequence[str] | None, facts: ModelFacts, field: str) -> list[Problem]:
+    """``lora_target_modules`` entries (``target_modules``; None or empty: LoRA off, or its default modules) that
+    name no adaptable module of the model."""
+    if not target_modules:
         return []
-    unknown = check_lora_target_modules(facts.config, list(job.lora_target_modules))
+    unknown = check_lora_target_modules(facts.config, list(target_modules))
     if not unknown:
         return []
     return [
@@ -82,17 +84,17 @@ def lora_problems(job: JobConfig, facts: ModelFacts, field: str) -> list[Problem
     ]
 
 
-def reward_model_problems(job: JobConfig, facts: ModelFacts) -> list[Problem]:
+def reward_model_problems(backbone: RewardBackbone, facts: ModelFacts) -> list[Problem]:
     """``reward_backbone_layers`` beyond the reward model backbone's layers, and ``reward_max_length`` beyond its
     context (a joint text that long would be read at positions the backbone has never seen)."""
     problems = []
-    layers = getattr(job, "reward_backbone_layers", None)
+    layers = backbone.backbone_layers
     total = getattr(facts.config, "num_hidden_layers", None)
     if layers is not None and total is not None and layers > total:
         problems.append(
             Problem("reward_backbone_layers", layers, f"the reward model backbone {facts.source} has {total} layers")
         )
-    length = getattr(job, "reward_max_length", None)
+    length = backbone.max_length
     context = getattr(facts.config, "max_position_embeddings", None)
     if length is not None and context is not None and length > context:
         problems.append(
@@ -165,23 +167,23 @@ def agent_model_problems(
 ) -> list[Problem]:
     """Every model check of the agents' models (one per agent; ``prompts``: each agent's ``(item_id, prompt)``)."""
     field = "agents" if job.agents else "agent_model"
+    targets = job.lora_target_modules if job.lora_r is not None else None  # LoRA off: no target to check
     problems: list[Problem] = []
     facts_of: dict[str, ModelFacts | None] = {}
     for agent, source in enumerate(models):
         if source not in facts_of:
             facts_of[source] = _facts_or_problem(source, field, prepare, problems)
             if facts_of[source] is not None:
-                problems += lora_problems(job, facts_of[source], field)  # type: ignore[arg-type]
+                problems += lora_problems(targets, facts_of[source], field)  # type: ignore[arg-type]
                 problems += vocabulary_problems(facts_of[source], field)  # type: ignore[arg-type]
         facts = facts_of[source]
         if facts is not None and prompts is not None:
             problems += context_problems(facts, prompts[agent], job.max_new_tokens, field)
-    reward_model = getattr(job, "reward_model_name", None)
-    if reward_model or hasattr(job, "reward_backbone_layers"):  # MARLHF's reward model backbone
-        source = reward_model or models[0]
-        reward_field = "reward_model_name" if reward_model else field
+    if (backbone := reward_backbone(job)) is not None:  # MARLHF's reward model backbone
+        source = backbone.model_name or models[0]
+        reward_field = "reward_model_name" if backbone.model_name else field
         facts = facts_of.get(source) or _facts_or_problem(source, reward_field, prepare, problems)
-        problems += reward_model_problems(job, facts) if facts is not None else []
+        problems += reward_model_problems(backbone, facts) if facts is not None else []
     return problems
 
 

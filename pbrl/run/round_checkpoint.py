@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pbrl.config import JobConfig
@@ -29,7 +30,19 @@ from pbrl.learning.env_steps import NEVER_LOGGED, env_step_axis, train_log
 from pbrl.models.policies import TRAINER_STATE, TrainablePolicy, read_trainer_state, write_agent
 from pbrl.run.export import export_policy_checkpoint
 from pbrl.run.folder import job_replay_dir
+from pbrl.run.settings import run_outputs
 from pbrl.run.stage_record import StageRecord
+
+
+@dataclass(frozen=True)
+class RoundSteps:
+    """A round's update steps as :func:`save_round` records them: each step's batch size (pairs, or joint
+    responses in RL), each step's metrics, and the env steps one pair counts for on the reference's axis
+    (``environment_steps_per_pair``; 1 for MARLHF's RL)."""
+
+    batch_sizes: list[int]
+    metrics: list[dict[str, float]]
+    environment_steps_per_pair: int
 
 
 def save_round(
@@ -38,10 +51,8 @@ def save_round(
     round_index: int,
     start: Path,
     write_agents: Callable[[Path], None],
-    batch_sizes: list[int],
-    step_metrics: list[dict[str, float]],
+    steps: RoundSteps,
     *,
-    environment_steps_per_pair: int,
     critics: list[Critic] | None = None,
 ) -> tuple[Path, list[int], list[dict[str, float]]]:
     """Write ``checkpoints/round_<r>/`` (``write_agents(folder)``: every agent's weights and optimizer state; the
@@ -50,13 +61,13 @@ def save_round(
     trainer_state.json)."""
     previous = read_trainer_state(start)
     axis = env_step_axis(
-        batch_sizes,
+        steps.batch_sizes,
         start=previous.get("env_step", 0),
-        environment_steps_per_pair=environment_steps_per_pair,
+        environment_steps_per_pair=steps.environment_steps_per_pair,
         use_environment_step=job.use_environment_step,
     )
     log = train_log(
-        step_metrics,
+        steps.metrics,
         axis,
         logging_steps=job.logging_steps,
         last_logged=previous.get("last_logged_env_step", NEVER_LOGGED),
@@ -73,7 +84,7 @@ def save_round(
             {
                 "round": round_index,
                 "started_from": paths.rel(start),
-                "optimizer_steps": previous.get("optimizer_steps", 0) + len(batch_sizes),
+                "optimizer_steps": previous.get("optimizer_steps", 0) + len(steps.batch_sizes),
                 "env_step": axis[-1] if axis else previous.get("env_step", 0),
                 "last_logged_env_step": last_logged,
                 "replay_index": stored_rounds(directory, run_identity(paths), round_index),
@@ -128,6 +139,6 @@ def remove_stale(checkpoint: Path) -> None:
 def export_round(job: JobConfig, checkpoint: Path, round_index: int) -> None:
     """Also copy the policy after this round to ``policy_checkpoint_dir`` (iterative trainers), in the
     reference's layout (:mod:`pbrl.run.export`)."""
-    directory = getattr(job, "policy_checkpoint_dir", None)
+    directory = run_outputs(job).policy_checkpoint_dir
     if directory:
         export_policy_checkpoint(checkpoint, directory, round_index, job.num_agents)

@@ -1,20 +1,25 @@
-"""The job unpacked into the settings records that pbrl's components take (config stays at the edge: these
-functions and the stages are the only readers of the whole job).
+"""The job unpacked into the settings records that pbrl's components take (config stays at the edge: the library
+packages below :mod:`pbrl.run` take these records or plain values, never the job).
 
 Each record holds plain values: :class:`~pbrl.models.policies.PolicySource` (how the agents load),
 :class:`~pbrl.models.policies.AgentTraining` (how an agent trains), :class:`~pbrl.distributed.shards.RaySettings`
-(where Ray work runs) and the centralized adapter of ``collaboration_mode: centralized``.
+(where Ray work runs), :class:`RunOutputs` (the folders an iterative run writes outside its own),
+:class:`RewardBackbone` (MARLHF's reward-model options that preflight checks) and the centralized adapter of
+``collaboration_mode: centralized``. An option only some trainers have is read after an ``isinstance`` check on
+the job groups of :mod:`pbrl.config.models` (``IterativeJob``, ``RewardModelJob``), so a grep for
+``job.<option>`` finds every read.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from pbrl.config import JobConfig, is_centralized, num_actors
+from pbrl.config import IterativeJob, JobConfig, RewardModelJob, is_centralized, num_actors
 from pbrl.distributed.shards import RaySettings
-from pbrl.generation.centralized import ADAPTER_FIELD, CentralizedAdapter, load_adapter
+from pbrl.generation.centralized import CentralizedAdapter, load_adapter
 from pbrl.generation.sampling import SamplingSettings
 from pbrl.models.loading import resolve_devices
 from pbrl.models.lora import LoraSettings
@@ -97,11 +102,46 @@ def centralized_adapter(job: JobConfig) -> CentralizedAdapter | None:
     """
     if not is_centralized(job):
         return None
-    return load_adapter(getattr(job, ADAPTER_FIELD, None))  # base trainers have no comparator options
+    return load_adapter(job.comparator_centralized_adapter)
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """The folders an iterative run writes outside its own: ``preference_replay_dir`` (None: ``<run>/replay``) and
+    ``policy_checkpoint_dir`` (None: no export). Both None for the base trainers, which have neither option."""
+
+    replay_dir: str | None = None
+    policy_checkpoint_dir: str | None = None
+
+
+def run_outputs(job: JobConfig) -> RunOutputs:
+    """The job's :class:`RunOutputs`."""
+    if isinstance(job, IterativeJob):
+        return RunOutputs(replay_dir=job.preference_replay_dir, policy_checkpoint_dir=job.policy_checkpoint_dir)
+    return RunOutputs()
+
+
+@dataclass(frozen=True)
+class RewardBackbone:
+    """MARLHF's reward-model options that preflight checks against the backbone's config: ``reward_model_name``
+    (None: the first agent's model), ``reward_backbone_layers`` and ``reward_max_length`` (None: unset)."""
+
+    model_name: str | None
+    backbone_layers: int | None
+    max_length: int | None
+
+
+def reward_backbone(job: JobConfig) -> RewardBackbone | None:
+    """The job's :class:`RewardBackbone`; None for the MADPO trainers, which fit no reward model."""
+    if not isinstance(job, RewardModelJob):
+        return None
+    return RewardBackbone(job.reward_model_name, job.reward_backbone_layers, job.reward_max_length)
 
 
 # ---------------------------------------------------------------------------------------------- auto precision
-PRECISION_FIELDS = ("torch_dtype", "mixed_precision")
+def _precision(source: JobConfig | PrecisionChoice) -> dict[str, str]:
+    """``torch_dtype`` and ``mixed_precision`` of a job or a :class:`PrecisionChoice`, by option name."""
+    return {"torch_dtype": source.torch_dtype, "mixed_precision": source.mixed_precision}
 
 
 def agent_device(job: JobConfig) -> str:
@@ -118,22 +158,21 @@ def concrete_precision(job: JobConfig, stored: JobConfig | None = None) -> tuple
     (``stored``: resuming keeps the run's choice, whatever this machine has), else what the agents' device
     computes natively (:func:`pbrl.models.precision.resolve_precision`). Returns the job and the choice made
     here (None when nothing was ``auto``, or the stored run decided)."""
-    autos = [f for f in PRECISION_FIELDS if getattr(job, f) == AUTO]
+    autos = [f for f, value in _precision(job).items() if value == AUTO]
     if not autos:
         return job, None
     if stored is not None:
-        return job.model_copy(update={f: getattr(stored, f) for f in autos}), None
+        recorded = _precision(stored)
+        return job.model_copy(update={f: recorded[f] for f in autos}), None
     choice = resolve_precision(job.torch_dtype, job.mixed_precision, agent_device(job))
-    update = {f: getattr(choice, f) for f in autos}
-    return job.model_copy(update=update), choice
+    chosen = _precision(choice)
+    return job.model_copy(update={f: chosen[f] for f in autos}), choice
 
 
-def describe_precision(choice: PrecisionChoice | None, job: JobConfig) -> str | None:
-    """The line a run prints when ``auto`` was resolved, e.g. ``precision: torch_dtype auto -> float32,
-    mixed_precision auto -> no (this CPU has none of avx512_bf16, amx_bf16)``."""
+def describe_precision(choice: PrecisionChoice | None, torch_dtype: str, mixed_precision: str) -> str | None:
+    """The line a run prints when ``auto`` was resolved (``choice``; ``torch_dtype`` and ``mixed_precision`` as the
+    job now holds them), e.g. ``precision: torch_dtype auto -> float32, mixed_precision auto -> no (this CPU has none
+    of avx512_bf16, amx_bf16)``."""
     if choice is None:
         return None
-    return (
-        f"precision: torch_dtype auto -> {job.torch_dtype}, mixed_precision auto -> {job.mixed_precision} "
-        f"({choice.reason})"
-    )
+    return f"precision: torch_dtype auto -> {torch_dtype}, mixed_precision auto -> {mixed_precision} ({choice.reason})"

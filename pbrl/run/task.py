@@ -40,8 +40,6 @@ def resolve_task(job: JobConfig, run_dir: Path | None = None) -> Task:
     """
     if run_dir is not None and (task := attached_task(run_dir)):
         return task
-    problems: list[Problem] = []
-    base: Task | None = None
     if job.task == IN_PROCESS_TASK:
         raise ConfigError(
             [
@@ -55,26 +53,11 @@ def resolve_task(job: JobConfig, run_dir: Path | None = None) -> Task:
                 )
             ]
         )
-    if job.task:
-        try:
-            base = get_task(job.task, **job.task_options)
-        except ConfigError as exc:  # the factory's own checks, each naming its option
-            problems += exc.problems
-        except KeyError as exc:  # an unknown task: the message is the KeyError's argument (str() would quote it)
-            problems.append(Problem("task", job.task, str(exc.args[0]) if exc.args else "unknown task"))
-        except (TypeError, ValueError) as exc:
-            problems.append(_task_options_problem(job.task, job.task_options, exc))
-
-    def _import(field: str, path: str) -> Any:
-        try:
-            return import_object(path)
-        except ImportError as exc:
-            problems.append(Problem(field, path, str(exc)))
-            return None
-
-    formatters = tuple(_import("formatters", p) for p in job.formatters) if job.formatters else None
-    reward_func = _import("reward_func", job.reward_func) if job.reward_func else None
-    processor = _import("reward_processor", job.reward_processor) if job.reward_processor else None
+    problems: list[Problem] = []
+    base = _registered_task(job.task, job.task_options, problems) if job.task else None
+    formatters = tuple(_import("formatters", p, problems) for p in job.formatters) if job.formatters else None
+    reward_func = _import("reward_func", job.reward_func, problems) if job.reward_func else None
+    processor = _import("reward_processor", job.reward_processor, problems) if job.reward_processor else None
     if problems:
         raise ConfigError(problems)
     task = Task(
@@ -91,6 +74,29 @@ def resolve_task(job: JobConfig, run_dir: Path | None = None) -> Task:
             [Problem("formatters", len(task.formatters), f"need one formatter per agent ({job.num_agents})")]
         )
     return task
+
+
+def _registered_task(name: str, options: dict[str, Any], problems: list[Problem]) -> Task | None:
+    """The registered task ``name`` built with ``options`` (``task_options``), or None with its problem added to
+    ``problems``."""
+    try:
+        return get_task(name, **options)
+    except ConfigError as exc:  # the factory's own checks, each naming its option
+        problems += exc.problems
+    except KeyError as exc:  # an unknown task: the message is the KeyError's argument (str() would quote it)
+        problems.append(Problem("task", name, str(exc.args[0]) if exc.args else "unknown task"))
+    except (TypeError, ValueError) as exc:
+        problems.append(_task_options_problem(name, options, exc))
+    return None
+
+
+def _import(field: str, path: str, problems: list[Problem]) -> Any:
+    """The object at import path ``path`` (option ``field``), or None with its problem added to ``problems``."""
+    try:
+        return import_object(path)
+    except ImportError as exc:
+        problems.append(Problem(field, path, str(exc)))
+        return None
 
 
 def task_fingerprint(task: Task) -> str:

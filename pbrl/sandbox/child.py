@@ -22,10 +22,11 @@ by the code it watches).
 
 from __future__ import annotations
 
+# The bootstrap runs in __main__'s namespace, which becomes the untrusted code's own (cleared, then free for it to
+# change). So the set-up helpers below only run before it is cleared, and what the audit hook calls later is bound
+# as parameter defaults when the hook is built, never looked up in that namespace.
 
-# Over 60 lines: the bootstrap runs its steps top to bottom, in the docstring's order, before any untrusted line.
-# Its helpers stay nested and bind what they use as defaults: at module level they would live in __main__'s
-# namespace, which becomes the untrusted code's own (cleared, then free for it to change).
+
 def child_main() -> None:  # pragma: no cover - runs only inside the sandbox process
     """Entry of the sandbox process; its source is sent with ``-c``, so it imports what it uses.
 
@@ -33,7 +34,7 @@ def child_main() -> None:  # pragma: no cover - runs only inside the sandbox pro
     open-files limit, ``drop-to-nobody`` or ``keep-uid``, then the inherited descriptors (``pass_fds``) in order.
     Sets the limits, reads and deletes the code file, installs the audit hook, empties ``__main__``'s
     namespace, sets ``sys.argv = ["<sandbox>", *descriptors]``, then runs the code in it. Exceptions and
-    ``SystemExit`` propagate to the interpreter.
+    ``SystemExit`` propagate to the interpreter. The steps run in the module docstring's order.
     """
     import builtins
     import os
@@ -44,6 +45,23 @@ def child_main() -> None:  # pragma: no cover - runs only inside the sandbox pro
     memory, cpu, fsize, nofile = (int(v) for v in sys.argv[3:7])
     drop_to_nobody = sys.argv[7] == "drop-to-nobody"
     descriptors = sys.argv[8:]
+    _set_limits(resource, memory, cpu, fsize, nofile)  # 1
+    if drop_to_nobody:  # 2
+        _drop_to_nobody(os)
+    code = _read_code(os, main_file)  # 3
+    read_prefixes = tuple(sorted({os.path.normpath(os.path.abspath(p)) + "/" for p in sys.path if p}))
+    _remove_pidfd(os)  # 4: functions the hook relies on are removed or bound now, before any untrusted line runs
+    sys.addaudithook(_guard(os, workdir, read_prefixes))
+    namespace = sys.modules["__main__"].__dict__  # 5
+    namespace.clear()
+    namespace.update({"__name__": "__main__", "__builtins__": builtins, "__file__": "<sandbox>"})
+    sys.argv = ["<sandbox>", *descriptors]
+    exec(compile(code, "<sandbox>", "exec"), namespace)  # noqa: S102 - running it is the point
+
+
+def _set_limits(resource, memory, cpu, fsize, nofile):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Step 1: the ``resource`` limits (bytes, seconds, descriptors), each lowered to the hard limit already set;
+    a limit the platform lacks or refuses is skipped."""
     for name, soft, hard in (
         ("RLIMIT_AS", memory, memory),
         ("RLIMIT_CPU", cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL one second later
@@ -63,26 +81,32 @@ def child_main() -> None:  # pragma: no cover - runs only inside the sandbox pro
         except (ValueError, OSError):
             pass
 
-    if drop_to_nobody:
-        try:
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-        except OSError:
-            pass
-        if os.getuid() != 65534 or os.geteuid() != 65534 or os.getgid() != 65534:
-            os._exit(70)  # never run untrusted code as root
 
-    main_path = main_file
+def _drop_to_nobody(os):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Step 2: become ``nobody`` (uid and gid 65534, no supplementary groups), or exit with status 70."""
+    try:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+    except OSError:
+        pass
+    if os.getuid() != 65534 or os.geteuid() != 65534 or os.getgid() != 65534:
+        os._exit(70)  # never run untrusted code as root
+
+
+def _read_code(os, main_path):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Step 3: the code file's text; the file is deleted where it can be."""
     with open(main_path, encoding="utf-8") as f:
         code = f.read()
     try:
         os.remove(main_path)
     except OSError:  # mounted read-only in the bubblewrap sandbox
         pass
-    read_prefixes = tuple(sorted({os.path.normpath(os.path.abspath(p)) + "/" for p in sys.path if p}))
+    return code
 
-    # Functions the hook relies on are removed or bound now, before any untrusted line runs.
+
+def _remove_pidfd(os):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Step 4, first half: delete the ``pidfd`` functions (a pidfd would signal a process without ``os.kill``)."""
     import _signal
     import posix
 
@@ -90,57 +114,52 @@ def child_main() -> None:  # pragma: no cover - runs only inside the sandbox pro
         if hasattr(module, attr):
             delattr(module, attr)
 
-    def normalize(path, _cwd=workdir, _parts=str.split, _join="/".join):  # type: ignore[no-untyped-def]
-        if not path.startswith("/"):
-            path = _cwd + "/" + path
-        kept = []
-        for segment in _parts(path, "/"):
-            if segment in ("", "."):
-                continue
-            if segment == "..":
-                if kept:
-                    kept.pop()
-                continue
-            kept.append(segment)
-        return "/" + _join(kept)
 
-    blocked = frozenset({
-        "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.startfile",
-        "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "ctypes.dlopen", "ctypes.dlsym",
-        "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.call_function", "socket.__new__", "os.symlink",
-        "os.link", "os.chdir", "os.chroot", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-        "resource.setrlimit", "resource.prlimit", "sys.addaudithook", "os.setxattr", "os.removexattr",
-        "os.chflags", "os.lchflags",
-    })  # fmt: skip
-    # Re-importing _signal or posix would bring back the pidfd functions removed above.
-    blocked_imports = frozenset({"ctypes", "_ctypes", "_posixsubprocess", "_signal", "posix"})
-    path_events = frozenset({  # their first argument is a path (os.rename's second one too)
-        "os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.utime", "os.truncate",
-        "shutil.rmtree",
-    })  # fmt: skip
+_BLOCKED = frozenset({
+    "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.startfile",
+    "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "ctypes.dlopen", "ctypes.dlsym",
+    "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.call_function", "socket.__new__", "os.symlink",
+    "os.link", "os.chdir", "os.chroot", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+    "resource.setrlimit", "resource.prlimit", "sys.addaudithook", "os.setxattr", "os.removexattr",
+    "os.chflags", "os.lchflags",
+})  # fmt: skip
+# Re-importing _signal or posix would bring back the pidfd functions removed above.
+_BLOCKED_IMPORTS = frozenset({"ctypes", "_ctypes", "_posixsubprocess", "_signal", "posix"})
+_PATH_EVENTS = frozenset({  # their first argument is a path (os.rename's second one too)
+    "os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.utime", "os.truncate",
+    "shutil.rmtree",
+})  # fmt: skip
+
+
+def _guard(os, workdir, read_prefixes):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Step 4, second half: the audit hook, ``guard(event, args)``; raises PermissionError for what it refuses.
+
+    Every name the hook and the functions it calls use is a parameter default bound before the code ran, or a
+    method of an immutable built-in type, so the code cannot patch what the hook calls. The bound values are
+    grouped in tuples, never in an object of a class (the code could change a class's attributes). No name refers
+    to the hook once installed and gc walks are refused, so the code cannot reach its defaults either.
+    """
 
     def guard(  # type: ignore[no-untyped-def]
         event,
         args,
-        _blocked=blocked,
-        _blocked_imports=blocked_imports,
-        _path_events=path_events,
-        _workdir=workdir,
-        _inside=workdir + "/",
-        _read_prefixes=read_prefixes,
-        _normalize=normalize,
-        _stat=os.stat,
-        _isinstance=isinstance,
-        _str=str,
-        _bytes=bytes,
-        _int=int,
-        _concat=str.__add__,
-        _write_flags=os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC,
-        _error=PermissionError,
+        _events=(
+            _BLOCKED,
+            _BLOCKED_IMPORTS,
+            _PATH_EVENTS,
+            os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC,
+        ),
+        _calls=(
+            _check_path,
+            (workdir, workdir + "/", read_prefixes, os.stat),
+            isinstance,
+            str,
+            str.__add__,
+            PermissionError,
+        ),
     ):
-        # Every name used below is a parameter default bound before the code ran, or a method of an
-        # immutable built-in type, so the code cannot patch what the hook calls. No name refers to the
-        # hook once installed and gc walks are refused, so the code cannot reach its defaults either.
+        _blocked, _blocked_imports, _path_events, _write_flags = _events
+        _check_path, _where, _isinstance, _str, _concat, _error = _calls
         if event in _blocked:
             raise _error(f"sandbox: {event} is not allowed")
         if event == "import":
@@ -157,35 +176,58 @@ def child_main() -> None:  # pragma: no cover - runs only inside the sandbox pro
         else:
             return
         for value in values:
-            if _isinstance(value, _int):  # an open descriptor, obtained through a checked open
-                continue
-            if _isinstance(value, _bytes):
-                value = _bytes.decode(value, "utf-8", "surrogateescape")
-            if not _isinstance(value, _str):  # a path object's __fspath__ could answer differently later
-                raise _error("sandbox: file paths must be str or bytes")
-            target = _normalize(_concat("", value))  # str.__add__ gives an exact str, even from a subclass
-            if target == "/dev/null" or (target == "/dev/urandom" and not writes):
-                continue
-            try:
-                kind = _stat(target).st_mode & 0o170000
-            except OSError:
-                kind = 0
-            if kind == 0o020000 or kind == 0o060000:  # character or block device
-                raise _error(f"sandbox: opening the device {target} is not allowed")
-            if target == _workdir or target.startswith(_inside):
-                continue
-            if not writes and kind == 0o100000 and target.startswith(_read_prefixes):  # a stdlib file
-                continue
-            action = "writing" if writes else "reading"
-            raise _error(f"sandbox: {action} {target} is outside the working folder")
+            _check_path(value, writes, _where)
 
-    sys.addaudithook(guard)
-    del guard, normalize
-    namespace = sys.modules["__main__"].__dict__
-    namespace.clear()
-    namespace.update({"__name__": "__main__", "__builtins__": builtins, "__file__": "<sandbox>"})
-    sys.argv = ["<sandbox>", *descriptors]
-    exec(compile(code, "<sandbox>", "exec"), namespace)  # noqa: S102 - running it is the point
+    return guard
+
+
+def _normalize(path, cwd, _parts=str.split, _join="/".join):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """``path`` (an exact str) made absolute against ``cwd`` with ``.`` and ``..`` resolved as text (no link read)."""
+    if not path.startswith("/"):
+        path = cwd + "/" + path
+    kept = []
+    for segment in _parts(path, "/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if kept:
+                kept.pop()
+            continue
+        kept.append(segment)
+    return "/" + _join(kept)
+
+
+def _check_path(  # type: ignore[no-untyped-def]  # pragma: no cover
+    value,
+    writes,
+    where,
+    _calls=(_normalize, isinstance, str, bytes, int, str.__add__, PermissionError),
+):
+    """Return when the hook may let ``value`` (a path or a descriptor) be opened (written when ``writes``);
+    raise PermissionError otherwise. ``where`` = (workdir, workdir + "/", stdlib prefixes, ``os.stat``)."""
+    _workdir, _inside, _read_prefixes, _stat = where
+    _normalize, _isinstance, _str, _bytes, _int, _concat, _error = _calls
+    if _isinstance(value, _int):  # an open descriptor, obtained through a checked open
+        return
+    if _isinstance(value, _bytes):
+        value = _bytes.decode(value, "utf-8", "surrogateescape")
+    if not _isinstance(value, _str):  # a path object's __fspath__ could answer differently later
+        raise _error("sandbox: file paths must be str or bytes")
+    target = _normalize(_concat("", value), _workdir)  # str.__add__ gives an exact str, even from a subclass
+    if target == "/dev/null" or (target == "/dev/urandom" and not writes):
+        return
+    try:
+        kind = _stat(target).st_mode & 0o170000
+    except OSError:
+        kind = 0
+    if kind == 0o020000 or kind == 0o060000:  # character or block device
+        raise _error(f"sandbox: opening the device {target} is not allowed")
+    if target == _workdir or target.startswith(_inside):
+        return
+    if not writes and kind == 0o100000 and target.startswith(_read_prefixes):  # a stdlib file
+        return
+    action = "writing" if writes else "reading"
+    raise _error(f"sandbox: {action} {target} is outside the working folder")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,6 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out
 
 
-# Over 60 lines: one run of the group (start, the read loop against the deadline, the kill that always follows,
-# the last reads) stays in one place, so that every way out passes the same finally; 12 lines are its docstring.
 def run_in_process_group(
     argv: Sequence[str],
     *,
@@ -83,21 +81,7 @@ def run_in_process_group(
     selector = selectors.DefaultSelector()
     timed_out = False
     try:
-        for fd in captured:
-            os.set_blocking(fd, False)
-            selector.register(fd, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout_s
-        while not leader_exited(proc):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            if selector.get_map():
-                for key, _ in selector.select(min(remaining, _POLL_S)):
-                    if not _read_available(key.fd, captured[key.fd], max_output_bytes):
-                        selector.unregister(key.fd)
-            else:  # both pipes closed by the code, process still running
-                time.sleep(min(remaining, _POLL_S))
+        timed_out = _read_until_exit(proc, selector, captured, timeout_s, max_output_bytes)
     finally:
         if before_group_kill is not None:
             before_group_kill(proc)
@@ -108,7 +92,38 @@ def run_in_process_group(
         selector.close()
         proc.stdout.close()
         proc.stderr.close()
-    status = proc.returncode
+    return _result(proc.returncode, timed_out, captured[out_fd], captured[err_fd])
+
+
+def _read_until_exit(
+    proc: subprocess.Popen[bytes],
+    selector: selectors.BaseSelector,
+    captured: dict[int, bytearray],
+    timeout_s: float,
+    max_output_bytes: int,
+) -> bool:
+    """Read the pipes ``captured`` holds (made non-blocking, registered with ``selector``) into their buffers until
+    the leader exits or ``timeout_s`` seconds pass; True when the time ran out. The leader is never reaped here."""
+    for fd in captured:
+        os.set_blocking(fd, False)
+        selector.register(fd, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    while not leader_exited(proc):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return True
+        if selector.get_map():
+            for key, _ in selector.select(min(remaining, _POLL_S)):
+                if not _read_available(key.fd, captured[key.fd], max_output_bytes):
+                    selector.unregister(key.fd)
+        else:  # both pipes closed by the code, process still running
+            time.sleep(min(remaining, _POLL_S))
+    return False
+
+
+def _result(status: int, timed_out: bool, stdout: bytearray, stderr: bytearray) -> SandboxResult:
+    """The result of a reaped run: its exit ``status`` (``Popen.returncode``: -N when signal N killed it), read as
+    :class:`SandboxResult` describes."""
     if timed_out:
         returncode, killed = None, int(signal.SIGKILL)
     elif status < 0:
@@ -117,8 +132,8 @@ def run_in_process_group(
         returncode, killed = status, None
     return SandboxResult(
         returncode=returncode,
-        stdout=_decode(captured[out_fd]),
-        stderr=_decode(captured[err_fd]),
+        stdout=_decode(stdout),
+        stderr=_decode(stderr),
         timed_out=timed_out,
         killed_signal=killed,
     )

@@ -48,7 +48,16 @@ from pathlib import Path
 
 from pbrl.errors import IsolationError
 from pbrl.sandbox import child as sandbox_child
-from pbrl.sandbox.isolation import CODE_PATH, WORKDIR, bwrap_argv, interpreter, isolation, sandbox_env, seccomp_program
+from pbrl.sandbox.isolation import (
+    CODE_PATH,
+    WORKDIR,
+    Isolation,
+    bwrap_argv,
+    interpreter,
+    isolation,
+    sandbox_env,
+    seccomp_program,
+)
 from pbrl.sandbox.process_group import SandboxResult, close_all, leader_exited, run_in_process_group
 
 FILE_SIZE_LIMIT_BYTES = 16 * 2**20
@@ -59,8 +68,6 @@ UNSAFE_OPTION = "unsafe_run_untrusted_code_without_isolation"
 _END_WAIT_S = 5.0  # how long bwrap gets to reap a killed sandbox before its group is killed
 
 
-# Over 60 lines, 26 of them its docstring (the sandbox's contract); the code checks the limits, then starts one
-# run, isolated or not, with the descriptors closed and the folder removed on every way out (two nested finally).
 def run_python(
     code: str,
     *,
@@ -103,19 +110,8 @@ def run_python(
         _check_limits(
             timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, max_output_bytes=max_output_bytes, disk_mb=disk_mb
         )
-        state = isolation()
-        if not state.available and not unisolated:
-            raise IsolationError(
-                f"untrusted code needs operating-system isolation, and {state.reason}; install "
-                f"bubblewrap, or accept the risk with the task option {UNSAFE_OPTION}: true"
-            )
-        cpu = int(cpu_s) if cpu_s is not None else math.ceil(timeout_s) + 1
-        limits = [
-            str(memory_mb * 2**20),
-            str(cpu),
-            str(min(FILE_SIZE_LIMIT_BYTES, disk_mb * 2**20)),
-            str(OPEN_FILES_LIMIT),
-        ]
+        state = _isolation_or_refuse(unisolated)
+        limits = _limit_args(timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s, disk_mb=disk_mb)
         folder = os.path.realpath(tempfile.mkdtemp(prefix="pbrl-sandbox-"))
         try:
             code_file = os.path.join(folder, MAIN_FILE)
@@ -123,32 +119,68 @@ def run_python(
                 f.write(code)
             if state.available:
                 return _run_isolated(code_file, limits, fds, state.as_root, timeout_s, max_output_bytes, disk_mb)
-            argv = [
-                sys.executable,
-                "-s",
-                "-S",
-                "-B",
-                "-P",
-                "-c",
-                _bootstrap_source(),
-                folder,
-                code_file,
-                *limits,
-                "keep-uid",
-                *(str(fd) for fd in fds),
-            ]
-            return run_in_process_group(
-                argv,
-                cwd=folder,
-                env=unisolated_env(folder),
-                timeout_s=timeout_s,
-                max_output_bytes=max_output_bytes,
-                pass_fds=fds,
-            )
+            return _run_unisolated(code_file, limits, fds, timeout_s, max_output_bytes)
         finally:
             _remove_tree(folder)
     finally:
         close_all(fds)  # when the process never started (run_in_process_group empties the list)
+
+
+def _isolation_or_refuse(unisolated: bool) -> Isolation:
+    """This machine's isolation (:func:`pbrl.sandbox.isolation.isolation`).
+
+    Raises:
+        IsolationError: bubblewrap cannot isolate the code here and ``unisolated`` is false (names the option).
+    """
+    state = isolation()
+    if not state.available and not unisolated:
+        raise IsolationError(
+            f"untrusted code needs operating-system isolation, and {state.reason}; install "
+            f"bubblewrap, or accept the risk with the task option {UNSAFE_OPTION}: true"
+        )
+    return state
+
+
+def _limit_args(*, timeout_s: float, memory_mb: int, cpu_s: int | None, disk_mb: int) -> list[str]:
+    """The bootstrap's four limit arguments (:mod:`pbrl.sandbox.child`): address-space bytes, CPU seconds
+    (default ``ceil(timeout_s) + 1``), file-size bytes and the open-files limit, as decimal strings."""
+    cpu = int(cpu_s) if cpu_s is not None else math.ceil(timeout_s) + 1
+    return [
+        str(memory_mb * 2**20),
+        str(cpu),
+        str(min(FILE_SIZE_LIMIT_BYTES, disk_mb * 2**20)),
+        str(OPEN_FILES_LIMIT),
+    ]
+
+
+def _run_unisolated(
+    code_file: str, limits: list[str], fds: list[int], timeout_s: float, max_output_bytes: int
+) -> SandboxResult:
+    """One run without bubblewrap (``unisolated=True``): a plain child process in the code file's folder, which is
+    its cwd, HOME and TMPDIR; the limits and the audit hook only."""
+    folder = os.path.dirname(code_file)
+    argv = [
+        sys.executable,
+        "-s",
+        "-S",
+        "-B",
+        "-P",
+        "-c",
+        _bootstrap_source(),
+        folder,
+        code_file,
+        *limits,
+        "keep-uid",
+        *(str(fd) for fd in fds),
+    ]
+    return run_in_process_group(
+        argv,
+        cwd=folder,
+        env=unisolated_env(folder),
+        timeout_s=timeout_s,
+        max_output_bytes=max_output_bytes,
+        pass_fds=fds,
+    )
 
 
 def _run_isolated(

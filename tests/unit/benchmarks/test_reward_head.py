@@ -1,0 +1,106 @@
+"""``benchmarks/reward_head.py``: the refit of a frozen reward model's head on a run's stored rounds reproduces what
+fit-reward-model recorded, never runs the backbone, and refuses rounds whose features are not stored; its summary
+by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pbrl import orchestration
+from pbrl.config import load_job
+from pbrl.data.storage import RunPaths
+from pbrl.learning.feature_store import features_path
+from pbrl.learning.reward_model import JointRewardModel
+from tests.flow.test_marlhf import ITER_YAML
+from tests.helpers import benchmark_script
+
+SETTINGS = [
+    "reward_freeze_backbone=true",
+    "reward_pooling=segments",
+    "reward_head_components=2",
+    "preference_replay_mode=all_history",
+]
+
+
+@pytest.fixture(scope="module")
+def reward_head():
+    with benchmark_script("reward_head") as module:
+        yield module
+
+
+def _row(round_index, split, components, squares, accuracy):
+    return {
+        "round": round_index,
+        "split": split,
+        "components": components,
+        "length_squares": squares,
+        "heldout_pair_accuracy": accuracy,
+    }
+
+
+def test_summary_by_hand(reward_head):
+    rows = [
+        _row(1, 0, 8, True, 0.8),
+        _row(2, 0, 8, True, 0.7),
+        _row(1, 1, 8, True, 0.9),
+        _row(1, 0, 8, False, 0.6),
+        _row(2, 1, 8, False, 0.5),
+    ]
+    assert reward_head.summary(rows) == [
+        {
+            "components": 8,
+            "length_squares": True,
+            "split0_mean": 0.75,
+            "split0_min": 0.7,
+            "all_splits_mean": 0.8,
+            "all_splits_min": 0.7,
+            "rounds": 2,
+        },
+        {
+            "components": 8,
+            "length_squares": False,
+            "split0_mean": 0.6,
+            "split0_min": 0.6,
+            "all_splits_mean": 0.55,
+            "all_splits_min": 0.5,
+            "rounds": 1,
+        },
+    ]
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_api")
+def test_the_stages_own_variant_reproduces_its_manifest_from_stored_features(reward_head, tmp_path, monkeypatch):
+    orchestration.train(load_job(ITER_YAML, [f"output_dir={tmp_path}", "run_name=run", *SETTINGS]))
+    run_dir = tmp_path / "run"
+    paths = RunPaths(run_dir)
+    assert reward_head.fitted_rounds(run_dir) == [1, 2]
+
+    def no_backbone(self, rows, *args, **kwargs):
+        raise AssertionError("the backbone ran")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(JointRewardModel, "_compute_features", no_backbone)
+        rows = reward_head.refit_round(run_dir, 2, [(2, True), (2, False), (None, True)], splits=2)
+    assert [(r["split"], r["components"], r["length_squares"]) for r in rows] == [
+        (0, 2, True),
+        (0, 2, False),
+        (0, None, True),
+        (1, 2, True),
+        (1, 2, False),
+        (1, None, True),
+    ]
+    metrics = json.loads(paths.manifest(2, "fit-reward-model").read_text())["metrics"]
+    counts = json.loads(paths.manifest(2, "fit-reward-model").read_text())["counts"]
+    own = rows[0]  # split 0 with the job's own head: what the stage fitted and measured
+    assert own["train_pairs"] == counts["train_pairs"] and own["heldout_pairs"] == counts["heldout_pairs"]
+    assert own["train_accuracy"] == round(metrics["rm/accuracy"], 4)
+    assert own["heldout_pair_accuracy"] == round(metrics["rm/heldout_accuracy"], 4)
+    assert own["heldout_low"] == round(metrics["rm/heldout_accuracy_lo"], 4)
+    assert rows[3]["heldout_pairs"] + rows[3]["train_pairs"] == own["heldout_pairs"] + own["train_pairs"]
+
+    features_path(paths.round_dir(1)).unlink()  # round 2 replays round 1's pairs: their features are gone
+    with pytest.raises(RuntimeError, match="round 2: .* joint responses have no stored features"):
+        reward_head.refit_round(run_dir, 2, [(2, True)], splits=1)
