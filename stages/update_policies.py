@@ -63,6 +63,7 @@ from pbrl.run.settings import agent_training, ray_settings
 from pbrl.run.stage_record import StageRecord
 
 NAME = "update-policies"
+RL_STEPS_PER_PAIR = 1  # MARLHF's RL counts each joint response once on the env-step axis (live log and train log)
 
 
 def input_files(paths: RunPaths, round_index: int, job: JobConfig) -> list[Path]:
@@ -168,7 +169,7 @@ def _run_madpo(
     rng = numpy_rng(job.seed, round_index=round_index, stage=NAME)
     tally = MadpoTally(a)
     progress = record.progress(job.num_train_epochs * -(-len(pairs) // job.train_batch_size), "steps")
-    live = LiveLog(record, job, start)
+    live = LiveLog(record, job, start, job.environment_steps_per_pair)
     for _ in range(job.num_train_epochs):
         order = item_grouped_order(pairs, rng.permutation(len(pairs)))
         for begin in range(0, len(pairs), job.train_batch_size):
@@ -227,7 +228,7 @@ def _run_marlhf(
     rl = rl_settings(job)
     critics = round_critics(job, paths, start, policies) if job.rl_algorithm in ACTOR_CRITIC else None
     with generator as (generate_rows, rollout_details):
-        live = LiveLog(record, job, start)
+        live = LiveLog(record, job, start, RL_STEPS_PER_PAIR)
         result = run_rl(
             policies,
             [[prompts[item][i] for item in item_ids] for i in range(a)],
@@ -242,7 +243,7 @@ def _run_marlhf(
     _count_rl(record, job, pairs, result, len(item_ids))
     trained = _Trained(
         lambda folder: write_policies(policies, folder),
-        RoundSteps(result.batch_sizes, result.step_metrics, environment_steps_per_pair=1),
+        RoundSteps(result.batch_sizes, result.step_metrics, RL_STEPS_PER_PAIR),
         critics=critics.critics if critics is not None else None,
         details={"rl_algorithm": job.rl_algorithm, **rollout_details},
         outputs=(rollouts,),

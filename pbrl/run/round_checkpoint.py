@@ -95,10 +95,11 @@ def save_round(
 
 class LiveLog:
     """Publishes each update step's metrics as it ends, on the steps the reference's ``logging_steps`` gate
-    logs (the same rows as the manifest's ``train_log``)."""
+    logs (the same rows as the manifest's ``train_log``: ``environment_steps_per_pair`` is the one the round's
+    :class:`RoundSteps` records, the job's for MADPO, 1 for MARLHF's RL)."""
 
-    def __init__(self, record: StageRecord, job: JobConfig, start: Path) -> None:
-        self.record, self.job = record, job
+    def __init__(self, record: StageRecord, job: JobConfig, start: Path, environment_steps_per_pair: int) -> None:
+        self.record, self.job, self.steps_per_pair = record, job, environment_steps_per_pair
         self.previous = read_trainer_state(start)
         self.batch_sizes: list[int] = []
         self.metrics: list[dict[str, float]] = []
@@ -109,7 +110,7 @@ class LiveLog:
         axis = env_step_axis(
             self.batch_sizes,
             start=self.previous.get("env_step", 0),
-            environment_steps_per_pair=self.job.environment_steps_per_pair,
+            environment_steps_per_pair=self.steps_per_pair,
             use_environment_step=self.job.use_environment_step,
         )
         logged = train_log(
