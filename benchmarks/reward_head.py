@@ -8,7 +8,10 @@ backbone never runs, and the script fails if it would), and the head is refitted
 and settings under each variant:
 
 - ``--components``: principal components per agent (``reward_head_components``; ``all`` = every feature);
-- with and without each agent's squared length (``RewardModelSpec.length_squares``);
+- with and without each agent's squared length (``RewardModelSpec.length_squares``), and with the squares and the
+  products of every two agents' lengths (``RewardModelSpec.length_products``);
+- ``--overlap on|off``: the head reads each agent's prompt overlap (``reward_prompt_overlap``) or not, whatever the
+  run's job said;
 - ``--splits``: the stage's held-out split of items (split 0, what ``rm/heldout_accuracy`` reports) and others
   drawn from the next seeds, so that a choice does not rest on which quarter of the items was held out.
 
@@ -22,6 +25,7 @@ Run: ``python benchmarks/reward_head.py RUN_DIR [RUN_DIR ...] [--components 4 8 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from dataclasses import replace
@@ -48,8 +52,16 @@ def fitted_rounds(run_dir: Path) -> list[int]:
     )
 
 
-def refit_round(run_dir: Path, round_index: int, variants: list[tuple[int | None, bool]], splits: int) -> list[dict]:
-    """One row per (split, components, squares): train / unseen-item accuracy of the refitted head.
+Variant = tuple[int | None, bool, bool]  # (components, squares, products)
+SHAPES = ((False, False), (True, False), (True, True))  # the lengths' (squares, products) compared per k
+MARGIN_BANDS = (0.0, 0.1, 0.25, 0.5, math.inf)  # bands of a pair's task-reward margin (winner - loser, raw)
+
+
+def refit_round(
+    run_dir: Path, round_index: int, variants: list[Variant], splits: int, overlap: bool | None = None
+) -> list[dict]:
+    """One row per (split, components, squares, products): train / unseen-item accuracy of the refitted head, which
+    reads the prompt overlap as the run's job did, or as ``overlap`` says.
 
     Raises:
         RuntimeError: a row's features are not stored (the backbone would run).
@@ -58,6 +70,7 @@ def refit_round(run_dir: Path, round_index: int, variants: list[tuple[int | None
     paths = RunPaths(run_dir)
     pairs, kept, usable = fit.usable_pairs(paths, round_index, job)
     spec = fit.spec_of(job)
+    spec = spec if overlap is None else replace(spec, prompt_overlap=overlap)
 
     def seed(side: str) -> int:
         return derive_seed(job.seed, round_index=round_index, stage=fit.NAME, side=side)
@@ -66,8 +79,8 @@ def refit_round(run_dir: Path, round_index: int, variants: list[tuple[int | None
     for split in range(splits):
         train_idx, held_idx = heldout_split([p["item_id"] for p in kept], fit.HELDOUT_SHARE, seed("heldout") + split)
         train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
-        for components, squares in variants:
-            variant = replace(spec, head_components=components, length_squares=squares)
+        for components, squares, products in variants:
+            variant = replace(spec, head_components=components, length_squares=squares, length_products=products)
             model = new_reward_model(variant, seed=seed("init"))
             if known is None:
                 fingerprint = backbone_fingerprint(
@@ -105,6 +118,8 @@ def refit_round(run_dir: Path, round_index: int, variants: list[tuple[int | None
                     "split": split,
                     "components": components,
                     "length_squares": squares,
+                    "length_products": products,
+                    "prompt_overlap": spec.prompt_overlap,
                     "train_pairs": len(train),
                     "heldout_pairs": len(held),
                     "train_accuracy": round(fitted.accuracy, 4),
@@ -112,37 +127,73 @@ def refit_round(run_dir: Path, round_index: int, variants: list[tuple[int | None
                     "heldout_pair_accuracy": round(sum(correct) / len(correct), 4) if correct else None,
                     "heldout_low": round(interval.low, 4) if interval else None,
                     "heldout_high": round(interval.high, 4) if interval else None,
+                    "heldout_by_margin": by_margin(correct, [_margin(kept[i]) for i in held_idx]),
                 }
             )
             print(_row_line(rows[-1]), flush=True)
     return rows
 
 
-def summary(rows: list[dict]) -> list[dict[str, Any]]:
-    """Per variant: the mean and the worst unseen-item pair accuracy over the rounds, on split 0 and on all."""
+def _margin(pair: dict) -> float:
+    return pair["winner_raw_reward"] - pair["loser_raw_reward"]
+
+
+def by_margin(correct: list[bool], margins: list[float]) -> list[dict[str, Any]]:
+    """The accuracy of pairs by their task-reward margin, one entry per :data:`MARGIN_BANDS` band (lo, hi]:
+    ``{"band": [lo, hi], "pairs": n, "correct": c}`` (pooled over rows by :func:`summary`)."""
     out = []
-    for key in dict.fromkeys((r["components"], r["length_squares"]) for r in rows):
-        mine = [r for r in rows if (r["components"], r["length_squares"]) == key and r["heldout_pair_accuracy"]]
+    for lo, hi in zip(MARGIN_BANDS, MARGIN_BANDS[1:], strict=False):
+        inside = [c for c, m in zip(correct, margins, strict=True) if lo < m <= hi]
+        out.append({"band": [lo, hi], "pairs": len(inside), "correct": sum(inside)})
+    return out
+
+
+def summary(rows: list[dict]) -> list[dict[str, Any]]:
+    """Per variant: the mean and the worst unseen-item pair accuracy over the rounds, on split 0 and on all, and the
+    unseen-item accuracy by the pairs' reward margin pooled over every round and split (:func:`pooled_margins`)."""
+    out = []
+    for key in dict.fromkeys(_variant(r) for r in rows):
+        mine = [r for r in rows if _variant(r) == key and r["heldout_pair_accuracy"]]
         first = [r["heldout_pair_accuracy"] for r in mine if r["split"] == 0]
         every = [r["heldout_pair_accuracy"] for r in mine]
         out.append(
             {
                 "components": key[0],
                 "length_squares": key[1],
+                "length_products": key[2],
                 "split0_mean": round(statistics.fmean(first), 4),
                 "split0_min": min(first),
                 "all_splits_mean": round(statistics.fmean(every), 4),
                 "all_splits_min": min(every),
                 "rounds": len(first),
+                "by_margin": pooled_margins([r.get("heldout_by_margin", []) for r in mine]),
             }
         )
     return out
 
 
+def pooled_margins(entries: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Rows' :func:`by_margin` entries summed band by band: ``{"band", "pairs", "accuracy"}`` (None without pairs)."""
+    bands: dict[tuple[float, float], list[int]] = {}
+    for entry in entries:
+        for band in entry:
+            total = bands.setdefault(tuple(band["band"]), [0, 0])
+            total[0] += band["pairs"]
+            total[1] += band["correct"]
+    return [
+        {"band": list(band), "pairs": n, "accuracy": round(c / n, 4) if n else None} for band, (n, c) in bands.items()
+    ]
+
+
+def _variant(row: dict) -> Variant:
+    return row["components"], row["length_squares"], row.get("length_products", False)
+
+
 def _row_line(r: dict) -> str:
     k = "all" if r["components"] is None else r["components"]
     return (
-        f"{r['run']} round {r['round']} split {r['split']} k={k} squares={r['length_squares']}: "
+        f"{r['run']} round {r['round']} split {r['split']} k={k} squares={r['length_squares']} "
+        f"products={r['length_products']}: "
         f"train {r['train_accuracy']:.3f} ({r['train_pairs']}), unseen {r['heldout_pair_accuracy']:.3f} "
         f"[{r['heldout_low']:.2f}, {r['heldout_high']:.2f}] ({r['heldout_pairs']})"
     )
@@ -154,19 +205,24 @@ def main() -> int:
     parser.add_argument("--components", nargs="+", default=["4", "8", "16"], help="k per agent, or 'all'")
     parser.add_argument("--splits", type=int, default=4, help="held-out splits of the items (split 0: the stage's)")
     parser.add_argument("--tag", default="", help="added to the result's name")
+    parser.add_argument(
+        "--overlap", choices=("on", "off"), help="the head reads the prompt overlap (default: as the run's job did)"
+    )
     args = parser.parse_args()
     components = [None if c == "all" else int(c) for c in args.components]
-    variants = [(k, squares) for k in components for squares in (False, True)]
+    variants = [(k, squares, products) for k in components for squares, products in SHAPES]
     rows = []
     for run_dir in args.runs:
         for r in fitted_rounds(run_dir):
-            rows.extend(refit_round(run_dir, r, variants, args.splits))
+            overlap = None if args.overlap is None else args.overlap == "on"
+            rows.extend(refit_round(run_dir, r, variants, args.splits, overlap))
     table = summary(rows)
-    print("\ncomponents  squares  split-0 mean  split-0 worst  all-splits mean  all-splits worst")
+    print("\ncomponents  squares  products  split-0 mean  split-0 worst  all-splits mean  all-splits worst")
     for s in table:
         k = "all" if s["components"] is None else s["components"]
         print(
-            f"{k!s:>10}  {s['length_squares']!s:>7}  {s['split0_mean']:12.3f}  {s['split0_min']:13.3f}  "
+            f"{k!s:>10}  {s['length_squares']!s:>7}  {s['length_products']!s:>8}  "
+            f"{s['split0_mean']:12.3f}  {s['split0_min']:13.3f}  "
             f"{s['all_splits_mean']:15.3f}  {s['all_splits_min']:16.3f}"
         )
     model = Path(str(policy_source(open_job(args.runs[0])).models[0])).name + (f"-{args.tag}" if args.tag else "")

@@ -78,6 +78,7 @@ def spec_of(job: JobConfig) -> RewardModelSpec:
         backbone_layers=job.reward_backbone_layers,
         head_components=job.reward_head_components,
         prompt_overlap=job.reward_prompt_overlap,
+        length_products=job.reward_length_products,
     )
 
 

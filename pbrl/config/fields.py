@@ -248,6 +248,13 @@ class _RewardModelFields(_Fields):
         "response, idf over the fit's training prompts). For preferences about content, e.g. which names an "
         "answer mentions, that a mean of hidden states does not show (docs/results/marlhf.md).",
     )
+    reward_length_products: StrictBool = Field(
+        False,
+        description="With reward_pooling='segments': the head also reads the product of every two agents' "
+        "standardized log lengths, beside each length and its square: every quadratic form of the lengths, so "
+        "that it can prefer the agents' relative lengths in a band (e.g. an explanation 2-6 times its summary) "
+        "(docs/results/marlhf.md#the-agents-relative-lengths-2026-12-07).",
+    )
     rl_algorithm: Literal["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"] = Field(
         "magrpo",
         description="RL backend against the learned reward: 'magrpo' (group-mean baseline), "

@@ -384,6 +384,13 @@ def _prompt_overlap(v: Values) -> list[Problem]:
     return []
 
 
+@rule(MARLHF_RULES, "reward_length_products", "reward_pooling")
+def _length_products(v: Values) -> list[Problem]:
+    if v["reward_length_products"] and v["reward_pooling"] != "segments":
+        return [only_with("reward_length_products", True, "reward_pooling='segments'")]
+    return []
+
+
 @rule(MARLHF_RULES, "reward_model_device")
 def _reward_model_device(v: Values) -> list[Problem]:
     device = v["reward_model_device"]

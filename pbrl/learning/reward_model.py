@@ -10,9 +10,10 @@ linear head on a pooled feature vector of the last layer's hidden states (``pool
 - ``segments``: per agent k, the mean hidden state over agent k's response tokens and log(1 + their count)
   (a·(h+1), :func:`pbrl.learning.segment_head.segment_features`), standardized with the mean and spread of the
   training rows' features (stored with the head), optionally projected on each agent's principal components, and
-  each agent's standardized log length squared, and with ``prompt_overlap`` each agent's standardized share of
-  what is particular to its prompt that its response mentions (:mod:`pbrl.learning.prompt_overlap`: the words a
-  mean of hidden states does not show). The last token of a long joint text says little about which joint
+  each agent's standardized log length squared; with ``length_products`` the product of every two agents'
+  standardized log lengths, and with ``prompt_overlap`` each agent's standardized share of what is particular to
+  its prompt that its response mentions (:mod:`pbrl.learning.prompt_overlap`: the words a mean of hidden states
+  does not show). The last token of a long joint text says little about which joint
   response is better; what decides the docs task's preference (each response's length and content) lives in the
   segments (measured in docs/results/marlhf.md).
 
@@ -40,7 +41,7 @@ from torch import nn
 
 from pbrl.learning.joint_template import JointInput
 from pbrl.learning.prompt_overlap import PromptOverlap
-from pbrl.learning.segment_head import length_squares, segment_features, segment_projection
+from pbrl.learning.segment_head import length_products, length_squares, segment_features, segment_projection
 from pbrl.models.forward import eval_mode, pad_rows, shared_prefix_hidden
 
 _META = "reward_model.json"
@@ -81,7 +82,9 @@ class JointRewardModel(nn.Module):
     A head narrower than the ``num_features`` f reads them through ``feature_projection`` (buffer, (f, m)): each
     agent's principal components (``reward_head_components``, :func:`pbrl.learning.segment_head.segment_projection`).
     With ``length_squares`` (``segments``) the head also reads each agent's standardized log length squared (a more
-    inputs after the others: :func:`pbrl.learning.segment_head.length_squares`), and with ``prompt_overlap`` each
+    inputs after the others: :func:`pbrl.learning.segment_head.length_squares`), with ``length_products`` the product
+    of every two agents' standardized log lengths (a(a−1)/2 more, after the squares:
+    :func:`pbrl.learning.segment_head.length_products`), and with ``prompt_overlap`` each
     agent's prompt overlap (a more, last; :class:`~pbrl.learning.prompt_overlap.PromptOverlap`, fitted by
     :meth:`standardize_on` and standardized with ``overlap_shift`` and ``overlap_scale``, buffers (a,)).
     ``input_low`` and ``input_high`` (buffers, (head inputs,), ``segments``) are the range each head input had on the
@@ -98,6 +101,7 @@ class JointRewardModel(nn.Module):
         num_features: int | None = None,
         length_squares: bool = False,
         prompt_overlap: bool = False,
+        length_products: bool = False,
     ):
         super().__init__()
         if pooling not in POOLINGS:
@@ -107,7 +111,9 @@ class JointRewardModel(nn.Module):
         self.agents = f // (backbone.config.hidden_size + 1) if pooling == "segments" else 1
         self.length_squares = bool(length_squares) and pooling == "segments"
         self.uses_overlap = bool(prompt_overlap) and pooling == "segments"
+        self.length_products = bool(length_products) and pooling == "segments"
         extra = self.agents * (int(self.length_squares) + int(self.uses_overlap))
+        extra += self.agents * (self.agents - 1) // 2 if self.length_products else 0
         m = head.in_features - extra  # the head's inputs before the squares and the overlaps
         self.register_buffer("feature_shift", torch.zeros(f))
         self.register_buffer("feature_scale", torch.ones(f))
@@ -193,7 +199,8 @@ class JointRewardModel(nn.Module):
 
     def head_inputs(self, features: torch.Tensor, overlaps: torch.Tensor | None = None) -> torch.Tensor:
         """The head's inputs (b, m) of pooled features (b, f), before the clamp: the standardized (and projected)
-        features, with ``length_squares`` each agent's squared standardized length, and with ``prompt_overlap`` the
+        features, with ``length_squares`` each agent's squared standardized length, with ``length_products`` the
+        products of every two agents' standardized lengths, and with ``prompt_overlap`` the
         rows' ``overlaps`` (b, a: :meth:`overlap_features`) standardized.
 
         Raises:
@@ -203,6 +210,8 @@ class JointRewardModel(nn.Module):
         x = z if self.feature_projection is None else z @ self.feature_projection  # (b, m)
         if self.length_squares:
             x = torch.cat([x, length_squares(z, self.agents)], dim=-1)  # (b, m + a)
+        if self.length_products:
+            x = torch.cat([x, length_products(z, self.agents)], dim=-1)  # (b, … + a(a−1)/2)
         if self.uses_overlap:
             if overlaps is None:
                 raise ValueError("reward_prompt_overlap: head_scores needs the rows' overlaps")

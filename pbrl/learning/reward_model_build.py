@@ -42,6 +42,9 @@ class RewardModelSpec:
         head_components: principal components per agent that the head reads (``reward_head_components``).
         length_squares: with ``segments``, the head also reads each agent's squared length (always, from a job;
             False rebuilds the head of models saved before the squares, for comparisons).
+        length_products: with ``segments``, the head also reads the product of every two agents' lengths
+            (``reward_length_products``; records saved before it existed read False).
+        prompt_overlap: with ``segments``, the head also reads each agent's prompt overlap (``reward_prompt_overlap``).
     """
 
     source: str
@@ -53,6 +56,7 @@ class RewardModelSpec:
     head_components: int | None = None
     length_squares: bool = True
     prompt_overlap: bool = False
+    length_products: bool = False
 
     def head_inputs(self, hidden_size: int) -> int:
         """f: h for ``last_token``, a·(h+1) for ``segments``."""
@@ -63,13 +67,16 @@ class RewardModelSpec:
             raise ValueError("reward_head_components: allowed only with reward_pooling='segments'")
         if self.prompt_overlap and self.pooling != "segments":
             raise ValueError("reward_prompt_overlap: allowed only with reward_pooling='segments'")
+        if self.length_products and self.pooling != "segments":
+            raise ValueError("reward_length_products: allowed only with reward_pooling='segments'")
 
     def head_width(self, hidden_size: int) -> int:
-        """The head's inputs: f, or a·(k+1) with ``head_components`` k; plus a with :attr:`squares`, plus a with
-        ``prompt_overlap``."""
-        k = self.head_components
-        width = self.head_inputs(hidden_size) if k is None else self.num_agents * (k + 1)
-        return width + (self.num_agents if self.squares else 0) + (self.num_agents if self.prompt_overlap else 0)
+        """The head's inputs: f, or a·(k+1) with ``head_components`` k; plus a with :attr:`squares`, plus a(a−1)/2
+        with ``length_products``, plus a with ``prompt_overlap``."""
+        k, a = self.head_components, self.num_agents
+        width = self.head_inputs(hidden_size) if k is None else a * (k + 1)
+        width += a * (a - 1) // 2 if self.length_products else 0
+        return width + (a if self.squares else 0) + (a if self.prompt_overlap else 0)
 
     @property
     def feature_names(self) -> list[str]:
@@ -78,6 +85,7 @@ class RewardModelSpec:
             return ["last_token"]
         names = ["segments" if self.head_components is None else f"segments_pca{self.head_components}"]
         names += ["length_squares"] if self.squares else []
+        names += ["length_products"] if self.length_products else []
         return names + (["prompt_overlap"] if self.prompt_overlap else [])
 
     @property
@@ -127,7 +135,7 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
     features = spec.head_inputs(backbone.config.hidden_size)
     model = JointRewardModel(
         backbone, head, _pad_id(src), spec.pooling, features, length_squares=spec.squares,
-        prompt_overlap=spec.prompt_overlap,
+        prompt_overlap=spec.prompt_overlap, length_products=spec.length_products,
     )  # fmt: skip
     return model.to(device)
 
@@ -158,6 +166,7 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
                 "backbone_layers": spec.backbone_layers,
                 "head_components": spec.head_components,
                 "length_squares": model.length_squares,
+                "length_products": model.length_products,
                 "features": spec.feature_names,
                 "prompt_overlap": model.overlap.to_record() if model.overlap is not None else None,
                 "max_length": max_length,
@@ -193,8 +202,9 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     head.load_state_dict({k: state[k] for k in ("weight", "bias")})
     pooling, squares = meta.get("pooling", "last_token"), meta.get("length_squares", False)  # older: neither
     overlap = meta.get("prompt_overlap")  # older records: none
+    products = meta.get("length_products", False)  # records before 2026-12-07: none
     model = JointRewardModel(
-        backbone, head, _pad_id(src), pooling, state["feature_shift"].shape[0], squares, overlap is not None
+        backbone, head, _pad_id(src), pooling, state["feature_shift"].shape[0], squares, overlap is not None, products
     )
     # older records have no input range (saved before 2026-12-06): their inputs stay unclamped (±inf)
     for name in ("feature_shift", "feature_scale", "feature_projection", "overlap_shift", "overlap_scale", *_RANGE):

@@ -1,6 +1,7 @@
 """The head inputs of the ``segments`` joint reward model (docs/design/algorithms.md#joint-reward-model): each
 agent's pooled response features (:func:`segment_features`), projected on their first k principal components
-(:func:`segment_projection`), and each agent's squared length (:func:`length_squares`).
+(:func:`segment_projection`), each agent's squared length (:func:`length_squares`) and the products of the agents'
+lengths (:func:`length_products`).
 
 A linear head on a·(h+1) standardized features (1,154 for two SmolLM2 agents) fitted on a few hundred joint
 responses learns its training pairs (accuracy ~0.98) and much less of the preference on unseen items (0.70–0.83 on
@@ -14,10 +15,14 @@ The head also reads each agent's standardized log length squared (:func:`length_
 lengths, a head can only say "longer is better" or "shorter is better", while a preference for a length in a band
 (``humaneval_docs`` credits a summary-to-explanation ratio in [2, 6] and word counts in bounds, and falls off on
 both sides) is a bump, which the square lets a linear head express
-(docs/results/marlhf.md#the-lengths-square-2026-12-03).
+(docs/results/marlhf.md#the-lengths-square-2026-12-03). A preference about the agents' *relative* lengths (the
+ratio of the explanation to the summary in a band) is a bump in log l_1 − log l_2, whose square holds the product
+log l_1 · log l_2 beside the two squares: with the products of every two agents' standardized log lengths
+(:func:`length_products`) the head holds every quadratic form of the lengths
+(docs/results/marlhf.md#the-agents-relative-lengths-2026-12-07).
 
 Shape legend: n rows, a agents, h hidden size, f = a·(h+1) features, k components per agent, m = a·(k+1) (the
-head reads m + a inputs: the projection, then the squares).
+head reads m + a + a(a−1)/2 inputs: the projection, then the squares, then the products).
 """
 
 from __future__ import annotations
@@ -109,3 +114,24 @@ def length_squares(standardized: torch.Tensor, num_agents: int) -> torch.Tensor:
         raise ValueError(f"segments features: {f} columns do not split into {num_agents} agents")
     block = f // num_agents
     return standardized[..., block - 1 :: block] ** 2  # (n, a)
+
+
+def length_products(standardized: torch.Tensor, num_agents: int) -> torch.Tensor:
+    """The products of every two agents' standardized length features, (n, a(a−1)/2), in the order (1, 2), (1, 3),
+    …, (1, a), (2, 3), …: column (i, j) is ``standardized[:, i·(h+1)+h] * standardized[:, j·(h+1)+h]``. One agent:
+    (n, 0).
+
+    Args:
+        standardized: (n, f) standardized ``segments`` features, f = a·(h+1), agent k's log length at column
+            k·(h+1)+h.
+        num_agents: a.
+
+    Raises:
+        ValueError: f is not a multiple of ``num_agents``.
+    """
+    f = standardized.shape[-1]
+    if f % num_agents:
+        raise ValueError(f"segments features: {f} columns do not split into {num_agents} agents")
+    lengths = standardized[..., f // num_agents - 1 :: f // num_agents]  # (n, a)
+    pairs = torch.triu_indices(num_agents, num_agents, offset=1)  # (2, a(a−1)/2), row-major: (0, 1), (0, 2), …
+    return lengths[..., pairs[0]] * lengths[..., pairs[1]]  # (n, a(a−1)/2)

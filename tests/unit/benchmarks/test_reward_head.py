@@ -5,6 +5,7 @@ by hand."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -30,12 +31,13 @@ def reward_head():
         yield module
 
 
-def _row(round_index, split, components, squares, accuracy):
+def _row(round_index, split, components, squares, accuracy, products=False):
     return {
         "round": round_index,
         "split": split,
         "components": components,
         "length_squares": squares,
+        "length_products": products,
         "heldout_pair_accuracy": accuracy,
     }
 
@@ -47,27 +49,63 @@ def test_summary_by_hand(reward_head):
         _row(1, 1, 8, True, 0.9),
         _row(1, 0, 8, False, 0.6),
         _row(2, 1, 8, False, 0.5),
+        _row(1, 0, 8, True, 0.9, products=True),
     ]
     assert reward_head.summary(rows) == [
         {
             "components": 8,
             "length_squares": True,
+            "length_products": False,
             "split0_mean": 0.75,
             "split0_min": 0.7,
             "all_splits_mean": 0.8,
             "all_splits_min": 0.7,
             "rounds": 2,
+            "by_margin": [],
         },
         {
             "components": 8,
             "length_squares": False,
+            "length_products": False,
             "split0_mean": 0.6,
             "split0_min": 0.6,
             "all_splits_mean": 0.55,
             "all_splits_min": 0.5,
             "rounds": 1,
+            "by_margin": [],
+        },
+        {
+            "components": 8,
+            "length_squares": True,
+            "length_products": True,
+            "split0_mean": 0.9,
+            "split0_min": 0.9,
+            "all_splits_mean": 0.9,
+            "all_splits_min": 0.9,
+            "rounds": 1,
+            "by_margin": [],
         },
     ]
+
+
+def test_accuracy_by_margin_by_hand(reward_head):
+    """Margins 0.05 (wrong), 0.2 (right), 0.3 and 2.0 (right, wrong): bands (0, 0.1], (0.1, 0.25], (0.25, 0.5],
+    (0.5, inf); a margin of 0 (a tie) falls in none. Two rows pool band by band."""
+    one = reward_head.by_margin([False, True, True, False, True], [0.05, 0.2, 0.3, 2.0, 0.0])
+    assert one == [
+        {"band": [0.0, 0.1], "pairs": 1, "correct": 0},
+        {"band": [0.1, 0.25], "pairs": 1, "correct": 1},
+        {"band": [0.25, 0.5], "pairs": 1, "correct": 1},
+        {"band": [0.5, math.inf], "pairs": 1, "correct": 0},
+    ]
+    two = reward_head.by_margin([True, True], [0.5, 0.01])
+    assert reward_head.pooled_margins([one, two]) == [
+        {"band": [0.0, 0.1], "pairs": 2, "accuracy": 0.5},
+        {"band": [0.1, 0.25], "pairs": 1, "accuracy": 1.0},
+        {"band": [0.25, 0.5], "pairs": 2, "accuracy": 1.0},
+        {"band": [0.5, math.inf], "pairs": 1, "accuracy": 0.0},
+    ]
+    assert reward_head.pooled_margins([]) == []
 
 
 @pytest.mark.flow
@@ -83,14 +121,10 @@ def test_the_stages_own_variant_reproduces_its_manifest_from_stored_features(rew
 
     with monkeypatch.context() as patch:
         patch.setattr(JointRewardModel, "_compute_features", no_backbone)
-        rows = reward_head.refit_round(run_dir, 2, [(2, True), (2, False), (None, True)], splits=2)
-    assert [(r["split"], r["components"], r["length_squares"]) for r in rows] == [
-        (0, 2, True),
-        (0, 2, False),
-        (0, None, True),
-        (1, 2, True),
-        (1, 2, False),
-        (1, None, True),
+        variants = [(2, True, False), (2, False, False), (None, True, False), (2, True, True)]
+        rows = reward_head.refit_round(run_dir, 2, variants, splits=2)
+    assert [(r["split"], r["components"], r["length_squares"], r["length_products"]) for r in rows] == [
+        (split, *variant) for split in (0, 1) for variant in variants
     ]
     metrics = json.loads(paths.manifest(2, "fit-reward-model").read_text())["metrics"]
     counts = json.loads(paths.manifest(2, "fit-reward-model").read_text())["counts"]
@@ -99,8 +133,16 @@ def test_the_stages_own_variant_reproduces_its_manifest_from_stored_features(rew
     assert own["train_accuracy"] == round(metrics["rm/accuracy"], 4)
     assert own["heldout_pair_accuracy"] == round(metrics["rm/heldout_accuracy"], 4)
     assert own["heldout_low"] == round(metrics["rm/heldout_accuracy_lo"], 4)
-    assert rows[3]["heldout_pairs"] + rows[3]["train_pairs"] == own["heldout_pairs"] + own["train_pairs"]
+    assert rows[4]["heldout_pairs"] + rows[4]["train_pairs"] == own["heldout_pairs"] + own["train_pairs"]
+    assert not any(r["prompt_overlap"] for r in rows)  # as the job: no overlap
+    bands = own["heldout_by_margin"]  # every held-out pair has a positive task-reward margin: each is in one band
+    assert sum(b["pairs"] for b in bands) == own["heldout_pairs"]
+    assert sum(b["correct"] for b in bands) == round(own["heldout_pair_accuracy"] * own["heldout_pairs"])
+    with monkeypatch.context() as patch:
+        patch.setattr(JointRewardModel, "_compute_features", no_backbone)
+        (read,) = reward_head.refit_round(run_dir, 2, [(2, True, False)], splits=1, overlap=True)
+    assert read["prompt_overlap"] and read["train_pairs"] == own["train_pairs"]
 
     features_path(paths.round_dir(1)).unlink()  # round 2 replays round 1's pairs: their features are gone
     with pytest.raises(RuntimeError, match="round 2: .* joint responses have no stored features"):
-        reward_head.refit_round(run_dir, 2, [(2, True)], splits=1)
+        reward_head.refit_round(run_dir, 2, [(2, True, False)], splits=1)
