@@ -253,7 +253,7 @@ class _RewardModelFields(_Fields):
         description="With reward_pooling='segments': the head also reads the product of every two agents' "
         "standardized log lengths, beside each length and its square: every quadratic form of the lengths, so "
         "that it can prefer the agents' relative lengths in a band (e.g. an explanation 2-6 times its summary) "
-        "(docs/results/marlhf.md#the-agents-relative-lengths-2026-12-07).",
+        "(docs/results/marlhf.md#the-agents-relative-lengths-and-what-bounds-the-held-out-figure-2026-12-07).",
     )
     rl_algorithm: Literal["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"] = Field(
         "magrpo",

@@ -19,7 +19,7 @@ both sides) is a bump, which the square lets a linear head express
 ratio of the explanation to the summary in a band) is a bump in log l_1 − log l_2, whose square holds the product
 log l_1 · log l_2 beside the two squares: with the products of every two agents' standardized log lengths
 (:func:`length_products`) the head holds every quadratic form of the lengths
-(docs/results/marlhf.md#the-agents-relative-lengths-2026-12-07).
+(docs/results/marlhf.md#the-agents-relative-lengths-and-what-bounds-the-held-out-figure-2026-12-07).
 
 Shape legend: n rows, a agents, h hidden size, f = a·(h+1) features, k components per agent, m = a·(k+1) (the
 head reads m + a + a(a−1)/2 inputs: the projection, then the squares, then the products).
