@@ -4,6 +4,8 @@ API comparators, replay) and MARLHF's (RL backends, critics, reward model). The 
 
 from __future__ import annotations
 
+from functools import partial
+
 from pbrl.config.credentials import (
     body_credential_problems,
     header_credential_problems,
@@ -370,25 +372,18 @@ def _marlhf_collaboration(v: Values) -> list[Problem]:
     ]
 
 
-@rule(MARLHF_RULES, "reward_head_components", "reward_pooling")
-def _head_components(v: Values) -> list[Problem]:
-    if v["reward_head_components"] is not None and v["reward_pooling"] != "segments":
-        return [only_with("reward_head_components", v["reward_head_components"], "reward_pooling='segments'")]
+SEGMENTS_ONLY = ("reward_head_components", "reward_prompt_overlap", "reward_length_products")  # what the head reads
+
+
+def _segments_only(name: str, v: Values) -> list[Problem]:
+    """``name`` set (not None, not False) needs ``reward_pooling='segments'``."""
+    if v[name] is not None and v[name] is not False and v["reward_pooling"] != "segments":
+        return [only_with(name, v[name], "reward_pooling='segments'")]
     return []
 
 
-@rule(MARLHF_RULES, "reward_prompt_overlap", "reward_pooling")
-def _prompt_overlap(v: Values) -> list[Problem]:
-    if v["reward_prompt_overlap"] and v["reward_pooling"] != "segments":
-        return [only_with("reward_prompt_overlap", True, "reward_pooling='segments'")]
-    return []
-
-
-@rule(MARLHF_RULES, "reward_length_products", "reward_pooling")
-def _length_products(v: Values) -> list[Problem]:
-    if v["reward_length_products"] and v["reward_pooling"] != "segments":
-        return [only_with("reward_length_products", True, "reward_pooling='segments'")]
-    return []
+for _name in SEGMENTS_ONLY:  # one rule per option: an invalid one does not hide another's problem
+    rule(MARLHF_RULES, _name, "reward_pooling")(partial(_segments_only, _name))
 
 
 @rule(MARLHF_RULES, "reward_model_device")

@@ -109,22 +109,21 @@ def length_squares(standardized: torch.Tensor, num_agents: int) -> torch.Tensor:
     Raises:
         ValueError: f is not a multiple of ``num_agents``.
     """
-    f = standardized.shape[-1]
-    if f % num_agents:
-        raise ValueError(f"segments features: {f} columns do not split into {num_agents} agents")
-    block = f // num_agents
-    return standardized[..., block - 1 :: block] ** 2  # (n, a)
+    return _lengths(standardized, num_agents) ** 2  # (n, a)
 
 
 def length_products(standardized: torch.Tensor, num_agents: int) -> torch.Tensor:
     """The products of every two agents' standardized length features, (n, a(a−1)/2), in the order (1, 2), (1, 3),
     …, (1, a), (2, 3), …: column (i, j) is ``standardized[:, i·(h+1)+h] * standardized[:, j·(h+1)+h]``. One agent:
-    (n, 0).
+    (n, 0). Arguments and errors as :func:`length_squares`.
+    """
+    lengths = _lengths(standardized, num_agents)  # (n, a)
+    pairs = torch.triu_indices(num_agents, num_agents, offset=1)  # (2, a(a−1)/2), row-major: (0, 1), (0, 2), …
+    return lengths[..., pairs[0]] * lengths[..., pairs[1]]  # (n, a(a−1)/2)
 
-    Args:
-        standardized: (n, f) standardized ``segments`` features, f = a·(h+1), agent k's log length at column
-            k·(h+1)+h.
-        num_agents: a.
+
+def _lengths(standardized: torch.Tensor, num_agents: int) -> torch.Tensor:
+    """Each agent's standardized length feature, (n, a): column k is ``standardized[:, k·(h+1)+h]``.
 
     Raises:
         ValueError: f is not a multiple of ``num_agents``.
@@ -132,6 +131,4 @@ def length_products(standardized: torch.Tensor, num_agents: int) -> torch.Tensor
     f = standardized.shape[-1]
     if f % num_agents:
         raise ValueError(f"segments features: {f} columns do not split into {num_agents} agents")
-    lengths = standardized[..., f // num_agents - 1 :: f // num_agents]  # (n, a)
-    pairs = torch.triu_indices(num_agents, num_agents, offset=1)  # (2, a(a−1)/2), row-major: (0, 1), (0, 2), …
-    return lengths[..., pairs[0]] * lengths[..., pairs[1]]  # (n, a(a−1)/2)
+    return standardized[..., f // num_agents - 1 :: f // num_agents]

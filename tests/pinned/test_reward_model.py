@@ -418,6 +418,7 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
         "backbone_layers": None,
         "head_components": None,
         "length_squares": False,
+        "length_products": False,
         "features": ["last_token"],
         "prompt_overlap": None,
         "max_length": 64,

@@ -125,9 +125,7 @@ def cases(probe: Path) -> list[tuple[str, str, str, str]]:
         if kind is None:
             continue
         models = ("folder", "tiny-random") if kind in MODEL_READING else ("folder",)
-        found += [
-            (name, kind, label, m) for label, _ in bad_values(kind, Path("/tmp/pbrl-kinds-probe")) for m in models
-        ]
+        found += [(name, kind, label, m) for label, _ in bad_values(kind, probe) for m in models]
     return found
 
 
