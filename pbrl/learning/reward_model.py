@@ -114,7 +114,7 @@ class JointRewardModel(nn.Module):
         self.length_products = bool(length_products) and pooling == "segments"
         extra = self.agents * (int(self.length_squares) + int(self.uses_overlap))
         extra += self.agents * (self.agents - 1) // 2 if self.length_products else 0
-        m = head.in_features - extra  # the head's inputs before the squares and the overlaps
+        m = head.in_features - extra  # the head's inputs before the squares, the products and the overlaps
         self.register_buffer("feature_shift", torch.zeros(f))
         self.register_buffer("feature_scale", torch.ones(f))
         self.register_buffer("feature_projection", torch.zeros(f, m) if f != m else None)

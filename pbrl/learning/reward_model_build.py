@@ -63,12 +63,14 @@ class RewardModelSpec:
         return hidden_size if self.pooling == "last_token" else self.num_agents * (hidden_size + 1)
 
     def __post_init__(self) -> None:
-        if self.head_components is not None and self.pooling != "segments":
-            raise ValueError("reward_head_components: allowed only with reward_pooling='segments'")
-        if self.prompt_overlap and self.pooling != "segments":
-            raise ValueError("reward_prompt_overlap: allowed only with reward_pooling='segments'")
-        if self.length_products and self.pooling != "segments":
-            raise ValueError("reward_length_products: allowed only with reward_pooling='segments'")
+        segments_only = {
+            "reward_head_components": self.head_components is not None,
+            "reward_prompt_overlap": self.prompt_overlap,
+            "reward_length_products": self.length_products,
+        }  # the options that say what a segments head reads (pbrl.config.trainer_rules.SEGMENTS_ONLY)
+        for option, given in segments_only.items():
+            if given and self.pooling != "segments":
+                raise ValueError(f"{option}: allowed only with reward_pooling='segments'")
 
     def head_width(self, hidden_size: int) -> int:
         """The head's inputs: f, or a·(k+1) with ``head_components`` k; plus a with :attr:`squares`, plus a(a−1)/2
