@@ -1,6 +1,6 @@
 """One run's experiment trackers (docs/guides/tracking-and-export.md#experiment-tracking): :class:`RunTracker` holds
 the tools named by the run's ``report_to`` (their adapters: :mod:`pbrl.reporting.tracker_tools`) and is a callback of
-the run (:class:`pbrl.callbacks.TrainerCallback`'s hooks, by shape: it imports nothing of the front doors): it opens
+the run (:class:`pbrl.trainers.TrainerCallback`'s hooks, by shape: it imports nothing of the front doors): it opens
 the tools at ``run_start``, logs each ``log`` event's step metrics under ``train/<name>`` against
 ``train/global_step`` (the count of logged training steps of the run), each ``round_end`` row of the round table
 under ``round/<name>`` against the round with ``report.png`` beside it, and ends the tracked run at ``run_end``. The

@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pbrl.cli import app
+from pbrl.cli.commands import app
 from pbrl.config import MADPOIterConfig
 from pbrl.reporting.metrics import round_table
 from pbrl.trainers import MADPOIterTrainer

@@ -140,7 +140,7 @@ def test_non_transient_oracle_failure_is_not_retried(tiny_model_dir, tmp_path, m
 def test_stage_command_reports_cached_then_recomputed(tiny_model_dir, tmp_path):
     from typer.testing import CliRunner
 
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
 
     run_dir, job = new_run(tiny_model_dir, tmp_path)
     round_flow(str(run_dir), "run", 1, job)

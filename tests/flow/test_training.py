@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pbrl import orchestration
-from pbrl.cli import app
+from pbrl.cli.commands import app
 from pbrl.config import load_job, split_job
 from pbrl.data.storage import RunPaths
 from pbrl.reporting.metrics import metrics_frame

@@ -72,7 +72,7 @@ def test_pbrl_validate_refuses_each_bomb_in_one_line_without_growing(name, tmp_p
     path = tmp_path / "bomb.yaml"
     path.write_text(TINY + BOMBS[name])
     code = (
-        "import sys\nfrom pbrl.cli import app\nsys.argv = ['pbrl', 'validate', sys.argv[1]]\n"
+        "import sys\nfrom pbrl.cli.commands import app\nsys.argv = ['pbrl', 'validate', sys.argv[1]]\n"
         "try:\n    app()\nexcept SystemExit as exc:\n    code = exc.code\n"
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
         "print('peak_mb', int(hwm) / 1024, 'torch' in sys.modules)\nsys.exit(code)\n"

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pbrl.cli import app
+from pbrl.cli.commands import app
 from pbrl.config import ConfigNotice, load_job, parse_job, read_yaml
 from pbrl.data.storage import RunPaths
 from pbrl.errors import ConfigError
@@ -213,7 +213,7 @@ def test_pbrl_validate_says_ok_for_the_reference_yamls(trainer: str) -> None:
 
 def test_pbrl_validate_prints_the_warnings() -> None:
     # A real process: pytest's own warning capture would hide what a user sees.
-    code = "import sys; from pbrl.cli import app; sys.argv = ['pbrl', 'validate', sys.argv[1]]; app()"
+    code = "import sys; from pbrl.cli.commands import app; sys.argv = ['pbrl', 'validate', sys.argv[1]]; app()"
     done = subprocess.run(
         [sys.executable, "-c", code, str(DATA / "madpo_iter.yaml")],
         capture_output=True,

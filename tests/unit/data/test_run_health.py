@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import stages.sample_candidates as sample_candidates
 from flows.cache import run_recorded
-from pbrl.cli import app
+from pbrl.cli.commands import app
 from pbrl.data.storage import RunPaths, existing_rounds
 from pbrl.errors import ArtifactError, ConfigError
 from stages import STAGE_MODULES
@@ -114,8 +114,9 @@ def test_a_run_folder_moved_while_a_stage_writes_fails_naming_it_and_leaves_no_p
 
 def test_a_busy_run_is_refused_before_prefect_starts(run, monkeypatch):
     """Issue #53.5: the second process was refused only after it had started its own Prefect server (20-40 s)."""
-    from pbrl import orchestration, trainers
+    from pbrl import orchestration
     from pbrl.run.folder import open_job
+    from pbrl.trainers import trainer as trainers
 
     ready = run.parent / "held"
     holder = subprocess.Popen(

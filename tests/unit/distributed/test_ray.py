@@ -92,7 +92,7 @@ def test_a_shard_is_done_only_under_its_key_with_its_table_unchanged(tmp_path):
 def test_train_refuses_an_unknown_runner_before_anything_runs(tmp_path):
     from typer.testing import CliRunner
 
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
 
     out = CliRunner().invoke(app, ["train", str(ITER_YAML), "--runner", "dask", "--set", f"output_dir={tmp_path}"])
     assert out.exit_code == 2 and "runner: got 'dask'; allowed: local, ray" in out.output

@@ -26,7 +26,8 @@ def test_the_closure_holds_what_stages_run_and_not_the_front_end():
     assert len(stage_files) == 9 and stage_files <= closure
     assert {"stages/__init__.py", "pbrl/__init__.py", "pbrl/learning/__init__.py", "pbrl/learning/losses.py"} <= closure
     assert "pbrl/run/progress.py" in closure  # stages/score_with_oracle.py imports it (the old hand list left it out)
-    for front_end in ("pbrl/cli.py", "pbrl/trainers.py", "pbrl/reporting/report.py", "pbrl/orchestration.py"):
+    front_ends = ("pbrl/cli/commands.py", "pbrl/trainers/trainer.py", "pbrl/reporting/report.py")
+    for front_end in (*front_ends, "pbrl/orchestration.py", "pbrl/cli/__init__.py", "pbrl/trainers/__init__.py"):
         assert front_end not in closure
     assert all(label.startswith(("pbrl/", "stages/")) for label in closure)
 
@@ -99,7 +100,7 @@ def test_editing_the_front_end_keeps_the_code_version_and_editing_the_closure_ch
 
     before = version()
     assert before == sources_hash(stage_sources(), PACKAGES)
-    for front_end in ("cli.py", "trainers.py", "reporting/report.py"):
+    for front_end in ("cli/commands.py", "trainers/trainer.py", "reporting/report.py"):
         with (copies["pbrl"] / front_end).open("a") as f:
             f.write("\n# an edit to the front end\n")
     assert version() == before

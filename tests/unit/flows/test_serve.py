@@ -27,7 +27,7 @@ from flows.ui_form import (
     hidden_options,
     one_value,
 )
-from pbrl.cli import app
+from pbrl.cli.commands import app
 from pbrl.config import JOB_CLASSES, load_job, parse_job
 from pbrl.config.notices import NO_EFFECT_MADPO, NO_EFFECT_MARLHF
 from pbrl.errors import ConfigError

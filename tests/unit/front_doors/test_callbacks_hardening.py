@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from pbrl.callbacks import TrainerCallback
 from pbrl.data.storage import write_json
 from pbrl.errors import ArtifactError, RemoteServiceError
 from pbrl.reporting.tracker_tools import hide_secrets, tracker_problems
 from pbrl.reporting.trackers import RunTracker
 from pbrl.run.progress import Event, listening, publish
+from pbrl.trainers.callbacks import TrainerCallback
 
 
 def _fake_run(folder: Path, report_to: list[str]) -> Path:
@@ -184,7 +184,7 @@ def test_pbrl_train_with_an_unreachable_mlflow_server_is_one_line_before_prefect
     from typer.testing import CliRunner
 
     from pbrl import orchestration
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
 
     started: list[str] = []
     monkeypatch.setattr(orchestration, "_api_after_imports", lambda: started.append("prefect"))

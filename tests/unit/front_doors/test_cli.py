@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pbrl import errors
-from pbrl.cli import app
+from pbrl.cli.commands import app
 
 runner = CliRunner()
 
@@ -28,7 +28,7 @@ def test_help_lists_every_command():
 
 
 def test_help_does_not_import_torch_or_prefect():
-    code = "import sys; from pbrl.cli import app; print('torch' in sys.modules, 'prefect' in sys.modules)"
+    code = "import sys; from pbrl.cli.commands import app; print('torch' in sys.modules, 'prefect' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

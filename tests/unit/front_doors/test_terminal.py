@@ -18,8 +18,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from pbrl import orchestration
-from pbrl.cli import app
-from pbrl.cli_display import RunDisplay
+from pbrl.cli.commands import app
+from pbrl.cli.display import RunDisplay
 from pbrl.data.storage import RunPaths, StageManifest, write_manifest
 from pbrl.reporting.metrics import round_table, write_run_metrics
 from pbrl.reporting.table import decimals_for, round_table_markdown, round_table_rich, round_table_rows

@@ -11,16 +11,16 @@ from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-from pbrl.callbacks import CallbackHandler, TrainerCallback, check_callbacks
-from pbrl.cli import app
+from pbrl.cli.commands import app
 from pbrl.config import RUN_FIELDS, MADPOConfig, MADPOIterConfig, MARLHFConfig
 from pbrl.data.storage import RunPaths, read_json
 from pbrl.errors import ConfigError
-from pbrl.model_objects import save_model_object
 from pbrl.models.loading import resolve_model_source
 from pbrl.run import progress
 from pbrl.run.progress import Event
 from pbrl.trainers import MADPOIterTrainer, MADPOTrainer, MARLHFTrainer
+from pbrl.trainers.callbacks import CallbackHandler, TrainerCallback, check_callbacks
+from pbrl.trainers.model_objects import save_model_object
 from tests.unit.run.test_export import docs_module
 
 TINY = {"task": "toy", "task_options": {"num_items": 4}}

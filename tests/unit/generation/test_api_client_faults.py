@@ -418,7 +418,7 @@ def one_error_line(err: BaseException, capsys) -> str:
     command); and Prefect's console records of it are dropped (no tracebacks)."""
     import typer
 
-    from pbrl.cli import _expected_errors
+    from pbrl.cli.commands import _expected_errors
     from pbrl.orchestration import QuietExpectedErrors
 
     capsys.readouterr()
@@ -590,7 +590,7 @@ def test_cli_train_against_a_failing_server_prints_one_error_line_and_sends_with
 
     from typer.testing import CliRunner
 
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
     from stages import sample_candidates
 
     real = sample_candidates.api_settings

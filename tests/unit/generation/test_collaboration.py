@@ -453,7 +453,7 @@ def test_tiny_centralized_config_trains_two_rounds_then_reruns_cached(tmp_path, 
     from typer.testing import CliRunner
 
     from pbrl import orchestration
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
     from pbrl.config import load_job
 
     overrides = [f"output_dir={tmp_path}"] + ([f"comparator_centralized_adapter={adapter}"] if adapter else [])
@@ -480,7 +480,7 @@ def test_tiny_centralized_config_trains_two_rounds_then_reruns_cached(tmp_path, 
 def test_validate_reports_the_roles_and_the_one_actor_of_a_centralized_config(tiny_model_dir):
     from typer.testing import CliRunner
 
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
 
     result = CliRunner().invoke(app, ["validate", str(TINY), "--set", f"agent_model={tiny_model_dir}"])
     assert result.exit_code == 0, result.output

@@ -438,7 +438,7 @@ def test_tiny_api_config_trains_two_rounds_and_the_key_appears_nowhere(
     from prefect.client.orchestration import get_client
     from typer.testing import CliRunner
 
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
 
     monkeypatch.setenv("PBRL_COMPARATOR_API_KEY", KEY)
     config = Path(__file__).resolve().parents[3] / "flows" / "configs" / "tiny-comparator-api.yaml"

@@ -205,7 +205,7 @@ def test_tiny_model_config_trains_two_rounds(tmp_path, other_model_dir, other_to
     differs from the agents'."""
     from typer.testing import CliRunner
 
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
 
     config = Path(__file__).resolve().parents[3] / "flows" / "configs" / "tiny-comparator-model.yaml"
     overrides = ["--set", f"output_dir={tmp_path}"]

@@ -210,7 +210,7 @@ def test_pbrl_label_says_why_a_round_has_nothing_to_label(tiny_model_dir, tmp_pa
     """Found: round 0 and a round past the run's last said only 'has no candidates yet'."""
     from typer.testing import CliRunner
 
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
     from tests.unit.judging.test_labels import labelled_round
 
     run_dir, _, _ = labelled_round(tiny_model_dir, tmp_path)

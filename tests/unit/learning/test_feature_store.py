@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from pbrl.cli import app
+from pbrl.cli.commands import app
 from pbrl.config import load_job
 from pbrl.data.schema import PAIR_JOINT_IDS
 from pbrl.data.storage import RunPaths

@@ -9,7 +9,7 @@ import stat
 import pytest
 from typer.testing import CliRunner
 
-from pbrl.cli import app
+from pbrl.cli.commands import app
 from pbrl.data.folders import FILE_MODE, FOLDER_MODE
 from pbrl.errors import ArtifactError, ConfigError
 from pbrl.run.export import EXPORT_FILE, export_agents
@@ -111,8 +111,8 @@ def test_a_run_of_model_objects_names_no_absolute_path_and_follows_a_moved_stora
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pbrl.data.storage import RunPaths, read_json
-    from pbrl.model_objects import save_model_object
     from pbrl.run.folder import prepare_run
+    from pbrl.trainers.model_objects import save_model_object
     from tests.helpers import tiny_job
 
     monkeypatch.setenv("PBRL_STORAGE", str(tmp_path / "storage"))

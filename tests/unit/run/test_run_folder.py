@@ -137,7 +137,7 @@ def test_preflight_reports_every_problem_before_anything_is_written(tiny_model_d
 def test_cli_train_with_a_bad_model_fails_fast_without_traceback(tmp_path):
     from typer.testing import CliRunner
 
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
 
     out = CliRunner().invoke(
         app,
@@ -230,7 +230,7 @@ def test_preflight_refuses_an_empty_dataset(tiny_model_dir, tmp_path):
 def test_validate_reports_bad_items_without_starting_anything(tiny_model_dir, tmp_path):
     from typer.testing import CliRunner
 
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
 
     items = tmp_path / "items.jsonl"
     items.write_text('{"subject": "bees"}\n')
@@ -277,7 +277,7 @@ def test_unknown_lora_target_modules_are_refused_before_anything_is_written(tiny
     q_proj only. Both are one ConfigError naming the field and the unknown name, from validate and train."""
     from typer.testing import CliRunner
 
-    from pbrl.cli import app
+    from pbrl.cli.commands import app
 
     job = tiny_job(tiny_model_dir, tmp_path, lora_r=4, lora_target_modules=targets)
     with pytest.raises(ConfigError, match=r"lora_target_modules: got \['q_projx'\]; no module of"):

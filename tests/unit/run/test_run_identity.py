@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pbrl.cli import app
+from pbrl.cli.commands import app
 from pbrl.data.replay_store import check_owned
 from pbrl.data.storage import RunPaths, read_states
 from pbrl.errors import ConfigError

@@ -26,7 +26,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from pbrl.cli_display import _expected_errors, _fail, console
+from pbrl.cli.display import _expected_errors, _fail, console
 from pbrl.judging.human import segments
 
 KEYS = {"a": "A", "b": "B", "t": "tie", "s": "skip"}

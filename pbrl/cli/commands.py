@@ -1,8 +1,8 @@
 """The ``pbrl`` command line (typer): the commands that make, run and read a run (``validate``, ``train``,
-``stage``, ``status``, ``report``, ``export``; ``label``, people's labels in the terminal, is :mod:`pbrl.cli_label`).
+``stage``, ``status``, ``report``, ``export``; ``label``, people's labels in the terminal, is :mod:`pbrl.cli.label`).
 What they print (consoles, error lines and exit codes, the round
-table, the live display of a run) is :mod:`pbrl.cli_display`; ``serve``, ``deploy`` and ``models``, which set
-things up, are :mod:`pbrl.cli_setup`, registered here.
+table, the live display of a run) is :mod:`pbrl.cli.display`; ``serve``, ``deploy`` and ``models``, which set
+things up, are :mod:`pbrl.cli.setup`, registered here.
 
 Imports that cost seconds (torch, transformers, Prefect, matplotlib) happen inside the commands that need them,
 each saying why, so that ``pbrl --help``, ``pbrl status`` and ``pbrl validate``'s config errors answer at once.
@@ -19,9 +19,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from pbrl.cli_display import _expected_errors, _fail, _print_rounds, _stopped, _train_with_progress, console, err
-from pbrl.cli_label import label
-from pbrl.cli_setup import deploy, models_app, serve
+from pbrl.cli.display import _expected_errors, _fail, _print_rounds, _stopped, _train_with_progress, console, err
+from pbrl.cli.label import label
+from pbrl.cli.setup import deploy, models_app, serve
 from pbrl.config import ConfigNotice, JobConfig, is_centralized, load_job, num_rounds
 from pbrl.data.run_health import damage_lines, damaged_outputs
 from pbrl.data.storage import STAGES, RunPaths, existing_rounds, read_manifest, read_states
@@ -354,7 +354,7 @@ def export(
         console.print(str(folder))
 
 
-# serve, deploy and models set things up (pbrl.cli_setup); registered here, after the run commands.
+# serve, deploy and models set things up (pbrl.cli.setup); registered here, after the run commands.
 app.command()(serve)
 app.command()(deploy)
 app.command()(label)

@@ -12,7 +12,7 @@ module-level functions are also recorded by import path so that ``pbrl stage`` c
 objects (``agents=[model, ...]``) are saved once, by content, under ``<storage>/models/objects/`` (``PBRL_STORAGE``,
 else ``./storage``), and the run names them ``model-object:<name>``, never an absolute path, so every stage,
 ``pbrl stage`` and ``pbrl train --resume`` load them as any local model. The arguments become config values in
-:mod:`pbrl.trainer_arguments`; model objects and ``peft_config`` are handled in :mod:`pbrl.model_objects`.
+:mod:`pbrl.trainers.arguments`; model objects and ``peft_config`` are handled in :mod:`pbrl.trainers.model_objects`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from peft import LoraConfig
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pbrl import orchestration
-from pbrl.callbacks import TrainerCallback, check_callbacks, listening
 from pbrl.config import (
     JobConfig,
     MADPOConfig,
@@ -43,7 +42,6 @@ from pbrl.config import (
 from pbrl.config.dataset_spec import DatasetSpec
 from pbrl.errors import ConfigError, Problem
 from pbrl.judging.verdicts import PairwiseJudge
-from pbrl.model_objects import model_objects, peft_default_targets, peft_lora_options, save_model_object
 from pbrl.models.loading import resolve_model_source
 from pbrl.models.packaged import PACKAGED_MODELS
 from pbrl.reporting.metrics import round_table
@@ -56,7 +54,9 @@ from pbrl.run.preflight_env import device_problems, folder_problems, thread_prob
 from pbrl.run.settings import policy_source
 from pbrl.run.task import IN_PROCESS_TASK, resolve_task
 from pbrl.tasks.base import Task
-from pbrl.trainer_arguments import argument_errors, as_config_value, run_record, trainer_config
+from pbrl.trainers.arguments import argument_errors, as_config_value, run_record, trainer_config
+from pbrl.trainers.callbacks import TrainerCallback, check_callbacks, listening
+from pbrl.trainers.model_objects import model_objects, peft_default_targets, peft_lora_options, save_model_object
 
 __all__ = [
     "MADPOConfig",
@@ -159,7 +159,7 @@ class _PreferenceTrainer:
                 ``(prompts, first, second)``, its import path, or an object with ``name`` and ``answer``;
                 docs/guides/judges.md). Giving one sets ``preference_source='judge'`` unless ``args`` says
                 otherwise.
-            callbacks: :class:`pbrl.callbacks.TrainerCallback` s (instances or classes) that hear the run's events.
+            callbacks: :class:`pbrl.trainers.TrainerCallback` s (instances or classes) that hear the run's events.
             report_to: experiment trackers: 'tensorboard', 'mlflow', 'wandb', 'trackio' or a list (default none).
             run_name: the run folder's name (default ``<trainer>-<UTC time>``); output_dir: where run folders go.
             seed: the run seed. resume: continue the run ``run_name`` (finished stages come back Cached).
@@ -199,7 +199,7 @@ class _PreferenceTrainer:
         ``args`` sets it); return its problems instead (``self.args`` is then not set).
 
         Raises:
-            TypeError: as :func:`~pbrl.trainer_arguments.trainer_config`.
+            TypeError: as :func:`~pbrl.trainers.arguments.trainer_config`.
         """
         try:
             self.args = trainer_config(self._trainer, type(self).__name__, args)

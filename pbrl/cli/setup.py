@@ -1,5 +1,5 @@
 """The ``pbrl`` commands that set things up rather than touch a run: ``serve`` and ``deploy`` (pbrl's
-deployments on a Prefect server) and ``models`` (the packaged models). :mod:`pbrl.cli` registers them on the
+deployments on a Prefect server) and ``models`` (the packaged models). :mod:`pbrl.cli.commands` registers them on the
 ``pbrl`` command.
 
 Imports that cost seconds (Prefect, torch, transformers) happen inside the commands that need them, each saying
@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pbrl.cli_display import _fail, console
+from pbrl.cli.display import _fail, console
 
 models_app = typer.Typer(help="Packaged models (converted once under storage/models/).", no_args_is_help=True)
 

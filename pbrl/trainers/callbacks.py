@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 # The dispatch of events to hooks lives with the events (pbrl/run/progress.py), so that the training flow, a layer
-# below this module, attaches a run's trackers the same way; the names are pbrl.callbacks' public API.
+# below this module, attaches a run's trackers the same way; the names are pbrl.trainers.callbacks' public API.
 from pbrl.run.progress import HOOKS, CallbackHandler, Event, listening
 
 __all__ = ["HOOKS", "CallbackHandler", "Event", "TrainerCallback", "check_callbacks", "listening"]
@@ -84,7 +84,7 @@ def check_callbacks(callbacks: Sequence[Any] | None) -> list[Any]:
         if not any(callable(getattr(callback, hook, None)) for hook in HOOKS.values()):
             raise TypeError(
                 f"callbacks[{i}]: {type(callback).__name__} has none of the hooks {', '.join(HOOKS.values())}; "
-                "subclass pbrl.callbacks.TrainerCallback"
+                "subclass pbrl.trainers.TrainerCallback"
             )
         out.append(callback)
     return out
