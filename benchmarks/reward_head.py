@@ -12,6 +12,7 @@ and settings under each variant:
   products of every two agents' lengths (``RewardModelSpec.length_products``);
 - ``--overlap on|off``: the head reads each agent's prompt overlap (``reward_prompt_overlap``) or not, whatever the
   run's job said;
+- ``--squares-only``: only the shipped shape (the squares, no products), for a comparison of ``--components``;
 - ``--splits``: the stage's held-out split of items (split 0, what ``rm/heldout_accuracy`` reports) and others
   drawn from the next seeds, so that a choice does not rest on which quarter of the items was held out.
 
@@ -208,9 +209,13 @@ def main() -> int:
     parser.add_argument(
         "--overlap", choices=("on", "off"), help="the head reads the prompt overlap (default: as the run's job did)"
     )
+    parser.add_argument(
+        "--squares-only", action="store_true", help="only the shipped shape of the lengths: their squares, no products"
+    )
     args = parser.parse_args()
     components = [None if c == "all" else int(c) for c in args.components]
-    variants = [(k, squares, products) for k in components for squares, products in SHAPES]
+    shapes = [(True, False)] if args.squares_only else SHAPES
+    variants = [(k, squares, products) for k in components for squares, products in shapes]
     rows = []
     for run_dir in args.runs:
         for r in fitted_rounds(run_dir):

@@ -21,6 +21,8 @@ differences of winner and loser):
 - ``prompt_overlap``: per agent, the idf-weighted share of its prompt's distinct tokens that its response contains,
   the idf fitted on the split's training prompts (the product's ``reward_prompt_overlap``,
   :class:`pbrl.learning.prompt_overlap.PromptOverlap`: what is particular to an item, its identifiers, weighs most);
+  ``overlap_tf`` weighs each prompt token by its tf-idf instead, the times the prompt holds it times its idf
+  (:func:`tf_overlap`: measured, not kept in the product);
   ``segments+overlap`` adds it to ``segments``; ``word_overlap`` is the same on words, the idf over every prompt
   of the collection (:func:`word_overlap`);
 - ``hand``: a yardstick of what is learnable: words of the summary and of the explanation (log), the explanation /
@@ -32,7 +34,7 @@ epochs and batch size) for the configured pooling and training (head only or LoR
 the stored texts as the sum of those parts of the docs reward (``coverage`` alone: a preference about content, which
 names the explanation mentions; issue #55); ``segment_lengths`` then says how much length still tells.
 
-Writes ``benchmarks/results/reward-model-<model>[-<terms>].json``. Run: ``python benchmarks/reward_model.py``
+Writes ``benchmarks/results/reward-model-<model>[-<terms>][-<tag>].json``. Run: ``python benchmarks/reward_model.py``
 (about 20 min on 2 idle CPU cores, mostly the sampling; ``--keep`` keeps the run folder, ``--from-run`` reuses one).
 """
 
@@ -45,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,7 +71,8 @@ from pbrl.tasks.humaneval_docs import REWARD_TERMS, docs_score
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
 REPRESENTATIONS = (
-    "last_token", "segments", "segment_lengths", "hand", "prompt_overlap", "segments+overlap", "word_overlap"
+    "last_token", "segments", "segment_lengths", "hand", "prompt_overlap", "overlap_tf", "segments+overlap",
+    "word_overlap",
 )  # fmt: skip
 L2 = 1.0  # the L2 penalty of the logistic regressions (on standardized features, summed over pairs)
 
@@ -190,6 +194,30 @@ def prompt_overlap(responses: list[dict[str, Any]], job: JobConfig) -> Callable[
     return of
 
 
+def tf_overlap(responses: list[dict[str, Any]], job: JobConfig) -> Callable[[set[str]], np.ndarray]:
+    """:func:`prompt_overlap` with each prompt token weighed by its tf-idf, tf_P(t)·idf(t) with tf_P(t) the times the
+    prompt holds t (scikit-learn's ``TfidfVectorizer`` default), instead of each distinct token by its idf alone: a
+    name the prompt repeats (a parameter in the signature, docstring and examples) weighs more. (training items) ->
+    (n, a); the idf table is the product's, fitted on the split's training prompts."""
+    template = JointTemplate.build(load_tokenizer(resolve_model_source(job.agent_model)), job.num_agents)
+    inputs = [joint_input_ids(template, r["prompt_ids"], r["completion_ids"], 512) for r in responses]
+
+    def of(train_items: set[str]) -> np.ndarray:
+        table = PromptOverlap.fit(
+            [x for x, r in zip(inputs, responses, strict=True) if r["item_id"] in train_items], job.num_agents
+        )
+        out = np.zeros((len(inputs), job.num_agents))
+        for i, x in enumerate(inputs):
+            ids = x.ids or []
+            for k, ((p0, p1), (r0, r1)) in enumerate(zip(x.prompt_spans, x.response_spans, strict=True)):
+                weight = {t: n * table.idf(k, t) for t, n in Counter(ids[p0:p1]).items()}
+                total, said = sum(weight.values()), set(ids[r0:r1])
+                out[i, k] = sum(w for t, w in weight.items() if t in said) / total if total > 0 else 0.0
+        return out
+
+    return of
+
+
 def word_overlap(responses: list[dict[str, Any]], prompts: list[list[str]], num_agents: int) -> np.ndarray:
     """The prompt overlap on words (maximal runs of letters, digits and underscores) instead of token ids (a
     tokenizer spells ``numbers`` after ``(`` and after a space with different ids, a word is the same word), with
@@ -209,6 +237,27 @@ def word_overlap(responses: list[dict[str, Any]], prompts: list[list[str]], num_
             total = sum(idf[t] for t in words[i][a])
             out[i, a] = sum(idf[t] for t in words[i][a] & said) / total if total else 0.0
     return out
+
+
+def representations(
+    responses: list[dict[str, Any]], items: dict[str, dict], job: JobConfig, wanted: list[str]
+) -> dict[str, np.ndarray | Callable[[set[str]], np.ndarray]]:
+    """The features of each representation in ``wanted`` (names of :data:`REPRESENTATIONS`), in that order: an array
+    (n, f), or a function of a split's training items for the overlaps, whose idf those items fit. The backbone runs
+    only for a representation that reads it."""
+    features: dict[str, Any] = {"hand": hand_features(responses, items)} if "hand" in wanted else {}
+    overlap_of = prompt_overlap(responses, job)
+    features["prompt_overlap"] = overlap_of
+    features["overlap_tf"] = tf_overlap(responses, job)
+    if set(wanted) & {"last_token", "segments", "segment_lengths", "segments+overlap"}:
+        features.update(backbone_features(responses, job))
+        segments = features["segments"]
+        features["segments+overlap"] = lambda train: np.concatenate([segments, overlap_of(train)], axis=1)
+    if "word_overlap" in wanted:
+        tokenizer = load_tokenizer(resolve_model_source(job.agent_model))
+        texts = [[tokenizer.decode(ids) for ids in r["prompt_ids"]] for r in responses]
+        features["word_overlap"] = word_overlap(responses, texts, job.num_agents)
+    return {name: features[name] for name in wanted}
 
 
 def fit_logistic(x: np.ndarray, pairs: list[tuple[int, int]]) -> np.ndarray:
@@ -358,6 +407,14 @@ def main() -> int:
         metavar="KEY=VALUE[,KEY=VALUE]",
         help="also fit the product's reward model with these job settings (repeatable)",
     )
+    parser.add_argument(
+        "--representations",
+        nargs="+",
+        choices=REPRESENTATIONS,
+        default=list(REPRESENTATIONS),
+        help="the representations compared (default all; without the backbone's, the backbone never runs)",
+    )
+    parser.add_argument("--tag", default="", help="added to the result's name")
     args = parser.parse_args()
     configure_threads(None)
     started = time.perf_counter()
@@ -371,15 +428,7 @@ def main() -> int:
             r["reward"] = docs_score(*r["completions"], items[r["item_id"]], tuple(args.reward_terms))
         pairs = preference_pairs(responses, job.tie_tolerance)
     print(f"[reward-model] {len(responses)} joint responses, {len(pairs)} pairs on {len(items)} items", flush=True)
-    features: dict[str, Any] = {**backbone_features(responses, job), "hand": hand_features(responses, items)}
-    overlap_of = prompt_overlap(responses, job)
-    segments = features["segments"]
-    features["prompt_overlap"] = overlap_of
-    features["segments+overlap"] = lambda train: np.concatenate([segments, overlap_of(train)], axis=1)
-    tokenizer = load_tokenizer(resolve_model_source(job.agent_model))
-    texts = [[tokenizer.decode(ids) for ids in r["prompt_ids"]] for r in responses]
-    features["word_overlap"] = word_overlap(responses, texts, job.num_agents)
-    rows = table(features, responses, pairs, args)
+    rows = table(representations(responses, items, job, args.representations), responses, pairs, args)
     product = []
     for spec in args.product:
         args.product_settings = {k: _value(v) for k, v in (kv.split("=", 1) for kv in spec.split(","))}
@@ -387,7 +436,7 @@ def main() -> int:
     winners_shorter = statistics.fmean(
         len(responses[w]["completion_ids"][0]) < len(responses[lo]["completion_ids"][0]) for w, lo in pairs
     )
-    tag = "-".join(args.reward_terms) if args.reward_terms else None
+    tag = "-".join([*(args.reward_terms or []), *([args.tag] if args.tag else [])]) or None
     winners_longer = statistics.fmean(
         len(responses[w]["completion_ids"][1]) > len(responses[lo]["completion_ids"][1]) for w, lo in pairs
     )

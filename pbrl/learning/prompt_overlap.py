@@ -7,10 +7,9 @@ its content alone (``reward_terms: [coverage]``: which of the function's name an
 a linear head on the pooled states of the frozen SmolLM2 reached 0.66–0.82 on unseen items, and only with 8 or more
 training items; this feature alone reached 0.82–0.85 from 2 items (docs/results/marlhf.md#content-alone-2026-12-06).
 
-For agent k of a joint row with prompt tokens P (the distinct token ids of its prompt), tf_P(t) the times t occurs
-in the prompt, and response tokens R (as a set)::
+For agent k of a joint row with prompt tokens P (the token ids of its prompt, as a set) and response tokens R::
 
-    overlap_k = Σ_{t ∈ P ∩ R} tf_P(t)·idf_k(t) / Σ_{t ∈ P} tf_P(t)·idf_k(t)        (0 when the denominator is 0)
+    overlap_k = Σ_{t ∈ P ∩ R} idf_k(t) / Σ_{t ∈ P} idf_k(t)        (0 when the denominator is 0)
     idf_k(t)  = log((1 + N_k) / (1 + df_k(t)))
 
 with N_k the distinct prompts of agent k among the fit's training rows and df_k(t) how many of them contain t
@@ -18,13 +17,6 @@ with N_k the distinct prompts of agent k among the fit's training rows and df_k(
 training prompt (the instructions) weighs 0, a token particular to one item (its identifiers) weighs most, and a
 token of an unseen prompt weighs log(1 + N_k). The table (N_k and df_k) is fitted once per fit, on the training rows,
 and saved with the model, so an unseen item is scored with the table of the items it was fitted on.
-
-The weight of a prompt token is its tf-idf (scikit-learn's ``TfidfVectorizer`` default, ``binary=False``): a name
-the prompt repeats (the function's parameters, in its signature, docstring and examples) weighs more than a word
-of its description said once. On the coverage preference the overlap alone ordered 0.83–0.85 of the unseen pairs
-with tf-idf weights and 0.80–0.82 with each distinct token weighing its idf alone (``weighting: binary``, the
-tables fitted before 2026-12-07, which load and score as they were;
-docs/results/marlhf.md#the-prompts-words-by-how-often-it-says-them-2026-12-07).
 
 It reads token ids, not words: a tokenizer may spell a word after a space and after a bracket with different ids
 (``benchmarks/reward_model.py`` measured the word-level variant lower, 0.79–0.81).
@@ -42,14 +34,12 @@ import torch
 
 from pbrl.learning.joint_template import JointInput
 
-WEIGHTINGS = ("tf", "binary")  # a prompt token's weight: tf_P(t)·idf(t), or idf(t) alone (tables before 2026-12-07)
 
-
-def _segments(row: JointInput) -> list[tuple[Counter[int], set[int]]]:
-    """Per agent, (prompt tokens with their counts, response tokens as a set) of one joint row."""
+def _segments(row: JointInput) -> list[tuple[set[int], set[int]]]:
+    """Per agent, (prompt tokens, response tokens) of one joint row, as sets of ids."""
     ids = row.ids or []
     return [
-        (Counter(ids[p0:p1]), set(ids[r0:r1]))
+        (set(ids[p0:p1]), set(ids[r0:r1]))
         for (p0, p1), (r0, r1) in zip(row.prompt_spans, row.response_spans, strict=True)
     ]
 
@@ -57,11 +47,10 @@ def _segments(row: JointInput) -> list[tuple[Counter[int], set[int]]]:
 @dataclass(frozen=True)
 class PromptOverlap:
     """The fitted table: per agent, ``documents`` N_k (distinct training prompts) and ``df`` (token id → the
-    prompts that contain it); ``weighting``, one of :data:`WEIGHTINGS`."""
+    prompts that contain it)."""
 
     documents: tuple[int, ...]
     df: tuple[Mapping[int, int], ...]
-    weighting: str = "tf"
 
     @classmethod
     def fit(cls, rows: Sequence[JointInput], num_agents: int) -> PromptOverlap:
@@ -90,31 +79,20 @@ class PromptOverlap:
         out = torch.zeros(len(rows), len(self.documents))
         for i, row in enumerate(rows):
             for k, (prompt, said) in enumerate(_segments(row)):
-                weight = {t: (n if self.weighting == "tf" else 1) * self.idf(k, t) for t, n in prompt.items()}
-                total = sum(weight.values())
+                total = sum(self.idf(k, t) for t in prompt)
                 if total > 0:
-                    out[i, k] = sum(w for t, w in weight.items() if t in said) / total
+                    out[i, k] = sum(self.idf(k, t) for t in prompt & said) / total
         return out
 
     def to_record(self) -> list[dict[str, Any]]:
-        """JSON-ready: per agent ``{"documents": N, "df": {"<token id>": count}, "weighting": ...}``."""
+        """JSON-ready: per agent ``{"documents": N, "df": {"<token id>": count}}``."""
         pairs = zip(self.documents, self.df, strict=True)
-        return [
-            {"documents": n, "df": {str(t): c for t, c in df.items()}, "weighting": self.weighting} for n, df in pairs
-        ]
+        return [{"documents": n, "df": {str(t): c for t, c in df.items()}} for n, df in pairs]
 
     @classmethod
     def from_record(cls, record: Sequence[Mapping[str, Any]]) -> PromptOverlap:
-        """The table saved by :meth:`to_record`; a table saved before ``weighting`` existed is ``binary``.
-
-        Raises:
-            ValueError: an unknown ``weighting``.
-        """
-        weighting = str(record[0].get("weighting", "binary")) if record else "tf"
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"prompt_overlap: weighting {weighting!r} is not one of {', '.join(WEIGHTINGS)}")
+        """The table saved by :meth:`to_record`."""
         return cls(
             tuple(int(a["documents"]) for a in record),
             tuple({int(t): int(c) for t, c in a["df"].items()} for a in record),
-            weighting,
         )

@@ -46,3 +46,24 @@ def test_word_overlap_weighs_the_words_particular_to_a_prompt(rm):
     # (log 2): response 0 says neither (0), response 1 says mul (1).
     assert out.tolist() == [[1.0, 0.0], [0.0, 1.0]]
     assert math.isclose(rm.word_overlap([responses[0]], [prompts[0]], 2)[0, 0], 0.0)  # one prompt: every idf 0
+
+
+def test_the_overlap_representations_run_no_backbone_and_weigh_prompt_tokens_two_ways(rm, tiny_model_dir, monkeypatch):
+    from types import SimpleNamespace
+
+    def no_backbone(*_):
+        raise AssertionError("the backbone ran")
+
+    monkeypatch.setattr(rm, "backbone_features", no_backbone)
+    job = SimpleNamespace(agent_model=str(tiny_model_dir), num_agents=2)
+    # agent 0's prompts: [40, 41, 41, 43] (41 said twice) and [40, 42]; 40 is in both (idf 0), 41, 42, 43 in one
+    # each (idf log 1.5 = L). Response 0 says 41: idf alone L / 2L = 1/2 (the product), tf-idf 2L / (2L + L) = 2/3;
+    # response 1 says only 40: 0. Agent 1's prompt, [50] in both, weighs 0: 0.
+    responses = [
+        {"item_id": "a", "prompt_ids": [[40, 41, 41, 43], [50]], "completion_ids": [[41], [7]], "completions": []},
+        {"item_id": "b", "prompt_ids": [[40, 42], [50]], "completion_ids": [[40], [50]], "completions": []},
+    ]
+    features = rm.representations(responses, {"a": {}, "b": {}}, job, ["prompt_overlap", "overlap_tf"])
+    assert list(features) == ["prompt_overlap", "overlap_tf"]
+    assert features["overlap_tf"]({"a", "b"}).ravel().tolist() == pytest.approx([2 / 3, 0.0, 0.0, 0.0])
+    assert features["prompt_overlap"]({"a", "b"}).ravel().tolist() == pytest.approx([1 / 2, 0.0, 0.0, 0.0])
