@@ -7,21 +7,11 @@ The trainers are :mod:`pbrl.trainers.trainer`; their keyword arguments become co
 and callbacks hear a run's events through :mod:`pbrl.trainers.callbacks`.
 """
 
-from pbrl.trainers.trainer import (
-    DatasetSpec,
-    MADPOConfig,
-    MADPOIterConfig,
-    MADPOIterTrainer,
-    MADPOTrainer,
-    MARLHFConfig,
-    MARLHFIterConfig,
-    MARLHFIterTrainer,
-    MARLHFTrainer,
-    TrainedAgent,
-    TrainerCallback,
-    TrainResult,
-    export_agents,
-)
+from pbrl.config import MADPOConfig, MADPOIterConfig, MARLHFConfig, MARLHFIterConfig
+from pbrl.config.dataset_spec import DatasetSpec
+from pbrl.run.export import TrainedAgent, export_agents
+from pbrl.trainers.callbacks import TrainerCallback
+from pbrl.trainers.trainer import MADPOIterTrainer, MADPOTrainer, MARLHFIterTrainer, MARLHFTrainer, TrainResult
 
 __all__ = [
     "MADPOConfig",

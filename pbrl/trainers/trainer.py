@@ -30,10 +30,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from pbrl import orchestration
 from pbrl.config import (
     JobConfig,
-    MADPOConfig,
-    MADPOIterConfig,
-    MARLHFConfig,
-    MARLHFIterConfig,
     RunConfig,
     TrainerConfig,
     collect_problems,
@@ -47,7 +43,7 @@ from pbrl.models.packaged import PACKAGED_MODELS
 from pbrl.reporting.metrics import round_table
 from pbrl.reporting.tracker_tools import require_trackers, tracker_names
 from pbrl.reporting.trackers import RunTracker
-from pbrl.run.export import TrainedAgent, export_agents, load_trained_agents
+from pbrl.run.export import TrainedAgent, load_trained_agents
 from pbrl.run.folder import held_if_exists, prepare_run, run_dir_for
 from pbrl.run.judging import IN_PROCESS_JUDGE, attach_judge, judge_object
 from pbrl.run.preflight_env import device_problems, folder_problems, thread_problems
@@ -57,22 +53,6 @@ from pbrl.tasks.base import Task
 from pbrl.trainers.arguments import argument_errors, as_config_value, run_record, trainer_config
 from pbrl.trainers.callbacks import TrainerCallback, check_callbacks, listening
 from pbrl.trainers.model_objects import model_objects, peft_default_targets, peft_lora_options, save_model_object
-
-__all__ = [
-    "MADPOConfig",
-    "MADPOIterConfig",
-    "MARLHFConfig",
-    "MARLHFIterConfig",
-    "DatasetSpec",
-    "MADPOTrainer",
-    "MADPOIterTrainer",
-    "MARLHFTrainer",
-    "MARLHFIterTrainer",
-    "TrainResult",
-    "TrainedAgent",
-    "TrainerCallback",
-    "export_agents",
-]
 
 # Items: a list of dicts or a ``datasets.Dataset`` (both iterate over mappings), a JSONL or Parquet path, or a dataset
 # spec (DatasetSpec or a mapping of its fields).
