@@ -60,7 +60,7 @@ from benchkit import REPO_ROOT, peak_rss_mb, write_result
 from pbrl.config import JOB_CLASSES, JobConfig, load_job, parse_job
 from pbrl.data.items import read_items
 from pbrl.data.storage import RunPaths
-from pbrl.learning.joint_template import JointTemplate, joint_input_ids
+from pbrl.learning.joint_template import JointInput, JointTemplate, joint_input_ids
 from pbrl.learning.prompt_overlap import PromptOverlap
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_correct
 from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model
@@ -152,8 +152,7 @@ def backbone_features(responses: list[dict[str, Any]], job: JobConfig) -> dict[s
 
     spec = RewardModelSpec(source=job.agent_model, freeze_backbone=True)
     model = new_reward_model(spec, seed=0)
-    template = JointTemplate.build(load_tokenizer(resolve_model_source(spec.source)), job.num_agents)
-    inputs = [joint_input_ids(template, r["prompt_ids"], r["completion_ids"], 512) for r in responses]
+    inputs = joint_inputs(responses, spec.source, job.num_agents)
     last, segments = [], []
     for start in range(0, len(inputs), 8):
         chunk = inputs[start : start + 8]
@@ -181,32 +180,39 @@ def hand_features(responses: list[dict[str, Any]], items: dict[str, dict]) -> np
     return np.array(rows, dtype=np.float64)
 
 
-def prompt_overlap(responses: list[dict[str, Any]], job: JobConfig) -> Callable[[set[str]], np.ndarray]:
-    """The product's ``reward_prompt_overlap`` (:class:`pbrl.learning.prompt_overlap.PromptOverlap`) of every response,
-    its idf table fitted on the training items' prompts of a split, as the fit does: (training items) -> (n, a)."""
-    template = JointTemplate.build(load_tokenizer(resolve_model_source(job.agent_model)), job.num_agents)
-    inputs = [joint_input_ids(template, r["prompt_ids"], r["completion_ids"], 512) for r in responses]
+def joint_inputs(responses: list[dict[str, Any]], source: str, num_agents: int) -> list[JointInput]:
+    """Every response as the reward model's joint input (the model ``source``'s template, 512 tokens at most)."""
+    template = JointTemplate.build(load_tokenizer(resolve_model_source(source)), num_agents)
+    return [joint_input_ids(template, r["prompt_ids"], r["completion_ids"], 512) for r in responses]
+
+
+def prompt_overlap(
+    responses: list[dict[str, Any]], inputs: list[JointInput], num_agents: int
+) -> Callable[[set[str]], np.ndarray]:
+    """The product's ``reward_prompt_overlap`` (:class:`pbrl.learning.prompt_overlap.PromptOverlap`) of every response
+    (``inputs``: :func:`joint_inputs`), its idf table fitted on the training items' prompts of a split, as the fit
+    does: (training items) -> (n, a)."""
 
     def of(train_items: set[str]) -> np.ndarray:
         rows = [x for x, r in zip(inputs, responses, strict=True) if r["item_id"] in train_items]
-        return PromptOverlap.fit(rows, job.num_agents).features(inputs).double().numpy()
+        return PromptOverlap.fit(rows, num_agents).features(inputs).double().numpy()
 
     return of
 
 
-def tf_overlap(responses: list[dict[str, Any]], job: JobConfig) -> Callable[[set[str]], np.ndarray]:
+def tf_overlap(
+    responses: list[dict[str, Any]], inputs: list[JointInput], num_agents: int
+) -> Callable[[set[str]], np.ndarray]:
     """:func:`prompt_overlap` with each prompt token weighed by its tf-idf, tf_P(t)·idf(t) with tf_P(t) the times the
     prompt holds t (scikit-learn's ``TfidfVectorizer`` default), instead of each distinct token by its idf alone: a
     name the prompt repeats (a parameter in the signature, docstring and examples) weighs more. (training items) ->
     (n, a); the idf table is the product's, fitted on the split's training prompts."""
-    template = JointTemplate.build(load_tokenizer(resolve_model_source(job.agent_model)), job.num_agents)
-    inputs = [joint_input_ids(template, r["prompt_ids"], r["completion_ids"], 512) for r in responses]
 
     def of(train_items: set[str]) -> np.ndarray:
         table = PromptOverlap.fit(
-            [x for x, r in zip(inputs, responses, strict=True) if r["item_id"] in train_items], job.num_agents
+            [x for x, r in zip(inputs, responses, strict=True) if r["item_id"] in train_items], num_agents
         )
-        out = np.zeros((len(inputs), job.num_agents))
+        out = np.zeros((len(inputs), num_agents))
         for i, x in enumerate(inputs):
             ids = x.ids or []
             for k, ((p0, p1), (r0, r1)) in enumerate(zip(x.prompt_spans, x.response_spans, strict=True)):
@@ -246,9 +252,10 @@ def representations(
     (n, f), or a function of a split's training items for the overlaps, whose idf those items fit. The backbone runs
     only for a representation that reads it."""
     features: dict[str, Any] = {"hand": hand_features(responses, items)} if "hand" in wanted else {}
-    overlap_of = prompt_overlap(responses, job)
+    inputs = joint_inputs(responses, job.agent_model, job.num_agents)
+    overlap_of = prompt_overlap(responses, inputs, job.num_agents)
     features["prompt_overlap"] = overlap_of
-    features["overlap_tf"] = tf_overlap(responses, job)
+    features["overlap_tf"] = tf_overlap(responses, inputs, job.num_agents)
     if set(wanted) & {"last_token", "segments", "segment_lengths", "segments+overlap"}:
         features.update(backbone_features(responses, job))
         segments = features["segments"]
@@ -345,8 +352,7 @@ def product_fits(
     run = {k: v for k, v in job.model_dump().items() if k in JOB_CLASSES["marlhf_iter"].model_fields}
     job = parse_job({**run, "trainer": "marlhf_iter", **args.product_settings})
     spec = spec_of(job)
-    template = JointTemplate.build(load_tokenizer(resolve_model_source(spec.source)), job.num_agents)
-    inputs = [joint_input_ids(template, r["prompt_ids"], r["completion_ids"], 512) for r in responses]
+    inputs = joint_inputs(responses, spec.source, job.num_agents)
     items = sorted({r["item_id"] for r in responses})
     rows = []
     for n in args.train_items:
