@@ -14,13 +14,19 @@ and settings under each variant:
   run's job said;
 - ``--squares-only``: only the shipped shape (the squares, no products), for a comparison of ``--components``;
 - ``--splits``: the stage's held-out split of items (split 0, what ``rm/heldout_accuracy`` reports) and others
-  drawn from the next seeds, so that a choice does not rest on which quarter of the items was held out.
+  drawn from the next seeds, so that a choice does not rest on which quarter of the items was held out;
+- ``--ensemble``: also the variants as one model, each unseen pair ordered by the sum of their margins (their mean
+  score: a reward-model ensemble, Coste et al. 2023);
+- ``--choose-by-cv FOLDS``: also the variant that a cross-validation over the round's training items chooses (the
+  items dealt into FOLDS folds; each variant fitted on the other folds and scored on one; the best pooled accuracy
+  wins), i.e. the head's capacity chosen per round from its own data.
 
 Per variant it reports the accuracy on the training pairs and on the unseen items' pairs, with the interval over
 items, and, over the rounds, the mean and the worst of the unseen-item accuracy (on split 0 and on every split).
 Writes ``benchmarks/results/reward-head-<model>[-<tag>].json``. Nothing is timed.
 
-Run: ``python benchmarks/reward_head.py RUN_DIR [RUN_DIR ...] [--components 4 8 16] [--splits 4]``.
+Run: ``python benchmarks/reward_head.py RUN_DIR [RUN_DIR ...] [--components 4 8 16] [--splits 4]
+[--ensemble] [--choose-by-cv 4]``.
 """
 
 from __future__ import annotations
@@ -29,17 +35,19 @@ import argparse
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from benchkit import write_result
 
 import stages.fit_reward_model as fit
 from pbrl.data.seeds import derive_seed
 from pbrl.data.storage import RunPaths
 from pbrl.learning.feature_store import backbone_fingerprint, features_path, load_features
-from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_correct, pair_metrics
+from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_margins, pair_metrics
 from pbrl.learning.reward_model_build import new_reward_model
 from pbrl.run.folder import open_job
 from pbrl.run.settings import policy_source
@@ -59,10 +67,20 @@ MARGIN_BANDS = (0.0, 0.1, 0.25, 0.5, math.inf)  # bands of a pair's task-reward 
 
 
 def refit_round(
-    run_dir: Path, round_index: int, variants: list[Variant], splits: int, overlap: bool | None = None
+    run_dir: Path,
+    round_index: int,
+    variants: list[Variant],
+    splits: int,
+    overlap: bool | None = None,
+    *,
+    ensemble: bool = False,
+    cv_folds: int = 0,
 ) -> list[dict]:
     """One row per (split, components, squares, products): train / unseen-item accuracy of the refitted head, which
-    reads the prompt overlap as the run's job did, or as ``overlap`` says.
+    reads the prompt overlap as the run's job did, or as ``overlap`` says. With ``ensemble`` also a row per split
+    whose components are ``"ensemble"``: the unseen pairs ordered by the sum of the variants' margins (their mean
+    score). With ``cv_folds`` ≥ 2 also a row per split whose components are ``"cv"``: the variant a cross-validation
+    over the training items chooses (:func:`item_folds`, :func:`cv_choice`), with its unseen-item accuracy.
 
     Raises:
         RuntimeError: a row's features are not stored (the backbone would run).
@@ -72,67 +90,131 @@ def refit_round(
     pairs, kept, usable = fit.usable_pairs(paths, round_index, job)
     spec = fit.spec_of(job)
     spec = spec if overlap is None else replace(spec, prompt_overlap=overlap)
+    items = [p["item_id"] for p in kept]
+    known: dict | None = None
 
     def seed(side: str) -> int:
         return derive_seed(job.seed, round_index=round_index, stage=fit.NAME, side=side)
 
-    rows, known = [], None
-    for split in range(splits):
-        train_idx, held_idx = heldout_split([p["item_id"] for p in kept], fit.HELDOUT_SHARE, seed("heldout") + split)
-        train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
-        for components, squares, products in variants:
-            variant = replace(spec, head_components=components, length_squares=squares, length_products=products)
-            model = new_reward_model(variant, seed=seed("init"))
-            if known is None:
-                fingerprint = backbone_fingerprint(
-                    model.backbone,
-                    source=spec.source,
-                    pooling=spec.pooling,
-                    backbone_layers=spec.backbone_layers,
-                    num_agents=spec.num_agents,
-                )
-                own = load_features(features_path(paths.round_dir(round_index)), fingerprint)
-                known = fit.stored_features(paths, round_index, fit.source_rounds(pairs), fingerprint) | own
-            with model.remembered_features(known) as memory:
-                before = len(memory)
-                fit_bradley_terry(
-                    model,
-                    train,
-                    epochs=job.reward_num_train_epochs,
-                    batch_size=job.reward_train_batch_size,
-                    learning_rate=job.reward_learning_rate,
-                    seed=seed("order"),
-                    max_grad_norm=job.max_grad_norm,
-                )
-                fitted = pair_metrics(model, train, fit.SCORE_BATCH)
-                correct = pair_correct(model, held, fit.SCORE_BATCH)
-                if len(memory) != before:
-                    raise RuntimeError(
-                        f"{run_dir} round {round_index}: {len(memory) - before} joint responses have no stored "
-                        "features (a frozen backbone's run keeps them in rounds/<r>/reward_features.safetensors)"
-                    )
-            interval = fit.heldout_interval([kept[i]["item_id"] for i in held_idx], correct, seed("heldout-interval"))
-            rows.append(
-                {
-                    "run": run_dir.name,
-                    "round": round_index,
-                    "split": split,
-                    "components": components,
-                    "length_squares": squares,
-                    "length_products": products,
-                    "prompt_overlap": spec.prompt_overlap,
-                    "train_pairs": len(train),
-                    "heldout_pairs": len(held),
-                    "train_accuracy": round(fitted.accuracy, 4),
-                    "heldout_accuracy": round(interval.mean, 4) if interval else None,
-                    "heldout_pair_accuracy": round(sum(correct) / len(correct), 4) if correct else None,
-                    "heldout_low": round(interval.low, 4) if interval else None,
-                    "heldout_high": round(interval.high, 4) if interval else None,
-                    "heldout_by_margin": by_margin(correct, [_margin(kept[i]) for i in held_idx]),
-                }
+    def refit(variant: Variant, train: list, scored: list) -> tuple[float, list[float]]:
+        """The head of ``variant`` fitted on ``train`` as the stage fits it: its training accuracy and the margins
+        of the ``scored`` pairs."""
+        nonlocal known
+        components, squares, products = variant
+        model = new_reward_model(
+            replace(spec, head_components=components, length_squares=squares, length_products=products),
+            seed=seed("init"),
+        )
+        if known is None:
+            fingerprint = backbone_fingerprint(
+                model.backbone,
+                source=spec.source,
+                pooling=spec.pooling,
+                backbone_layers=spec.backbone_layers,
+                num_agents=spec.num_agents,
             )
+            own = load_features(features_path(paths.round_dir(round_index)), fingerprint)
+            known = fit.stored_features(paths, round_index, fit.source_rounds(pairs), fingerprint) | own
+        with model.remembered_features(known) as memory:
+            before = len(memory)
+            fit_bradley_terry(
+                model,
+                train,
+                epochs=job.reward_num_train_epochs,
+                batch_size=job.reward_train_batch_size,
+                learning_rate=job.reward_learning_rate,
+                seed=seed("order"),
+                max_grad_norm=job.max_grad_norm,
+            )
+            fitted = pair_metrics(model, train, fit.SCORE_BATCH)
+            margins = pair_margins(model, scored, fit.SCORE_BATCH)
+            if len(memory) != before:
+                raise RuntimeError(
+                    f"{run_dir} round {round_index}: {len(memory) - before} joint responses have no stored "
+                    "features (a frozen backbone's run keeps them in rounds/<r>/reward_features.safetensors)"
+                )
+        return fitted.accuracy, margins
+
+    rows = []
+    for split in range(splits):
+        train_idx, held_idx = heldout_split(items, fit.HELDOUT_SHARE, seed("heldout") + split)
+        train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
+        held_items, held_margins = [items[i] for i in held_idx], [_margin(kept[i]) for i in held_idx]
+        base = {"run": run_dir.name, "round": round_index, "split": split, "prompt_overlap": spec.prompt_overlap}
+        base |= {"train_pairs": len(train), "heldout_pairs": len(held)}
+        margins = {}
+        for variant in variants:
+            accuracy, margins[variant] = refit(variant, train, held)
+            row = base | _variant_fields(variant) | {"train_accuracy": round(accuracy, 4)}
+            rows.append(row | _heldout_fields(held_items, [m > 0 for m in margins[variant]], held_margins, seed))
+            print(_row_line(rows[-1]), flush=True)
+        if ensemble:
+            summed = [sum(ms) for ms in zip(*margins.values(), strict=True)]
+            row = base | _shared_shape(variants, "ensemble") | {"train_accuracy": None}
+            rows.append(row | _heldout_fields(held_items, [m > 0 for m in summed], held_margins, seed))
+            print(_row_line(rows[-1]), flush=True)
+        if cv_folds >= 2:
+            train_items = [items[i] for i in train_idx]
+            correct: dict[Variant, list[bool]] = {v: [] for v in variants}
+            for fold in item_folds(train_items, cv_folds, seed("cv")):
+                inner = [usable[i] for i, item in zip(train_idx, train_items, strict=True) if item not in fold]
+                outer = [usable[i] for i, item in zip(train_idx, train_items, strict=True) if item in fold]
+                for variant in variants:
+                    correct[variant] += [m > 0 for m in refit(variant, inner, outer)[1]]
+            cv = {v: sum(c) / len(c) for v, c in correct.items() if c}
+            chosen = cv_choice(cv)
+            row = base | _shared_shape(variants, "cv") | {"train_accuracy": None, "chosen_components": chosen[0]}
+            row |= {"cv_accuracy": {str(v[0]): round(a, 4) for v, a in cv.items()}}
+            rows.append(row | _heldout_fields(held_items, [m > 0 for m in margins[chosen]], held_margins, seed))
             print(_row_line(rows[-1]), flush=True)
     return rows
+
+
+def item_folds(items: list[str], folds: int, seed: int) -> list[set[str]]:
+    """The distinct ``items`` (first-seen order) dealt into ``folds`` sets in a seeded order: item j of the
+    permutation goes to fold j mod ``folds`` (sizes differ by at most one; fewer items than folds: empty folds are
+    dropped)."""
+    distinct = list(dict.fromkeys(items))
+    perm = np.random.default_rng(seed).permutation(len(distinct))
+    dealt = [{distinct[int(j)] for j in perm[f::folds]} for f in range(folds)]
+    return [fold for fold in dealt if fold]
+
+
+def cv_choice(cv: dict[Variant, float]) -> Variant:
+    """The variant with the highest cross-validated accuracy; a tie goes to the one with more components (``None``,
+    every feature, counts as the most)."""
+    return max(cv, key=lambda v: (cv[v], math.inf if v[0] is None else v[0]))
+
+
+def _variant_fields(variant: Variant) -> dict[str, Any]:
+    components, squares, products = variant
+    return {"components": components, "length_squares": squares, "length_products": products}
+
+
+def _shared_shape(variants: list[Variant], name: str) -> dict[str, Any]:
+    """The fields of a row made of several variants: their lengths' shape where they share it, else None."""
+    squares = {v[1] for v in variants}
+    products = {v[2] for v in variants}
+    return {
+        "components": name,
+        "length_squares": squares.pop() if len(squares) == 1 else None,
+        "length_products": products.pop() if len(products) == 1 else None,
+    }
+
+
+def _heldout_fields(
+    held_items: list[str], correct: list[bool], margins: list[float], seed: Callable[[str], int]
+) -> dict[str, Any]:
+    """A row's unseen-item accuracy: by item with its interval (the stage's ``heldout_interval``), by pair, and by
+    the pairs' task-reward margin."""
+    interval = fit.heldout_interval(held_items, correct, seed("heldout-interval"))
+    return {
+        "heldout_accuracy": round(interval.mean, 4) if interval else None,
+        "heldout_pair_accuracy": round(sum(correct) / len(correct), 4) if correct else None,
+        "heldout_low": round(interval.low, 4) if interval else None,
+        "heldout_high": round(interval.high, 4) if interval else None,
+        "heldout_by_margin": by_margin(correct, margins),
+    }
 
 
 def _margin(pair: dict) -> float:
@@ -154,7 +236,7 @@ def summary(rows: list[dict]) -> list[dict[str, Any]]:
     unseen-item accuracy by the pairs' reward margin pooled over every round and split (:func:`pooled_margins`)."""
     out = []
     for key in dict.fromkeys(_variant(r) for r in rows):
-        mine = [r for r in rows if _variant(r) == key and r["heldout_pair_accuracy"]]
+        mine = [r for r in rows if _variant(r) == key and r["heldout_pair_accuracy"] is not None]
         first = [r["heldout_pair_accuracy"] for r in mine if r["split"] == 0]
         every = [r["heldout_pair_accuracy"] for r in mine]
         out.append(
@@ -192,10 +274,12 @@ def _variant(row: dict) -> Variant:
 
 def _row_line(r: dict) -> str:
     k = "all" if r["components"] is None else r["components"]
+    k = f"{k} (k={r['chosen_components']})" if "chosen_components" in r else k
+    train = "" if r["train_accuracy"] is None else f"{r['train_accuracy']:.3f} "
     return (
         f"{r['run']} round {r['round']} split {r['split']} k={k} squares={r['length_squares']} "
         f"products={r['length_products']}: "
-        f"train {r['train_accuracy']:.3f} ({r['train_pairs']}), unseen {r['heldout_pair_accuracy']:.3f} "
+        f"train {train}({r['train_pairs']}), unseen {r['heldout_pair_accuracy']:.3f} "
         f"[{r['heldout_low']:.2f}, {r['heldout_high']:.2f}] ({r['heldout_pairs']})"
     )
 
@@ -212,6 +296,16 @@ def main() -> int:
     parser.add_argument(
         "--squares-only", action="store_true", help="only the shipped shape of the lengths: their squares, no products"
     )
+    parser.add_argument(
+        "--ensemble", action="store_true", help="also the variants together: the unseen pairs by their summed margins"
+    )
+    parser.add_argument(
+        "--choose-by-cv",
+        type=int,
+        default=0,
+        metavar="FOLDS",
+        help="also the variant a cross-validation over the training items (FOLDS folds of items) chooses",
+    )
     args = parser.parse_args()
     components = [None if c == "all" else int(c) for c in args.components]
     shapes = [(True, False)] if args.squares_only else SHAPES
@@ -220,7 +314,11 @@ def main() -> int:
     for run_dir in args.runs:
         for r in fitted_rounds(run_dir):
             overlap = None if args.overlap is None else args.overlap == "on"
-            rows.extend(refit_round(run_dir, r, variants, args.splits, overlap))
+            rows.extend(
+                refit_round(
+                    run_dir, r, variants, args.splits, overlap, ensemble=args.ensemble, cv_folds=args.choose_by_cv
+                )
+            )
     table = summary(rows)
     print("\ncomponents  squares  products  split-0 mean  split-0 worst  all-splits mean  all-splits worst")
     for s in table:

@@ -5,9 +5,9 @@
 L = −log σ(R(w) − R(l)), mean over a batch, AdamW. With a frozen backbone the features of every row are
 computed once and only the head is stepped (the same losses, without a backbone forward per step).
 
-**Measuring.** Loss, accuracy and margin of pairs (:func:`pair_metrics`, :func:`pair_correct`), each distinct row
-scored once; the held-out pairs are whole items (:func:`heldout_split`). The model itself:
-:mod:`pbrl.learning.reward_model`.
+**Measuring.** Loss, accuracy and margin of pairs (:func:`pair_metrics`, :func:`pair_correct`,
+:func:`pair_margins`), each distinct row scored once; the held-out pairs are whole items (:func:`heldout_split`).
+The model itself: :mod:`pbrl.learning.reward_model`.
 
 Shape legend: b batch (pairs), f features.
 """
@@ -52,10 +52,16 @@ def pair_metrics(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int
 @torch.no_grad()
 def pair_correct(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int) -> list[bool]:
     """Per pair (winner, loser): whether the model scores the winner strictly higher."""
+    return [m > 0 for m in pair_margins(model, pairs, batch_size)]
+
+
+@torch.no_grad()
+def pair_margins(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int) -> list[float]:
+    """Per pair (winner, loser): the margin R(w) − R(l) (positive: ordered right), each distinct row scored once."""
     if not pairs:
         return []
     w, lo = _pair_scores(model, pairs, batch_size)
-    return [a > b for a, b in zip(w, lo, strict=True)]
+    return [a - b for a, b in zip(w, lo, strict=True)]
 
 
 def _pair_scores(model: JointRewardModel, pairs: Sequence[Pair], batch_size: int) -> tuple[list[float], list[float]]:

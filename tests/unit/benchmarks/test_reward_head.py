@@ -1,6 +1,6 @@
 """``benchmarks/reward_head.py``: the refit of a frozen reward model's head on a run's stored rounds reproduces what
-fit-reward-model recorded, never runs the backbone, and refuses rounds whose features are not stored; its summary
-by hand."""
+fit-reward-model recorded, never runs the backbone, and refuses rounds whose features are not stored; its summary,
+folds and cross-validated choice by hand."""
 
 from __future__ import annotations
 
@@ -88,6 +88,13 @@ def test_summary_by_hand(reward_head):
     ]
 
 
+def test_a_round_that_orders_no_unseen_pair_right_is_the_worst_not_left_out(reward_head):
+    """An accuracy of 0.0 is a measurement (the summary once dropped it as falsy); None (no unseen pairs) is not."""
+    rows = [_row(1, 0, "cv", True, 0.0), _row(2, 0, "cv", True, 0.8), _row(3, 0, "cv", True, None)]
+    (entry,) = reward_head.summary(rows)
+    assert (entry["split0_mean"], entry["split0_min"], entry["rounds"]) == (0.4, 0.0, 2)
+
+
 def test_accuracy_by_margin_by_hand(reward_head):
     """Margins 0.05 (wrong), 0.2 (right), 0.3 and 2.0 (right, wrong): bands (0, 0.1], (0.1, 0.25], (0.25, 0.5],
     (0.5, inf); a margin of 0 (a tie) falls in none. Two rows pool band by band."""
@@ -106,6 +113,29 @@ def test_accuracy_by_margin_by_hand(reward_head):
         {"band": [0.5, math.inf], "pairs": 1, "accuracy": 0.0},
     ]
     assert reward_head.pooled_margins([]) == []
+
+
+def test_items_are_dealt_into_folds_in_a_seeded_order(reward_head):
+    """Five distinct items (first-seen order a, b, c, d, e; repeats ignored) into 2 folds: the permutation's
+    even places go to fold 0, its odd places to fold 1; more folds than items leave no empty fold."""
+    import numpy as np
+
+    items = ["a", "b", "a", "c", "d", "e", "e"]
+    perm = np.random.default_rng(7).permutation(5)
+    distinct = ["a", "b", "c", "d", "e"]
+    assert reward_head.item_folds(items, 2, 7) == [
+        {distinct[j] for j in perm[0::2]},
+        {distinct[j] for j in perm[1::2]},
+    ]
+    folds = reward_head.item_folds(["a", "b"], 3, 0)
+    assert len(folds) == 2 and set().union(*folds) == {"a", "b"}
+
+
+def test_the_cross_validation_chooses_the_best_and_a_tie_the_larger_head(reward_head):
+    four, eight, every = (4, True, False), (8, True, False), (None, True, False)
+    assert reward_head.cv_choice({four: 0.9, eight: 0.8}) == four
+    assert reward_head.cv_choice({four: 0.8, eight: 0.8}) == eight
+    assert reward_head.cv_choice({every: 0.8, eight: 0.8, four: 0.7}) == every
 
 
 @pytest.mark.flow
@@ -142,6 +172,23 @@ def test_the_stages_own_variant_reproduces_its_manifest_from_stored_features(rew
         patch.setattr(JointRewardModel, "_compute_features", no_backbone)
         (read,) = reward_head.refit_round(run_dir, 2, [(2, True, False)], splits=1, overlap=True)
     assert read["prompt_overlap"] and read["train_pairs"] == own["train_pairs"]
+
+    # One variant as an ensemble is that variant; a cross-validation between two chooses one of them and reports
+    # that one's unseen-item accuracy, with each variant's accuracy over the folds of the training items.
+    with monkeypatch.context() as patch:
+        patch.setattr(JointRewardModel, "_compute_features", no_backbone)
+        alone, together = reward_head.refit_round(run_dir, 2, [(2, True, False)], splits=1, ensemble=True)
+        two = [(2, True, False), (None, True, False)]
+        *each, chosen = reward_head.refit_round(run_dir, 2, two, splits=1, cv_folds=2)
+    assert together["components"] == "ensemble" and together["length_squares"] is True
+    assert {k: together[k] for k in ("heldout_pair_accuracy", "heldout_low", "heldout_high", "heldout_by_margin")} == {
+        k: alone[k] for k in ("heldout_pair_accuracy", "heldout_low", "heldout_high", "heldout_by_margin")
+    }
+    assert each[0]["heldout_pair_accuracy"] == own["heldout_pair_accuracy"]
+    assert chosen["components"] == "cv" and set(chosen["cv_accuracy"]) == {"2", "None"}
+    picked = 0 if chosen["chosen_components"] == 2 else 1
+    assert chosen["chosen_components"] == reward_head.cv_choice({v: chosen["cv_accuracy"][str(v[0])] for v in two})[0]
+    assert chosen["heldout_pair_accuracy"] == each[picked]["heldout_pair_accuracy"]
 
     features_path(paths.round_dir(1)).unlink()  # round 2 replays round 1's pairs: their features are gone
     with pytest.raises(RuntimeError, match="round 2: .* joint responses have no stored features"):
