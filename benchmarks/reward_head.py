@@ -96,9 +96,10 @@ def refit_round(
     def seed(side: str) -> int:
         return derive_seed(job.seed, round_index=round_index, stage=fit.NAME, side=side)
 
-    def refit(variant: Variant, train: list, scored: list) -> tuple[float, list[float]]:
-        """The head of ``variant`` fitted on ``train`` as the stage fits it: its training accuracy and the margins
-        of the ``scored`` pairs."""
+    def refit(variant: Variant, train: list, scored: list, measure_train: bool = True) -> tuple[float, list[float]]:
+        """The head of ``variant`` fitted on ``train`` as the stage fits it: its training accuracy (NaN without
+        ``measure_train``: a cross-validation fold needs only its scored pairs) and the margins of the ``scored``
+        pairs."""
         nonlocal known
         components, squares, products = variant
         model = new_reward_model(
@@ -126,14 +127,14 @@ def refit_round(
                 seed=seed("order"),
                 max_grad_norm=job.max_grad_norm,
             )
-            fitted = pair_metrics(model, train, fit.SCORE_BATCH)
+            accuracy = pair_metrics(model, train, fit.SCORE_BATCH).accuracy if measure_train else math.nan
             margins = pair_margins(model, scored, fit.SCORE_BATCH)
             if len(memory) != before:
                 raise RuntimeError(
                     f"{run_dir} round {round_index}: {len(memory) - before} joint responses have no stored "
                     "features (a frozen backbone's run keeps them in rounds/<r>/reward_features.safetensors)"
                 )
-        return fitted.accuracy, margins
+        return accuracy, margins
 
     rows = []
     for split in range(splits):
@@ -160,7 +161,7 @@ def refit_round(
                 inner = [usable[i] for i, item in zip(train_idx, train_items, strict=True) if item not in fold]
                 outer = [usable[i] for i, item in zip(train_idx, train_items, strict=True) if item in fold]
                 for variant in variants:
-                    correct[variant] += [m > 0 for m in refit(variant, inner, outer)[1]]
+                    correct[variant] += [m > 0 for m in refit(variant, inner, outer, measure_train=False)[1]]
             cv = {v: sum(c) / len(c) for v, c in correct.items() if c}
             chosen = cv_choice(cv)
             row = base | _shared_shape(variants, "cv") | {"train_accuracy": None, "chosen_components": chosen[0]}
