@@ -6,23 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 
-from pbrl import orchestration
-from pbrl.config import load_job
 from pbrl.data.storage import RunPaths
 from pbrl.learning.feature_store import features_path
 from pbrl.learning.reward_model import JointRewardModel
-from tests.flow.test_marlhf import ITER_YAML
 from tests.helpers import benchmark_script
-
-SETTINGS = [
-    "reward_freeze_backbone=true",
-    "reward_pooling=segments",
-    "reward_head_components=2",
-    "preference_replay_mode=all_history",
-]
 
 
 @pytest.fixture(scope="module")
@@ -133,9 +124,11 @@ def test_the_cross_validation_chooses_the_best_and_a_tie_the_larger_head(reward_
 
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_api")
-def test_the_stages_own_variant_reproduces_its_manifest_from_stored_features(reward_head, tmp_path, monkeypatch):
-    orchestration.train(load_job(ITER_YAML, [f"output_dir={tmp_path}", "run_name=run", *SETTINGS]))
+def test_the_stages_own_variant_reproduces_its_manifest_from_stored_features(
+    reward_head, frozen_marlhf_run, tmp_path, monkeypatch
+):
     run_dir = tmp_path / "run"
+    shutil.copytree(frozen_marlhf_run, run_dir)  # the end of this test removes stored features
     paths = RunPaths(run_dir)
     assert reward_head.fitted_rounds(run_dir) == [1, 2]
 
