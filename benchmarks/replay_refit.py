@@ -1,5 +1,5 @@
 """Benchmark: MARLHF's reward model of every round refitted under other replay sample sizes, by the stages themselves
-(docs/results/marlhf.md#a-larger-replay-sample-for-the-reward-model-and-the-heads-capacity-at-32-items-2026-12-07).
+(docs/results/marlhf.md#a-larger-replay-sample-for-the-reward-model-the-heads-capacity-at-32-items-every-stored-pair-once-2026-12-07).
 
 Under ``preference_replay_mode: all_history`` the reward model of round r trains on
 ``preference_replay_sample_size`` pairs drawn from every stored round (None: as many as round r built, so a round

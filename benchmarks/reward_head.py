@@ -20,6 +20,11 @@ and settings under each variant:
 - ``--choose-by-cv FOLDS``: also the variant that a cross-validation over the round's training items chooses (the
   items dealt into FOLDS folds; each variant fitted on the other folds and scored on one; the best pooled accuracy
   wins), i.e. the head's capacity chosen per round from its own data.
+- ``--history``: round r's head fits every stored pair of the rounds up to r once (the union of their replay
+  selections) instead of round r's selection, the items held out as the stage holds them out.
+
+Every row also gives the unseen-item accuracy on round r's own pairs (``heldout_own_*``: those the round's agents
+produced, without the pairs replayed from earlier rounds).
 
 Per variant it reports the accuracy on the training pairs and on the unseen items' pairs, with the interval over
 items, and, over the rounds, the mean and the worst of the unseen-item accuracy (on split 0 and on every split).
@@ -75,19 +80,21 @@ def refit_round(
     *,
     ensemble: bool = False,
     cv_folds: int = 0,
+    history: bool = False,
 ) -> list[dict]:
     """One row per (split, components, squares, products): train / unseen-item accuracy of the refitted head, which
     reads the prompt overlap as the run's job did, or as ``overlap`` says. With ``ensemble`` also a row per split
     whose components are ``"ensemble"``: the unseen pairs ordered by the sum of the variants' margins (their mean
     score). With ``cv_folds`` ≥ 2 also a row per split whose components are ``"cv"``: the variant a cross-validation
-    over the training items chooses (:func:`item_folds`, :func:`cv_choice`), with its unseen-item accuracy.
+    over the training items chooses (:func:`item_folds`, :func:`cv_choice`), with its unseen-item accuracy. With
+    ``history`` the pairs are every stored pair of the fitted rounds up to ``round_index`` (:func:`history_pairs`).
 
     Raises:
         RuntimeError: a row's features are not stored (the backbone would run).
     """
     job = open_job(run_dir)
     paths = RunPaths(run_dir)
-    pairs, kept, usable = fit.usable_pairs(paths, round_index, job)
+    pairs, kept, usable = history_pairs(run_dir, round_index) if history else fit.usable_pairs(paths, round_index, job)
     spec = fit.spec_of(job)
     spec = spec if overlap is None else replace(spec, prompt_overlap=overlap)
     items = [p["item_id"] for p in kept]
@@ -114,8 +121,10 @@ def refit_round(
                 backbone_layers=spec.backbone_layers,
                 num_agents=spec.num_agents,
             )
-            own = load_features(features_path(paths.round_dir(round_index)), fingerprint)
-            known = fit.stored_features(paths, round_index, fit.source_rounds(pairs), fingerprint) | own
+            rounds = fit.source_rounds(pairs) + [round_index]  # each round's file holds its selection's rows
+            known = {
+                k: v for r in rounds for k, v in load_features(features_path(paths.round_dir(r)), fingerprint).items()
+            }
         with model.remembered_features(known) as memory:
             before = len(memory)
             fit_bradley_terry(
@@ -142,12 +151,14 @@ def refit_round(
         train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
         held_items, held_margins = [items[i] for i in held_idx], [_margin(kept[i]) for i in held_idx]
         base = {"run": run_dir.name, "round": round_index, "split": split, "prompt_overlap": spec.prompt_overlap}
-        base |= {"train_pairs": len(train), "heldout_pairs": len(held)}
+        base |= {"train_pairs": len(train), "heldout_pairs": len(held), "history": history}
+        own = [j for j, i in enumerate(held_idx) if kept[i]["round_index"] == round_index]  # round r's own pairs
         margins = {}
         for variant in variants:
             accuracy, margins[variant] = refit(variant, train, held)
             row = base | _variant_fields(variant) | {"train_accuracy": round(accuracy, 4)}
             rows.append(row | _heldout_fields(held_items, [m > 0 for m in margins[variant]], held_margins, seed))
+            rows[-1] |= _own_fields(held_items, [margins[variant][j] > 0 for j in own], own, seed)
             print(_row_line(rows[-1]), flush=True)
         if ensemble:
             summed = [sum(ms) for ms in zip(*margins.values(), strict=True)]
@@ -169,6 +180,35 @@ def refit_round(
             rows.append(row | _heldout_fields(held_items, [m > 0 for m in margins[chosen]], held_margins, seed))
             print(_row_line(rows[-1]), flush=True)
     return rows
+
+
+def history_pairs(run_dir: Path, round_index: int) -> tuple[list[dict], list[dict], list]:
+    """Every stored pair of ``run_dir``'s fitted rounds up to ``round_index``, each once (the union of the rounds'
+    replay selections by ``pair_id``, oldest round first), as :func:`stages.fit_reward_model.usable_pairs` returns a
+    round's: (pairs, kept, usable)."""
+    job, paths = open_job(run_dir), RunPaths(run_dir)
+    seen: dict[str, tuple[dict, dict, Any]] = {}
+    for r in (r for r in fitted_rounds(run_dir) if r <= round_index):
+        pairs, kept, usable = fit.usable_pairs(paths, r, job)
+        usable_of = {p["pair_id"]: u for p, u in zip(kept, usable, strict=True)}
+        for p in pairs:
+            seen.setdefault(p["pair_id"], (p, p if p["pair_id"] in usable_of else None, usable_of.get(p["pair_id"])))
+    pairs = [p for p, _, _ in seen.values()]
+    kept_usable = [(k, u) for _, k, u in seen.values() if k is not None]
+    return pairs, [k for k, _ in kept_usable], [u for _, u in kept_usable]
+
+
+def _own_fields(
+    held_items: list[str], correct: list[bool], own: list[int], seed: Callable[[str], int]
+) -> dict[str, Any]:
+    """The unseen-item accuracy on the round's own held-out pairs (positions ``own`` of the held-out ones)."""
+    interval = fit.heldout_interval([held_items[j] for j in own], correct, seed("heldout-interval"))
+    return {
+        "heldout_own_pairs": len(own),
+        "heldout_own_pair_accuracy": round(sum(correct) / len(correct), 4) if correct else None,
+        "heldout_own_low": round(interval.low, 4) if interval else None,
+        "heldout_own_high": round(interval.high, 4) if interval else None,
+    }
 
 
 def item_folds(items: list[str], folds: int, seed: int) -> list[set[str]]:
@@ -301,6 +341,9 @@ def main() -> int:
         "--ensemble", action="store_true", help="also the variants together: the unseen pairs by their summed margins"
     )
     parser.add_argument(
+        "--history", action="store_true", help="round r fits every stored pair of rounds <= r once (their union)"
+    )
+    parser.add_argument(
         "--choose-by-cv",
         type=int,
         default=0,
@@ -317,7 +360,14 @@ def main() -> int:
             overlap = None if args.overlap is None else args.overlap == "on"
             rows.extend(
                 refit_round(
-                    run_dir, r, variants, args.splits, overlap, ensemble=args.ensemble, cv_folds=args.choose_by_cv
+                    run_dir,
+                    r,
+                    variants,
+                    args.splits,
+                    overlap,
+                    ensemble=args.ensemble,
+                    cv_folds=args.choose_by_cv,
+                    history=args.history,
                 )
             )
     table = summary(rows)

@@ -1,6 +1,6 @@
 """``benchmarks/reward_head.py``: the refit of a frozen reward model's head on a run's stored rounds reproduces what
-fit-reward-model recorded, never runs the backbone, and refuses rounds whose features are not stored; its summary,
-folds and cross-validated choice by hand."""
+fit-reward-model recorded, never runs the backbone, and refuses rounds whose features are not stored; a round fitted
+on every stored pair (``--history``) takes each once; its summary, folds and cross-validated choice by hand."""
 
 from __future__ import annotations
 
@@ -179,3 +179,37 @@ def test_the_stages_own_variant_reproduces_its_manifest_from_stored_features(
     features_path(paths.round_dir(1)).unlink()  # round 2 replays round 1's pairs: their features are gone
     with pytest.raises(RuntimeError, match="round 2: .* joint responses have no stored features"):
         reward_head.refit_round(run_dir, 2, [(2, True, False)], splits=1)
+
+
+@pytest.mark.flow
+def test_history_fits_every_stored_pair_once_and_reports_the_rounds_own(reward_head, frozen_marlhf_run, monkeypatch):
+    import stages.fit_reward_model as fit
+    from pbrl.data.seeds import derive_seed
+    from pbrl.run.folder import open_job
+
+    job, paths = open_job(frozen_marlhf_run), RunPaths(frozen_marlhf_run)
+    selected = {r: [p["pair_id"] for p in fit.usable_pairs(paths, r, job)[0]] for r in (1, 2)}
+    assert [p["pair_id"] for p in reward_head.history_pairs(frozen_marlhf_run, 1)[0]] == list(
+        dict.fromkeys(selected[1])
+    )
+    pairs, kept, usable = reward_head.history_pairs(frozen_marlhf_run, 2)
+    assert [p["pair_id"] for p in pairs] == list(dict.fromkeys(selected[1] + selected[2]))  # each once, round 1 first
+    assert len(kept) == len(usable) == len(pairs)  # no pair of the tiny run is too long
+
+    def no_backbone(self, rows, *args, **kwargs):
+        raise AssertionError("the backbone ran")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(JointRewardModel, "_compute_features", no_backbone)
+        (row,) = reward_head.refit_round(frozen_marlhf_run, 2, [(2, True, False)], splits=1, history=True)
+        (plain,) = reward_head.refit_round(frozen_marlhf_run, 2, [(2, True, False)], splits=1)
+    assert row["history"] and not plain["history"]
+    assert row["train_pairs"] + row["heldout_pairs"] == len(kept)
+    _, held_idx = fit.heldout_split(
+        [p["item_id"] for p in kept],
+        fit.HELDOUT_SHARE,
+        derive_seed(job.seed, round_index=2, stage=fit.NAME, side="heldout"),
+    )
+    assert row["heldout_own_pairs"] == sum(kept[i]["round_index"] == 2 for i in held_idx)
+    own_plain = fit.usable_pairs(paths, 2, job)[1]
+    assert plain["heldout_own_pairs"] <= plain["heldout_pairs"] <= len(own_plain)
