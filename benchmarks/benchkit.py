@@ -183,6 +183,16 @@ def write_result(bench: str, model: str, result: dict[str, Any]) -> Path:
     return path
 
 
+def write_runs_result(bench: str, runs: Sequence[Path], tag: str, result: dict[str, Any]) -> Path:
+    """:func:`write_result` for a script that reads kept run folders: named after the first run's agent model (and
+    ``tag``), with the folders listed under ``runs``."""
+    from pbrl.run.folder import open_job
+    from pbrl.run.settings import policy_source
+
+    model = Path(str(policy_source(open_job(runs[0])).models[0])).name + (f"-{tag}" if tag else "")
+    return write_result(bench, model, {"runs": [str(r) for r in runs], **result})
+
+
 def ratio(numerator: float, denominator: float) -> float:
     """``numerator / denominator`` rounded to 3 decimals (inf when the denominator is 0)."""
     return round(numerator / denominator, 3) if denominator else float("inf")

@@ -27,13 +27,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchkit import write_result
+from benchkit import write_runs_result
+from stored_pairs import fitted_rounds
 
 import stages.fit_reward_model as fit
 import stages.replay_select as replay
 from pbrl.data.storage import RunPaths
 from pbrl.run.folder import open_job
-from pbrl.run.settings import policy_source
 
 RUN_OWN = "run"  # a sample size that keeps the job's own preference_replay_sample_size
 
@@ -56,12 +56,7 @@ def refit_run(run_dir: Path, sample_size: int | str) -> list[dict[str, Any]]:
         if sample_size != RUN_OWN:
             job = job.model_copy(update={"preference_replay_sample_size": sample_size})
         paths = RunPaths(copy)
-        fitted = sorted(
-            int(d.name)
-            for d in paths.root.joinpath("rounds").iterdir()
-            if paths.manifest(int(d.name), fit.NAME).is_file()
-        )
-        for r in fitted:  # in order: round r reads the features rounds < r stored
+        for r in fitted_rounds(copy):  # in order: round r reads the features rounds < r stored
             replay.run(copy, r, job)
             fit.run(copy, r, job)
             manifest = json.loads(paths.manifest(r, fit.NAME).read_text())
@@ -136,8 +131,7 @@ def main() -> int:
     print("\nsample size   mean   worst   rounds >= 0.75")
     for s in table:
         print(f"{s['sample_size']!s:>11}  {s['mean']:.3f}  {s['worst']:.3f}   {s['rounds_at_075']} of {s['rounds']}")
-    model = Path(str(policy_source(open_job(args.runs[0])).models[0])).name + (f"-{args.tag}" if args.tag else "")
-    path = write_result("replay-refit", model, {"runs": [str(r) for r in args.runs], "rows": rows, "summary": table})
+    path = write_runs_result("replay-refit", args.runs, args.tag, {"rows": rows, "summary": table})
     print(f"\nwrote {path}")
     return 0
 

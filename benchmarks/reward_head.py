@@ -21,7 +21,8 @@ and settings under each variant:
   items dealt into FOLDS folds; each variant fitted on the other folds and scored on one; the best pooled accuracy
   wins), i.e. the head's capacity chosen per round from its own data.
 - ``--history``: round r's head fits every stored pair of the rounds up to r once (the union of their replay
-  selections) instead of round r's selection, the items held out as the stage holds them out.
+  selections) instead of round r's selection, the items held out as the stage holds them out; ``--all-pairs``: every
+  pair the rounds up to r built, selected or not (the backbone then runs on the rows no round stored, once).
 
 Every row also gives the unseen-item accuracy on round r's own pairs (``heldout_own_*``: those the round's agents
 produced, without the pairs replayed from earlier rounds).
@@ -46,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchkit import write_result
+from benchkit import write_runs_result
+from stored_pairs import fitted_rounds, history_pairs
 
 import stages.fit_reward_model as fit
 from pbrl.data.seeds import derive_seed
@@ -55,16 +57,6 @@ from pbrl.learning.feature_store import backbone_fingerprint, features_path, loa
 from pbrl.learning.reward_fit import fit_bradley_terry, heldout_split, pair_margins, pair_metrics
 from pbrl.learning.reward_model_build import new_reward_model
 from pbrl.run.folder import open_job
-from pbrl.run.settings import policy_source
-
-
-def fitted_rounds(run_dir: Path) -> list[int]:
-    """The rounds of ``run_dir`` whose fit-reward-model finished (its manifest exists)."""
-    paths = RunPaths(run_dir)
-    return sorted(
-        int(d.name) for d in paths.root.joinpath("rounds").iterdir() if paths.manifest(int(d.name), fit.NAME).is_file()
-    )
-
 
 Variant = tuple[int | None, bool, bool]  # (components, squares, products)
 SHAPES = ((False, False), (True, False), (True, True))  # the lengths' (squares, products) compared per k
@@ -81,20 +73,27 @@ def refit_round(
     ensemble: bool = False,
     cv_folds: int = 0,
     history: bool = False,
+    all_pairs: bool = False,
 ) -> list[dict]:
     """One row per (split, components, squares, products): train / unseen-item accuracy of the refitted head, which
     reads the prompt overlap as the run's job did, or as ``overlap`` says. With ``ensemble`` also a row per split
     whose components are ``"ensemble"``: the unseen pairs ordered by the sum of the variants' margins (their mean
     score). With ``cv_folds`` ≥ 2 also a row per split whose components are ``"cv"``: the variant a cross-validation
     over the training items chooses (:func:`item_folds`, :func:`cv_choice`), with its unseen-item accuracy. With
-    ``history`` the pairs are every stored pair of the fitted rounds up to ``round_index`` (:func:`history_pairs`).
+    ``history`` the pairs are every stored pair of the fitted rounds up to ``round_index`` (:func:`history_pairs`);
+    with ``all_pairs`` every pair those rounds built, and the backbone may run.
 
     Raises:
-        RuntimeError: a row's features are not stored (the backbone would run).
+        RuntimeError: a row's features are not stored (the backbone would run) and ``all_pairs`` is off.
     """
     job = open_job(run_dir)
     paths = RunPaths(run_dir)
-    pairs, kept, usable = history_pairs(run_dir, round_index) if history else fit.usable_pairs(paths, round_index, job)
+    history = history or all_pairs
+    pairs, kept, usable = (
+        history_pairs(run_dir, round_index, every_built=all_pairs)
+        if history
+        else fit.usable_pairs(paths, round_index, job)
+    )
     spec = fit.spec_of(job)
     spec = spec if overlap is None else replace(spec, prompt_overlap=overlap)
     items = [p["item_id"] for p in kept]
@@ -138,11 +137,7 @@ def refit_round(
             )
             accuracy = pair_metrics(model, train, fit.SCORE_BATCH).accuracy if measure_train else math.nan
             margins = pair_margins(model, scored, fit.SCORE_BATCH)
-            if len(memory) != before:
-                raise RuntimeError(
-                    f"{run_dir} round {round_index}: {len(memory) - before} joint responses have no stored "
-                    "features (a frozen backbone's run keeps them in rounds/<r>/reward_features.safetensors)"
-                )
+            known |= _new_rows(memory, len(memory) - before, f"{run_dir} round {round_index}", allowed=all_pairs)
         return accuracy, margins
 
     rows = []
@@ -151,7 +146,7 @@ def refit_round(
         train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
         held_items, held_margins = [items[i] for i in held_idx], [_margin(kept[i]) for i in held_idx]
         base = {"run": run_dir.name, "round": round_index, "split": split, "prompt_overlap": spec.prompt_overlap}
-        base |= {"train_pairs": len(train), "heldout_pairs": len(held), "history": history}
+        base |= {"train_pairs": len(train), "heldout_pairs": len(held), "history": "all" if all_pairs else history}
         own = [j for j, i in enumerate(held_idx) if kept[i]["round_index"] == round_index]  # round r's own pairs
         margins = {}
         for variant in variants:
@@ -182,20 +177,19 @@ def refit_round(
     return rows
 
 
-def history_pairs(run_dir: Path, round_index: int) -> tuple[list[dict], list[dict], list]:
-    """Every stored pair of ``run_dir``'s fitted rounds up to ``round_index``, each once (the union of the rounds'
-    replay selections by ``pair_id``, oldest round first), as :func:`stages.fit_reward_model.usable_pairs` returns a
-    round's: (pairs, kept, usable)."""
-    job, paths = open_job(run_dir), RunPaths(run_dir)
-    seen: dict[str, tuple[dict, dict, Any]] = {}
-    for r in (r for r in fitted_rounds(run_dir) if r <= round_index):
-        pairs, kept, usable = fit.usable_pairs(paths, r, job)
-        usable_of = {p["pair_id"]: u for p, u in zip(kept, usable, strict=True)}
-        for p in pairs:
-            seen.setdefault(p["pair_id"], (p, p if p["pair_id"] in usable_of else None, usable_of.get(p["pair_id"])))
-    pairs = [p for p, _, _ in seen.values()]
-    kept_usable = [(k, u) for _, k, u in seen.values() if k is not None]
-    return pairs, [k for k, _ in kept_usable], [u for _, u in kept_usable]
+def _new_rows(memory: dict, new: int, where: str, *, allowed: bool) -> dict:
+    """The features a refit computed (``memory``, ``new`` of them not stored), kept for the next refit where the
+    backbone may run (``allowed``).
+
+    Raises:
+        RuntimeError: the backbone ran (``new`` > 0) where it may not.
+    """
+    if new and not allowed:
+        raise RuntimeError(
+            f"{where}: {new} joint responses have no stored features "
+            "(a frozen backbone's run keeps them in rounds/<r>/reward_features.safetensors)"
+        )
+    return memory if allowed else {}
 
 
 def _own_fields(
@@ -344,6 +338,9 @@ def main() -> int:
         "--history", action="store_true", help="round r fits every stored pair of rounds <= r once (their union)"
     )
     parser.add_argument(
+        "--all-pairs", action="store_true", help="round r fits every pair rounds <= r built (the backbone may run)"
+    )
+    parser.add_argument(
         "--choose-by-cv",
         type=int,
         default=0,
@@ -368,6 +365,7 @@ def main() -> int:
                     ensemble=args.ensemble,
                     cv_folds=args.choose_by_cv,
                     history=args.history,
+                    all_pairs=args.all_pairs,
                 )
             )
     table = summary(rows)
@@ -379,8 +377,7 @@ def main() -> int:
             f"{s['split0_mean']:12.3f}  {s['split0_min']:13.3f}  "
             f"{s['all_splits_mean']:15.3f}  {s['all_splits_min']:16.3f}"
         )
-    model = Path(str(policy_source(open_job(args.runs[0])).models[0])).name + (f"-{args.tag}" if args.tag else "")
-    path = write_result("reward-head", model, {"runs": [str(r) for r in args.runs], "rows": rows, "summary": table})
+    path = write_runs_result("reward-head", args.runs, args.tag, {"rows": rows, "summary": table})
     print(f"\nwrote {path}")
     return 0
 

@@ -213,3 +213,15 @@ def test_history_fits_every_stored_pair_once_and_reports_the_rounds_own(reward_h
     assert row["heldout_own_pairs"] == sum(kept[i]["round_index"] == 2 for i in held_idx)
     own_plain = fit.usable_pairs(paths, 2, job)[1]
     assert plain["heldout_own_pairs"] <= plain["heldout_pairs"] <= len(own_plain)
+
+
+@pytest.mark.flow
+def test_all_pairs_fits_every_pair_the_rounds_built_once_and_may_run_the_backbone(reward_head, frozen_marlhf_run):
+    from pbrl.data.tables import read_pairs
+
+    paths = RunPaths(frozen_marlhf_run)
+    built = [p["pair_id"] for r in (1, 2) for p in read_pairs(paths.pairs(r))]
+    pairs, kept, usable = reward_head.history_pairs(frozen_marlhf_run, 2, every_built=True)
+    assert [p["pair_id"] for p in pairs] == list(dict.fromkeys(built)) and len(kept) == len(usable) == len(pairs)
+    (row,) = reward_head.refit_round(frozen_marlhf_run, 2, [(2, True, False)], splits=1, all_pairs=True)
+    assert row["history"] == "all" and row["train_pairs"] + row["heldout_pairs"] == len(kept)
