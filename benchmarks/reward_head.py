@@ -120,10 +120,8 @@ def refit_round(
                 backbone_layers=spec.backbone_layers,
                 num_agents=spec.num_agents,
             )
-            rounds = fit.source_rounds(pairs) + [round_index]  # each round's file holds its selection's rows
-            known = {
-                k: v for r in rounds for k, v in load_features(features_path(paths.round_dir(r)), fingerprint).items()
-            }
+            own = load_features(features_path(paths.round_dir(round_index)), fingerprint)
+            known = fit.stored_features(paths, round_index, fit.source_rounds(pairs), fingerprint) | own
         with model.remembered_features(known) as memory:
             before = len(memory)
             fit_bradley_terry(

@@ -116,6 +116,18 @@ def usable_pairs(
         ArtifactError: a selected pair has no stored joint ids, or they differ from its pair's ids.
     """
     pairs = read_selected_pairs(paths.selected_pairs(round_index), paths.pairs)
+    return pairs, *kept_inputs(paths, pairs, job)
+
+
+def kept_inputs(
+    paths: RunPaths, pairs: list[PairRow], job: JobConfig
+) -> tuple[list[PairRow], list[tuple[JointInput, JointInput]]]:
+    """Of stored ``pairs`` (any rounds), those whose joint inputs fit ``reward_max_length`` (kept) and their (winner,
+    loser) joint inputs (:func:`joint_inputs`), from each source round's ``pair_joint_ids.parquet``.
+
+    Raises:
+        ArtifactError: a pair has no stored joint ids, or they differ from its pair's ids.
+    """
     joint: dict[str, dict] = {}
     for r in source_rounds(pairs):
         stored = read_rows(pair_joint_ids_path(paths.round_dir(r)), PAIR_JOINT_IDS)
@@ -127,7 +139,7 @@ def usable_pairs(
             "rerun build-pairs of their round"
         )
     kept = [p for p in pairs if joint[p["pair_id"]]["dropped"] is None]
-    return pairs, kept, joint_inputs(kept, joint, job)
+    return kept, joint_inputs(kept, joint, job)
 
 
 def source_rounds(pairs: list[PairRow]) -> list[int]:
