@@ -283,15 +283,12 @@ def round_record(
 
 def docs_term_means(rows: list[dict], items: dict[str, dict]) -> dict[str, float]:
     """``humaneval_docs``: the mean of each part of the reward over the evaluation draws (``terms/lengths``,
-    ``terms/ratio``, ``terms/coverage``, each in [0, 1]; an empty text counts 0 for every part), to show which
-    part of the reward the agents learn."""
-    from pbrl.tasks.humaneval_docs import docs_terms
+    ``terms/ratio``, ``terms/coverage``, ``terms/docstring``, each in [0, 1]; an empty text counts 0 for every part),
+    to show which part of the reward the agents learn, whichever parts the run's reward sums."""
+    from pbrl.tasks.humaneval_docs import ALL_TERMS, docs_terms
 
-    parts = [docs_terms(row["completions"][0], row["completions"][1], items[row["item_id"]]) for row in rows]
-    return {
-        f"terms/{name}": statistics.fmean((p or {}).get(name, 0.0) for p in parts)
-        for name in ("lengths", "ratio", "coverage")
-    }
+    parts = [docs_terms(*row["completions"][:2], items[row["item_id"]], ALL_TERMS) for row in rows]
+    return {f"terms/{name}": statistics.fmean((p or {}).get(name, 0.0) for p in parts) for name in ALL_TERMS}
 
 
 def seed_result(run_dir: Path, job: JobConfig) -> dict[str, Any]:
@@ -340,10 +337,9 @@ def print_table(res: dict[str, Any], num_agents: int) -> None:
                 f" | rm held-out {x['rm/heldout_accuracy']:.2f} [{fmt(x.get('rm/heldout_accuracy_lo'))}, "
                 f"{fmt(x.get('rm/heldout_accuracy_hi'))}] on {x['rm/heldout_pairs']} pairs"
             )
-        if "terms/ratio" in x:
-            extra += " | lengths/ratio/coverage " + "/".join(
-                f"{x[f'terms/{t}']:.2f}" for t in ("lengths", "ratio", "coverage")
-            )
+        terms = [name for name in ("lengths", "ratio", "coverage", "docstring") if f"terms/{name}" in x]
+        if terms:  # results written before the docstring part have three
+            extra += f" | {'/'.join(terms)} " + "/".join(f"{x[f'terms/{t}']:.2f}" for t in terms)
         print(
             f"  {x['round']} | {fmt(x['eval/reward_mean'])} [{fmt(x['eval/reward_ci_low'])}, "
             f"{fmt(x['eval/reward_ci_high'])}] | {gain} | {fmt(x.get('heldout_pair_accuracy'))} | {tokens} | "

@@ -67,7 +67,7 @@ from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model
 from pbrl.models.loading import load_tokenizer, resolve_model_source
 from pbrl.models.threads import configure_threads
 from pbrl.run.folder import open_job, prepare_run
-from pbrl.tasks.humaneval_docs import REWARD_TERMS, docs_score
+from pbrl.tasks.humaneval_docs import ALL_TERMS, REWARD_TERMS, docs_score
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
 REPRESENTATIONS = (
@@ -146,7 +146,7 @@ def preference_pairs(responses: list[dict[str, Any]], tie_tolerance: float) -> l
 
 @torch.no_grad()
 def backbone_features(responses: list[dict[str, Any]], job: JobConfig) -> dict[str, np.ndarray]:
-    """``last_token`` (n, h), ``segments`` (n, a·(h+1)) and ``segment_lengths`` (n, a) of the frozen backbone."""
+    """``last_token`` (n, h) and ``segments`` (n, a·(h+1)) of the frozen backbone."""
     from pbrl.learning.segment_head import segment_features
     from pbrl.models.forward import pad_rows
 
@@ -160,10 +160,7 @@ def backbone_features(responses: list[dict[str, Any]], job: JobConfig) -> dict[s
         hidden = model.backbone(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
         last.append(hidden[torch.arange(len(chunk)), last_index])
         segments.append(segment_features(hidden, [x.response_spans for x in chunk]))
-    seg = torch.cat(segments).double().numpy()
-    h = model.backbone.config.hidden_size
-    lengths = seg[:, [k * (h + 1) + h for k in range(job.num_agents)]]
-    return {"last_token": torch.cat(last).double().numpy(), "segments": seg, "segment_lengths": lengths}
+    return {"last_token": torch.cat(last).double().numpy(), "segments": torch.cat(segments).double().numpy()}
 
 
 def hand_features(responses: list[dict[str, Any]], items: dict[str, dict]) -> np.ndarray:
@@ -256,7 +253,9 @@ def representations(
     overlap_of = prompt_overlap(responses, inputs, job.num_agents)
     features["prompt_overlap"] = overlap_of
     features["overlap_tf"] = tf_overlap(responses, inputs, job.num_agents)
-    if set(wanted) & {"last_token", "segments", "segment_lengths", "segments+overlap"}:
+    # the segments' length feature, log(1 + response tokens) per agent, needs no backbone (in float64 here)
+    features["segment_lengths"] = np.log1p([[end - start for start, end in x.response_spans] for x in inputs])
+    if set(wanted) & {"last_token", "segments", "segments+overlap"}:
         features.update(backbone_features(responses, job))
         segments = features["segments"]
         features["segments+overlap"] = lambda train: np.concatenate([segments, overlap_of(train)], axis=1)
@@ -402,7 +401,7 @@ def main() -> int:
     parser.add_argument(
         "--reward-terms",
         nargs="+",
-        choices=REWARD_TERMS,
+        choices=ALL_TERMS,
         help="the preference: the docs reward's parts summed (humaneval_docs' reward_terms), recomputed from the "
         "stored texts; e.g. 'coverage' for a preference about content alone (default: the run's own scores)",
     )

@@ -19,7 +19,17 @@ from pbrl.tasks.humaneval import check_two_agent_batch, item_field, split_proble
 SUMMARY_WORDS = (3, 60)
 EXPLANATION_WORDS = (15, 400)
 RATIO_ZERO_LOW, RATIO_FULL_LOW, RATIO_FULL_HIGH, RATIO_ZERO_HIGH = 1.0, 2.0, 6.0, 10.0
-REWARD_TERMS = ("lengths", "ratio", "coverage")  # the parts of the reward, (a), (b) and (c) of docs_score
+REWARD_TERMS = ("lengths", "ratio", "coverage")  # the default reward's parts, (a), (b) and (c) of docs_score
+ALL_TERMS = (*REWARD_TERMS, "docstring")  # what reward_terms may name: (d) is a graded content part, off by default
+# (d)'s words leave out the English function words (and the words every item's docstring and prompt use: "given",
+# "return", "function", "list"). Hand-written: a stop list is 60 words, and no library we depend on ships one
+# (scikit-learn's or NLTK's would be a dependency for this list alone).
+STOP_WORDS = frozenset(
+    """the and but then else its this that these those which what who whom whose when where why how all any both each
+    few more most other some such nor not only own same than too very can will just should now does did has have had
+    having into over under again further once here there their they them you your our his her are was were been being
+    for with from given return returns function list""".split()
+)
 
 
 def summary_prompt(item: dict[str, Any]) -> str:
@@ -47,18 +57,32 @@ def key_identifiers(item: dict[str, Any]) -> list[str]:
         ValueError: the prompt does not parse or defines no top-level function of that name (names the
             item).
     """
-    entry_point = item_field(item, "entry_point")
-    try:
-        module = ast.parse(item_field(item, "prompt"))
-    except SyntaxError as exc:
-        raise ValueError(f"item {item.get('item_id')!r}: field 'prompt' does not parse: {exc}") from exc
-    for node in module.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == entry_point:
-            a = node.args
-            params = [*a.posonlyargs, *a.args, *([a.vararg] if a.vararg else []), *a.kwonlyargs]
-            params += [a.kwarg] if a.kwarg else []
-            return list(dict.fromkeys([entry_point, *(p.arg for p in params)]))
-    raise ValueError(f"item {item.get('item_id')!r}: field 'prompt' defines no function {entry_point!r}")
+    node = _entry_function(item)
+    a = node.args
+    params = [*a.posonlyargs, *a.args, *([a.vararg] if a.vararg else []), *a.kwonlyargs]
+    params += [a.kwarg] if a.kwarg else []
+    return list(dict.fromkeys([node.name, *(p.arg for p in params)]))
+
+
+def docstring_words(item: dict[str, Any]) -> frozenset[str]:
+    """The content words of the function's docstring prose: :func:`content_words` of its lines before the first
+    doctest line (``>>>``), so the examples' values and calls do not count. Empty without a docstring.
+
+    Raises:
+        ValueError: as :func:`key_identifiers`.
+    """
+    prose = []
+    for line in (ast.get_docstring(_entry_function(item)) or "").splitlines():
+        if line.lstrip().startswith(">>>"):
+            break
+        prose.append(line)
+    return content_words("\n".join(prose))
+
+
+def content_words(text: str) -> frozenset[str]:
+    """The distinct lower-cased runs of ASCII letters in ``text`` of 3 letters or more, less :data:`STOP_WORDS`
+    (``has_close_elements`` gives ``close`` and ``elements``; ``Numbers,`` gives ``numbers``)."""
+    return frozenset(w for w in re.findall(r"[a-z]+", text.lower()) if len(w) >= 3 and w not in STOP_WORDS)
 
 
 def ratio_score(ratio: float) -> float:
@@ -96,30 +120,55 @@ def docs_score(summary: str, explanation: str, item: dict[str, Any], terms: Sequ
         (a) 1 if 3 <= words(s) <= 60 and 15 <= words(e) <= 400, else 0
         (b) ratio_score(len(e) / len(s))     (characters; full credit for a ratio in [2, 6])
         (c) coverage(e, key_identifiers(item))   (function name and parameter names mentioned in e)
+        (d) only when ``terms`` names it: the share of docstring_words(item) found in content_words(s + " " + e)
 
     Parts (b) and (c) count even when (a) is 0: a stepwise gate (the reference's writing reward stops at
     the first failed level) would turn most early outputs into ties and give no preference signal. Each
     part is at most 1, so an over-long explanation that lists every identifier still scores below a good
     one. ``terms`` (the task option ``reward_terms``) sums only those parts: ``("coverage",)`` is a preference
-    about content alone (which names the explanation mentions), where (a) and (b) are about length.
+    about content alone (which names the explanation mentions), where (a) and (b) are about length. Part (d),
+    ``docstring``, is a graded one: which of the specification's words (its docstring's prose) the two agents' texts
+    use between them; with a dozen words per item it rarely ties or reaches 1 where (c), two to four names, saturates
+    once the agents name them (docs/results/marlhf.md#a-graded-content-preference-2026-12-07).
     """
-    parts = docs_terms(summary, explanation, item)
+    parts = docs_terms(summary, explanation, item, terms)
     return 0.0 if parts is None else sum(parts[t] for t in terms)
 
 
-def docs_terms(summary: str, explanation: str, item: dict[str, Any]) -> dict[str, float] | None:
-    """The three parts of :func:`docs_score`, each in [0, 1]: ``lengths`` (a), ``ratio`` (b), ``coverage`` (c);
-    None when the summary or the explanation is empty (the reward is then 0). What the learning benchmark
-    reports per round, to show which part the agents learn."""
+def docs_terms(
+    summary: str, explanation: str, item: dict[str, Any], terms: Sequence[str] = REWARD_TERMS
+) -> dict[str, float] | None:
+    """The parts ``terms`` of :func:`docs_score`, each in [0, 1] (by default the reward's three: ``lengths`` (a),
+    ``ratio`` (b), ``coverage`` (c); :data:`ALL_TERMS` adds ``docstring`` (d)); None when the summary or the
+    explanation is empty (the reward is then 0). What the report and the learning benchmark show per round, to show
+    which part the agents learn."""
     s, e = summary.strip(), explanation.strip()
     if not s or not e:
         return None
-    lengths_ok = _within(len(s.split()), SUMMARY_WORDS) and _within(len(e.split()), EXPLANATION_WORDS)
-    return {
-        "lengths": float(lengths_ok),
-        "ratio": ratio_score(len(e) / len(s)),
-        "coverage": coverage(e, key_identifiers(item)),
+    parts = {
+        "lengths": lambda: float(_within(len(s.split()), SUMMARY_WORDS) and _within(len(e.split()), EXPLANATION_WORDS)),
+        "ratio": lambda: ratio_score(len(e) / len(s)),
+        "coverage": lambda: coverage(e, key_identifiers(item)),
+        "docstring": lambda: _share(docstring_words(item), content_words(f"{s} {e}")),
     }
+    return {t: parts[t]() for t in terms}
+
+
+def _share(wanted: frozenset[str], found: frozenset[str]) -> float:
+    return len(wanted & found) / len(wanted) if wanted else 0.0
+
+
+def _entry_function(item: dict[str, Any]) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    """The top-level definition of ``item["entry_point"]`` in ``item["prompt"]``; ValueError naming the item."""
+    entry_point = item_field(item, "entry_point")
+    try:
+        module = ast.parse(item_field(item, "prompt"))
+    except SyntaxError as exc:
+        raise ValueError(f"item {item.get('item_id')!r}: field 'prompt' does not parse: {exc}") from exc
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == entry_point:
+            return node
+    raise ValueError(f"item {item.get('item_id')!r}: field 'prompt' defines no function {entry_point!r}")
 
 
 def docs_reward(
@@ -171,9 +220,9 @@ def humaneval_docs_task(
     """Agent 1 writes a one-sentence summary, agent 2 a detailed explanation; reward in [0, 3]
     (:func:`pbrl.tasks.humaneval_docs.docs_score`).
 
-    ``reward_terms``: the parts of the reward summed, a non-empty subset of ``lengths``, ``ratio`` and ``coverage``
-    (None = all three); the reward then lies in [0, number of parts]. ``[coverage]`` is the content-only
-    preference of docs/results/marlhf.md.
+    ``reward_terms``: the parts of the reward summed, a non-empty subset of ``lengths``, ``ratio``, ``coverage`` and
+    ``docstring`` (None = the first three); the reward then lies in [0, number of parts]. ``[coverage]`` and
+    ``[coverage, docstring]`` are the content-only preferences of docs/results/marlhf.md.
 
     Raises:
         ConfigError: every bad option at once (``num_train_items``, ``num_eval_items``, ``reward_terms``: an
@@ -181,9 +230,9 @@ def humaneval_docs_task(
     """
     terms = REWARD_TERMS if reward_terms is None else tuple(reward_terms)
     problems = []
-    unknown = [t for t in terms if t not in REWARD_TERMS]
+    unknown = [t for t in terms if t not in ALL_TERMS]
     if isinstance(reward_terms, str) or not terms or unknown or len(set(terms)) != len(terms):
-        why = f"give a non-empty list of distinct parts among {', '.join(REWARD_TERMS)}"
+        why = f"give a non-empty list of distinct parts among {', '.join(ALL_TERMS)}"
         problems.append(Problem("reward_terms", reward_terms, why + (f" (unknown: {unknown})" if unknown else "")))
     try:
         train, evaluation = split_problems(num_train_items, num_eval_items)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from tests.helpers import benchmark_script
@@ -48,7 +49,7 @@ def test_word_overlap_weighs_the_words_particular_to_a_prompt(rm):
     assert math.isclose(rm.word_overlap([responses[0]], [prompts[0]], 2)[0, 0], 0.0)  # one prompt: every idf 0
 
 
-def test_the_overlap_representations_run_no_backbone_and_weigh_prompt_tokens_two_ways(rm, tiny_model_dir, monkeypatch):
+def test_the_overlap_and_length_representations_run_no_backbone(rm, tiny_model_dir, monkeypatch):
     from types import SimpleNamespace
 
     def no_backbone(*_):
@@ -60,10 +61,13 @@ def test_the_overlap_representations_run_no_backbone_and_weigh_prompt_tokens_two
     # each (idf log 1.5 = L). Response 0 says 41: idf alone L / 2L = 1/2 (the product), tf-idf 2L / (2L + L) = 2/3;
     # response 1 says only 40: 0. Agent 1's prompt, [50] in both, weighs 0: 0.
     responses = [
-        {"item_id": "a", "prompt_ids": [[40, 41, 41, 43], [50]], "completion_ids": [[41], [7]], "completions": []},
-        {"item_id": "b", "prompt_ids": [[40, 42], [50]], "completion_ids": [[40], [50]], "completions": []},
+        {"item_id": "a", "prompt_ids": [[40, 41, 41, 43], [50]], "completion_ids": [[41, 41], [7]], "completions": []},
+        {"item_id": "b", "prompt_ids": [[40, 42], [50]], "completion_ids": [[40], [50, 51]], "completions": []},
     ]
-    features = rm.representations(responses, {"a": {}, "b": {}}, job, ["prompt_overlap", "overlap_tf"])
-    assert list(features) == ["prompt_overlap", "overlap_tf"]
+    wanted = ["prompt_overlap", "overlap_tf", "segment_lengths"]
+    features = rm.representations(responses, {"a": {}, "b": {}}, job, wanted)
+    assert list(features) == wanted
+    # the lengths: log(1 + response tokens) per agent, 2 and 1 tokens, then 1 and 2
+    assert np.allclose(features["segment_lengths"], np.log1p([[2, 1], [1, 2]]))
     assert features["overlap_tf"]({"a", "b"}).ravel().tolist() == pytest.approx([2 / 3, 0.0, 0.0, 0.0])
     assert features["prompt_overlap"]({"a", "b"}).ravel().tolist() == pytest.approx([1 / 2, 0.0, 0.0, 0.0])

@@ -17,7 +17,17 @@ from pbrl.tasks.humaneval_coop import (
     problem_preamble,
     strip_fences,
 )
-from pbrl.tasks.humaneval_docs import coverage, docs_reward, docs_score, docs_terms, key_identifiers, ratio_score
+from pbrl.tasks.humaneval_docs import (
+    ALL_TERMS,
+    content_words,
+    coverage,
+    docs_reward,
+    docs_score,
+    docs_terms,
+    docstring_words,
+    key_identifiers,
+    ratio_score,
+)
 from pbrl.tasks.registry import get_task, task_names
 from pbrl.tasks.toy import toy_reward
 
@@ -186,6 +196,44 @@ def test_docs_reward_terms_sum_only_the_chosen_parts(problems: dict[str, dict]) 
     )
     assert two.reward_range == (0.0, 2.0) and repr(two.reward_func) == "PartialDocsReward(terms=('ratio', 'coverage'))"
     assert get_task("humaneval_docs", num_train_items=1, num_eval_items=1).reward_func is docs_reward  # as before
+
+
+def test_docstring_part_is_the_share_of_the_docstring_words_both_texts_use(problems: dict[str, dict]) -> None:
+    """Issue #55: part (d), a graded content preference. HumanEval/0's docstring prose is "Check if in given list of
+    numbers, are any two numbers closer to each other than given threshold."; words of 3+ letters less the stop
+    words (are, any, each, other, than, given, list) leave five."""
+    item = problems["HumanEval/0"]
+    assert docstring_words(item) == {"check", "numbers", "two", "closer", "threshold"}
+    summary = "Checks if numbers are close."  # checks, numbers, close
+    explanation = (  # takes, numbers, threshold, true, two, differ, less
+        "It takes a list of numbers and a threshold and returns True when two of the numbers differ by "
+        "less than the threshold."
+    )
+    # numbers, two, threshold of the five ("checks" is not "check", "close" not "closer": whole words) -> 3/5
+    assert docs_terms(summary, explanation, item, ALL_TERMS) == pytest.approx(
+        {"lengths": 1.0, "ratio": 1.0, "coverage": 2 / 3, "docstring": 3 / 5}
+    )
+    assert set(docs_terms(summary, explanation, item)) == {"lengths", "ratio", "coverage"}  # the default: as before
+    # the summary counts too: "closer" only in the summary, "check" only in the explanation -> 2/5
+    assert docs_terms("Which is closer?", "We check it.", item, ["docstring"]) == {"docstring": 2 / 5}
+    task = get_task("humaneval_docs", num_train_items=1, num_eval_items=1, reward_terms=["coverage", "docstring"])
+    assert task.reward_range == (0.0, 2.0)
+    assert task.reward_func([summary], [explanation], batch_items=[item]) == pytest.approx([2 / 3 + 3 / 5])
+
+
+def test_docstring_words_leave_out_the_examples_and_split_identifiers() -> None:
+    item = {
+        "item_id": "x/1",
+        "entry_point": "square_all",
+        "prompt": 'def square_all(x):\n    """Square every_number of x, THE Numbers.\n    >>> square_all(cubes)\n'
+        '    [4]\n    Later prose after the examples.\n    """\n',
+    }
+    # "every_number" -> every, number; "THE" is a stop word; x has one letter; nothing after the first >>> line
+    assert docstring_words(item) == {"square", "every", "number", "numbers"}
+    assert content_words("has_close_elements, Numbers.") == {"close", "elements", "numbers"}  # "has": a stop word
+    no_docstring = {"item_id": "x/2", "entry_point": "f", "prompt": "def f(a):\n    pass\n"}
+    assert docstring_words(no_docstring) == frozenset()
+    assert docs_terms("Some summary.", "Some explanation.", no_docstring, ["docstring"]) == {"docstring": 0.0}
 
 
 @pytest.mark.parametrize("terms", [[], ["coverage", "coverage"], ["colour"], "coverage"])
