@@ -68,6 +68,7 @@ from pbrl.data.storage import RunPaths, read_manifest
 from pbrl.run.folder import prepare_run
 from pbrl.run.judging import round_stages
 from pbrl.run.settings import policy_source
+from pbrl.tasks.humaneval_docs import ALL_TERMS, docs_terms
 
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
 # --trainer: the job each trainer is measured with (MARLHF's config holds its reward-model and RL settings).
@@ -285,8 +286,6 @@ def docs_term_means(rows: list[dict], items: dict[str, dict]) -> dict[str, float
     """``humaneval_docs``: the mean of each part of the reward over the evaluation draws (``terms/lengths``,
     ``terms/ratio``, ``terms/coverage``, ``terms/docstring``, each in [0, 1]; an empty text counts 0 for every part),
     to show which part of the reward the agents learn, whichever parts the run's reward sums."""
-    from pbrl.tasks.humaneval_docs import ALL_TERMS, docs_terms
-
     parts = [docs_terms(*row["completions"][:2], items[row["item_id"]], ALL_TERMS) for row in rows]
     return {f"terms/{name}": statistics.fmean((p or {}).get(name, 0.0) for p in parts) for name in ALL_TERMS}
 
@@ -337,7 +336,7 @@ def print_table(res: dict[str, Any], num_agents: int) -> None:
                 f" | rm held-out {x['rm/heldout_accuracy']:.2f} [{fmt(x.get('rm/heldout_accuracy_lo'))}, "
                 f"{fmt(x.get('rm/heldout_accuracy_hi'))}] on {x['rm/heldout_pairs']} pairs"
             )
-        terms = [name for name in ("lengths", "ratio", "coverage", "docstring") if f"terms/{name}" in x]
+        terms = [name for name in ALL_TERMS if f"terms/{name}" in x]
         if terms:  # results written before the docstring part have three
             extra += f" | {'/'.join(terms)} " + "/".join(f"{x[f'terms/{t}']:.2f}" for t in terms)
         print(
