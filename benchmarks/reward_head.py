@@ -11,7 +11,7 @@ and settings under each variant:
 - with and without each agent's squared length (``RewardModelSpec.length_squares``), and with the squares and the
   products of every two agents' lengths (``RewardModelSpec.length_products``);
 - ``--overlap on|off``: the head reads each agent's prompt overlap (``reward_prompt_overlap``) or not, whatever the
-  run's job said;
+  run's job said; ``--joint-overlap on|off`` likewise for the joint response's word overlap (``reward_joint_overlap``);
 - ``--squares-only``: only the shipped shape (the squares, no products), for a comparison of ``--components``;
 - ``--splits``: the stage's held-out split of items (split 0, what ``rm/heldout_accuracy`` reports) and others
   drawn from the next seeds, so that a choice does not rest on which quarter of the items was held out;
@@ -74,14 +74,16 @@ def refit_round(
     cv_folds: int = 0,
     history: bool = False,
     all_pairs: bool = False,
+    joint_overlap: bool | None = None,
 ) -> list[dict]:
     """One row per (split, components, squares, products): train / unseen-item accuracy of the refitted head, which
-    reads the prompt overlap as the run's job did, or as ``overlap`` says. With ``ensemble`` also a row per split
-    whose components are ``"ensemble"``: the unseen pairs ordered by the sum of the variants' margins (their mean
-    score). With ``cv_folds`` ≥ 2 also a row per split whose components are ``"cv"``: the variant a cross-validation
-    over the training items chooses (:func:`item_folds`, :func:`cv_choice`), with its unseen-item accuracy. With
-    ``history`` the pairs are every stored pair of the fitted rounds up to ``round_index`` (:func:`history_pairs`);
-    with ``all_pairs`` every pair those rounds built, and the backbone may run.
+    reads the prompt overlap as the run's job did, or as ``overlap`` says (the joint overlap: ``joint_overlap``).
+    With ``ensemble`` also a row per split whose components are ``"ensemble"``: the unseen pairs ordered by the sum
+    of the variants' margins (their mean score). With ``cv_folds`` ≥ 2 also a row per split whose components are
+    ``"cv"``: the variant a cross-validation over the training items chooses (:func:`item_folds`,
+    :func:`cv_choice`), with its unseen-item accuracy. With ``history`` the pairs are every stored pair of the
+    fitted rounds up to ``round_index`` (:func:`history_pairs`); with ``all_pairs`` every pair those rounds built,
+    and the backbone may run.
 
     Raises:
         RuntimeError: a row's features are not stored (the backbone would run) and ``all_pairs`` is off.
@@ -96,6 +98,7 @@ def refit_round(
     )
     spec = fit.spec_of(job)
     spec = spec if overlap is None else replace(spec, prompt_overlap=overlap)
+    spec = spec if joint_overlap is None else replace(spec, joint_overlap=joint_overlap)
     items = [p["item_id"] for p in kept]
     known: dict | None = None
 
@@ -144,6 +147,7 @@ def refit_round(
         train, held = [usable[i] for i in train_idx], [usable[i] for i in held_idx]
         held_items, held_margins = [items[i] for i in held_idx], [_margin(kept[i]) for i in held_idx]
         base = {"run": run_dir.name, "round": round_index, "split": split, "prompt_overlap": spec.prompt_overlap}
+        base["joint_overlap"] = spec.joint_overlap
         base |= {"train_pairs": len(train), "heldout_pairs": len(held), "history": "all" if all_pairs else history}
         own = [j for j, i in enumerate(held_idx) if kept[i]["round_index"] == round_index]  # round r's own pairs
         margins = {}
@@ -327,6 +331,9 @@ def main() -> int:
         "--overlap", choices=("on", "off"), help="the head reads the prompt overlap (default: as the run's job did)"
     )
     parser.add_argument(
+        "--joint-overlap", choices=("on", "off"), help="the head reads the joint overlap (default: as the job did)"
+    )
+    parser.add_argument(
         "--squares-only", action="store_true", help="only the shipped shape of the lengths: their squares, no products"
     )
     parser.add_argument(
@@ -364,6 +371,7 @@ def main() -> int:
                     cv_folds=args.choose_by_cv,
                     history=args.history,
                     all_pairs=args.all_pairs,
+                    joint_overlap=None if args.joint_overlap is None else args.joint_overlap == "on",
                 )
             )
     table = summary(rows)

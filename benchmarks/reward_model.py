@@ -25,6 +25,9 @@ differences of winner and loser):
   (:func:`tf_overlap`: measured, not kept in the product);
   ``segments+overlap`` adds it to ``segments``; ``word_overlap`` is the same on words, the idf over every prompt
   of the collection (:func:`word_overlap`);
+- ``joint_overlap``: the idf-weighted share of the words of the agents' prompts together that their responses use
+  together, the idf fitted on the split's training prompts (the product's ``reward_joint_overlap``,
+  :class:`pbrl.learning.prompt_overlap.JointWordOverlap`); ``overlaps+joint``: it beside ``prompt_overlap``;
 - ``hand``: a yardstick of what is learnable: words of the summary and of the explanation (log), the explanation /
   summary length ratio (log), the identifier coverage of the explanation, both lengths within bounds.
 ``--product`` also fits the product's reward model the way fit-reward-model does (AdamW, the run's learning rate,
@@ -33,6 +36,7 @@ epochs and batch size) for the configured pooling and training (head only or LoR
 ``--reward-terms coverage`` measures the same joint responses under another preference: the reward recomputed from
 the stored texts as the sum of those parts of the docs reward (``coverage`` alone: a preference about content, which
 names the explanation mentions; issue #55); ``segment_lengths`` then says how much length still tells.
+``--round`` reads another round's collection of a ``--from-run`` folder (default 1, the initial policy's).
 
 Writes ``benchmarks/results/reward-model-<model>[-<terms>][-<tag>].json``. Run: ``python benchmarks/reward_model.py``
 (about 20 min on 2 idle CPU cores, mostly the sampling; ``--keep`` keeps the run folder, ``--from-run`` reuses one).
@@ -61,7 +65,7 @@ from pbrl.config import JOB_CLASSES, JobConfig, load_job, parse_job
 from pbrl.data.items import read_items
 from pbrl.data.storage import RunPaths
 from pbrl.learning.joint_template import JointInput, JointTemplate, joint_input_ids
-from pbrl.learning.prompt_overlap import PromptOverlap
+from pbrl.learning.prompt_overlap import JointWordOverlap, PromptOverlap
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_correct
 from pbrl.learning.reward_model_build import RewardModelSpec, new_reward_model
 from pbrl.models.loading import load_tokenizer, resolve_model_source
@@ -72,7 +76,7 @@ from pbrl.tasks.humaneval_docs import ALL_TERMS, REWARD_TERMS, docs_score
 CONFIG = REPO_ROOT / "flows" / "configs" / "demo.yaml"
 REPRESENTATIONS = (
     "last_token", "segments", "segment_lengths", "hand", "prompt_overlap", "overlap_tf", "segments+overlap",
-    "word_overlap",
+    "word_overlap", "joint_overlap", "overlaps+joint",
 )  # fmt: skip
 L2 = 1.0  # the L2 penalty of the logistic regressions (on standardized features, summed over pairs)
 
@@ -102,11 +106,11 @@ def collect(out: Path, args: argparse.Namespace) -> Path:
     return run_dir
 
 
-def joint_responses(run_dir: Path, job: JobConfig) -> list[dict[str, Any]]:
-    """Every scored joint response of round 1: item, reward, prompts and completions (text and ids) per agent."""
+def joint_responses(run_dir: Path, job: JobConfig, round_index: int = 1) -> list[dict[str, Any]]:
+    """Every scored joint response of a round: item, reward, prompts and completions (text and ids) per agent."""
     paths = RunPaths(run_dir)
-    candidates = pq.read_table(paths.candidates(1)).to_pylist()
-    return assemble(pq.read_table(paths.scores(1)).to_pylist(), candidates, job.num_agents)
+    candidates = pq.read_table(paths.candidates(round_index)).to_pylist()
+    return assemble(pq.read_table(paths.scores(round_index)).to_pylist(), candidates, job.num_agents)
 
 
 def assemble(scores: list[dict[str, Any]], candidates: list[dict[str, Any]], num_agents: int) -> list[dict[str, Any]]:
@@ -221,6 +225,24 @@ def tf_overlap(
     return of
 
 
+def joint_overlap(
+    responses: list[dict[str, Any]], inputs: list[JointInput], source: str
+) -> Callable[[set[str]], np.ndarray]:
+    """The product's ``reward_joint_overlap`` (:class:`pbrl.learning.prompt_overlap.JointWordOverlap`) of every
+    response, its idf table fitted on the training items' joint prompts of a split, as the fit does: (training
+    items) -> (n, 1)."""
+    tokenizer = load_tokenizer(resolve_model_source(source))
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    def of(train_items: set[str]) -> np.ndarray:
+        rows = [x for x, r in zip(inputs, responses, strict=True) if r["item_id"] in train_items]
+        return JointWordOverlap.fit(rows, decode).features(inputs, decode).double().numpy()
+
+    return of
+
+
 def word_overlap(responses: list[dict[str, Any]], prompts: list[list[str]], num_agents: int) -> np.ndarray:
     """The prompt overlap on words (maximal runs of letters, digits and underscores) instead of token ids (a
     tokenizer spells ``numbers`` after ``(`` and after a space with different ids, a word is the same word), with
@@ -253,6 +275,9 @@ def representations(
     overlap_of = prompt_overlap(responses, inputs, job.num_agents)
     features["prompt_overlap"] = overlap_of
     features["overlap_tf"] = tf_overlap(responses, inputs, job.num_agents)
+    joint_of = joint_overlap(responses, inputs, job.agent_model)
+    features["joint_overlap"] = joint_of
+    features["overlaps+joint"] = lambda train: np.concatenate([overlap_of(train), joint_of(train)], axis=1)
     # the segments' length feature, log(1 + response tokens) per agent, needs no backbone (in float64 here)
     features["segment_lengths"] = np.log1p([[end - start for start, end in x.response_spans] for x in inputs])
     if set(wanted) & {"last_token", "segments", "segments+overlap"}:
@@ -397,6 +422,7 @@ def main() -> int:
     parser.add_argument("--splits", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--from-run", type=Path, help="reuse the run folder of an earlier --keep")
+    parser.add_argument("--round", type=int, default=1, help="the collection of this round of --from-run")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument(
         "--reward-terms",
@@ -425,7 +451,7 @@ def main() -> int:
     started = time.perf_counter()
     run_dir = args.from_run or collect(Path(tempfile.mkdtemp(prefix="pbrl-rm-")), args)
     job = open_job(run_dir)
-    responses = joint_responses(run_dir, job)
+    responses = joint_responses(run_dir, job, args.round)
     pairs = preference_pairs(responses, job.tie_tolerance)
     items = {x["item_id"]: x for x in read_items(RunPaths(run_dir), "train")}
     if args.reward_terms:  # the same joint responses under another preference: the chosen parts of the docs reward
@@ -451,6 +477,7 @@ def main() -> int:
         {
             "reward_terms": args.reward_terms or list(REWARD_TERMS),
             "run": str(run_dir) if args.keep or args.from_run else None,
+            "round": args.round,
             "items": len(items),
             "joint_responses": len(responses),
             "pairs": len(pairs),

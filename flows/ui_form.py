@@ -126,7 +126,7 @@ SECTIONS: tuple[Section, ...] = (
         "The joint reward model fitted from the pairs.",
         "reward_model_name reward_model_device reward_learning_rate reward_num_train_epochs reward_train_batch_size "
         "reward_max_length reward_freeze_backbone reward_pooling reward_backbone_layers reward_head_components "
-        "reward_prompt_overlap reward_length_products",
+        "reward_prompt_overlap reward_length_products reward_joint_overlap",
     ),
     Section.of(
         "rl",

@@ -79,6 +79,7 @@ def spec_of(job: JobConfig) -> RewardModelSpec:
         head_components=job.reward_head_components,
         prompt_overlap=job.reward_prompt_overlap,
         length_products=job.reward_length_products,
+        joint_overlap=job.reward_joint_overlap,
     )
 
 

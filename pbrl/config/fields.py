@@ -248,6 +248,14 @@ class _RewardModelFields(_Fields):
         "response, idf over the fit's training prompts). For preferences about content, e.g. which names an "
         "answer mentions, that a mean of hidden states does not show (docs/results/marlhf.md).",
     )
+    reward_joint_overlap: StrictBool = Field(
+        False,
+        description="With reward_pooling='segments': the head also reads how much of the prompts' words the agents' "
+        "responses use between them (the idf-weighted share of the words of every agent's prompt found in any "
+        "response; words of 3+ letters, idf over the fit's training prompts). For a team's preference about what "
+        "the joint response covers, which no one agent's overlap shows "
+        "(docs/results/marlhf.md#the-joint-overlap-2026-12-07).",
+    )
     reward_length_products: StrictBool = Field(
         False,
         description="With reward_pooling='segments': the head also reads the product of every two agents' "

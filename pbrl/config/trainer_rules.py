@@ -372,7 +372,7 @@ def _marlhf_collaboration(v: Values) -> list[Problem]:
     ]
 
 
-SEGMENTS_ONLY = ("reward_head_components", "reward_prompt_overlap", "reward_length_products")  # what the head reads
+SEGMENTS_ONLY = ("reward_head_components", "reward_prompt_overlap", "reward_length_products", "reward_joint_overlap")
 
 
 def _segments_only(name: str, v: Values) -> list[Problem]:

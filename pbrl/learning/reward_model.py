@@ -13,9 +13,10 @@ linear head on a pooled feature vector of the last layer's hidden states (``pool
   each agent's standardized log length squared; with ``length_products`` the product of every two agents'
   standardized log lengths, and with ``prompt_overlap`` each agent's standardized share of what is particular to
   its prompt that its response mentions (:mod:`pbrl.learning.prompt_overlap`: the words a mean of hidden states
-  does not show). The last token of a long joint text says little about which joint
-  response is better; what decides the docs task's preference (each response's length and content) lives in the
-  segments (measured in docs/results/marlhf.md).
+  does not show), and with ``joint_overlap`` the share of the prompts' words that the agents use between them
+  (:class:`~pbrl.learning.prompt_overlap.JointWordOverlap`). The last token of a long joint text says little about
+  which joint response is better; what decides the docs task's preference (each response's length and content)
+  lives in the segments (measured in docs/results/marlhf.md).
 
 Masks and position ids come from the row lengths, never from comparing ids with the pad id, so left and right
 padding give the same score as the row alone and pad == EOS is safe. Forwards run in eval mode (dropout
@@ -26,7 +27,7 @@ header and every prompt, and cross joint responses share more, so each shared pr
 **Fitting** (Bradley–Terry) and the pair metrics: :mod:`pbrl.learning.reward_fit`. Built, saved (safetensors) and
 loaded (safe loaders only): :mod:`pbrl.learning.reward_model_build`.
 
-Shape legend: b batch (rows), t tokens, h hidden size, a agents, f features.
+Shape legend: b batch (rows), t tokens, h hidden size, a agents, f features, o overlap inputs.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ import hashlib
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from pbrl.learning.joint_template import JointInput
-from pbrl.learning.prompt_overlap import PromptOverlap
+from pbrl.learning.prompt_overlap import Decode, JointWordOverlap, PromptOverlap
 from pbrl.learning.segment_head import length_products, length_squares, segment_features, segment_projection
 from pbrl.models.forward import eval_mode, pad_rows, shared_prefix_hidden
 
@@ -74,22 +76,36 @@ def row_digest(row: JointRow) -> str:
     return hashlib.sha256(repr(key).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class HeadExtras:
+    """What a ``segments`` head reads beside the (projected) pooled features, each off by default:
+    ``length_squares``, ``length_products``, ``prompt_overlap`` and ``joint_overlap`` (:class:`JointRewardModel`)."""
+
+    length_squares: bool = False
+    length_products: bool = False
+    prompt_overlap: bool = False
+    joint_overlap: bool = False
+
+
 class JointRewardModel(nn.Module):
     """Backbone (a causal LM's base model, or a peft model around it) + a scalar head (f → 1) on pooled features.
 
-    ``feature_shift`` and ``feature_scale`` (buffers, (f,)) standardize the features before the head: 0 and 1
-    until :meth:`standardize_on` sets them (``segments``; ``last_token`` keeps the reference's raw hidden state).
-    A head narrower than the ``num_features`` f reads them through ``feature_projection`` (buffer, (f, m)): each
-    agent's principal components (``reward_head_components``, :func:`pbrl.learning.segment_head.segment_projection`).
-    With ``length_squares`` (``segments``) the head also reads each agent's standardized log length squared (a more
-    inputs after the others: :func:`pbrl.learning.segment_head.length_squares`), with ``length_products`` the product
-    of every two agents' standardized log lengths (a(a−1)/2 more, after the squares:
-    :func:`pbrl.learning.segment_head.length_products`), and with ``prompt_overlap`` each
-    agent's prompt overlap (a more, last; :class:`~pbrl.learning.prompt_overlap.PromptOverlap`, fitted by
-    :meth:`standardize_on` and standardized with ``overlap_shift`` and ``overlap_scale``, buffers (a,)).
-    ``input_low`` and ``input_high`` (buffers, (head inputs,), ``segments``) are the range each head input had on the
-    training rows: an input outside it is clamped to it, so that a row unlike every training row (a length never
-    seen) gets no input the head never read (±inf until :meth:`set_input_range`, set after a fit: nothing clamped).
+    ``feature_shift`` and ``feature_scale`` (buffers, (f,)) standardize the features before the head: 0 and 1 until
+    :meth:`standardize_on` sets them (``segments``; ``last_token`` keeps the reference's raw hidden state). A head
+    narrower than the ``num_features`` f reads them through ``feature_projection`` (buffer, (f, m)): each agent's
+    principal components (``reward_head_components``, :func:`pbrl.learning.segment_head.segment_projection`).
+    ``extras`` (:class:`HeadExtras`) says what else it reads. With ``length_squares`` (``segments``) the head also
+    reads each agent's standardized log length squared (a more inputs after the others:
+    :func:`pbrl.learning.segment_head.length_squares`), with ``length_products`` the product of every two agents'
+    standardized log lengths (a(a−1)/2 more, after the squares: :func:`pbrl.learning.segment_head.length_products`),
+    and with ``prompt_overlap`` each agent's prompt overlap (a more;
+    :class:`~pbrl.learning.prompt_overlap.PromptOverlap`), and with ``joint_overlap`` the joint response's word
+    overlap (1 more, last; :class:`~pbrl.learning.prompt_overlap.JointWordOverlap`, which reads text: ``decode``,
+    the backbone's tokenizer): the overlap inputs, o of them, are fitted by :meth:`standardize_on` and standardized
+    with ``overlap_shift`` and ``overlap_scale`` (buffers (o,)). ``input_low`` and ``input_high`` (buffers, (head
+    inputs,), ``segments``) are the range each head input had on the training rows: an input outside it is clamped
+    to it, so that a row unlike every training row (a length never seen) gets no input the head never read (±inf
+    until :meth:`set_input_range`, set after a fit: nothing clamped).
     """
 
     def __init__(
@@ -99,9 +115,8 @@ class JointRewardModel(nn.Module):
         pad_token_id: int,
         pooling: str = "last_token",
         num_features: int | None = None,
-        length_squares: bool = False,
-        prompt_overlap: bool = False,
-        length_products: bool = False,
+        extras: HeadExtras = HeadExtras(),
+        decode: Decode | None = None,
     ):
         super().__init__()
         if pooling not in POOLINGS:
@@ -109,21 +124,27 @@ class JointRewardModel(nn.Module):
         self.backbone, self.head, self.pad_token_id, self.pooling = backbone, head, int(pad_token_id), pooling
         f = num_features or head.in_features
         self.agents = f // (backbone.config.hidden_size + 1) if pooling == "segments" else 1
-        self.length_squares = bool(length_squares) and pooling == "segments"
-        self.uses_overlap = bool(prompt_overlap) and pooling == "segments"
-        self.length_products = bool(length_products) and pooling == "segments"
-        extra = self.agents * (int(self.length_squares) + int(self.uses_overlap))
+        segments = pooling == "segments"
+        self.length_squares = extras.length_squares and segments
+        self.agent_overlaps = extras.prompt_overlap and segments
+        self.joint_overlap = extras.joint_overlap and segments
+        if self.joint_overlap and decode is None:
+            raise ValueError("reward_joint_overlap: the model needs its tokenizer's decode")
+        self.decode = decode
+        self.length_products = extras.length_products and segments
+        o = self.agents * int(self.agent_overlaps) + int(self.joint_overlap)  # the overlap inputs
+        extra = self.agents * int(self.length_squares) + o
         extra += self.agents * (self.agents - 1) // 2 if self.length_products else 0
         m = head.in_features - extra  # the head's inputs before the squares, the products and the overlaps
         self.register_buffer("feature_shift", torch.zeros(f))
         self.register_buffer("feature_scale", torch.ones(f))
         self.register_buffer("feature_projection", torch.zeros(f, m) if f != m else None)
-        self.register_buffer("overlap_shift", torch.zeros(self.agents) if self.uses_overlap else None)
-        self.register_buffer("overlap_scale", torch.ones(self.agents) if self.uses_overlap else None)
-        segments = pooling == "segments"
+        self.register_buffer("overlap_shift", torch.zeros(o) if o else None)
+        self.register_buffer("overlap_scale", torch.ones(o) if o else None)
         self.register_buffer("input_low", torch.full((head.in_features,), -math.inf) if segments else None)
         self.register_buffer("input_high", torch.full((head.in_features,), math.inf) if segments else None)
         self.overlap: PromptOverlap | None = None  # fitted by standardize_on, or loaded
+        self.word_overlap: JointWordOverlap | None = None  # likewise
         self._memo: dict[str, torch.Tensor] | None = None  # see remembered_features
 
     def features(self, rows: Sequence[JointRow], padding_side: str = "right") -> torch.Tensor:
@@ -187,21 +208,34 @@ class JointRewardModel(nn.Module):
                 pooled = segment_features(hidden, shifted)  # (b, a·(h+1))
         return pooled.to(self.head.weight.dtype)
 
+    @property
+    def uses_overlap(self) -> bool:
+        """Whether the head reads overlap inputs (``prompt_overlap``, ``joint_overlap`` or both)."""
+        return self.overlap_shift is not None
+
     def overlap_features(self, rows: Sequence[JointRow]) -> torch.Tensor:
-        """Each row's prompt overlap per agent, unstandardized, (b, a) on the head's device.
+        """Each row's overlap inputs, unstandardized, (b, o) on the head's device: its prompt overlap per agent
+        (``prompt_overlap``), then its joint overlap (``joint_overlap``).
 
         Raises:
-            ValueError: the model does not read them, or its table is not fitted yet (:meth:`standardize_on`).
+            ValueError: a table the model reads is not fitted yet (:meth:`standardize_on`).
         """
-        if self.overlap is None:
-            raise ValueError("reward_prompt_overlap: the overlap table is not fitted (standardize_on first)")
-        return self.overlap.features(rows).to(self.head.weight.device)  # type: ignore[arg-type]
+        parts = []
+        if self.agent_overlaps:
+            if self.overlap is None:
+                raise ValueError("reward_prompt_overlap: the overlap table is not fitted (standardize_on first)")
+            parts.append(self.overlap.features(rows))  # type: ignore[arg-type]
+        if self.joint_overlap:
+            if self.word_overlap is None:
+                raise ValueError("reward_joint_overlap: the overlap table is not fitted (standardize_on first)")
+            parts.append(self.word_overlap.features(rows, self.decode))  # type: ignore[arg-type]
+        return torch.cat(parts, dim=-1).to(self.head.weight.device)  # (b, o)
 
     def head_inputs(self, features: torch.Tensor, overlaps: torch.Tensor | None = None) -> torch.Tensor:
         """The head's inputs (b, m) of pooled features (b, f), before the clamp: the standardized (and projected)
         features, with ``length_squares`` each agent's squared standardized length, with ``length_products`` the
-        products of every two agents' standardized lengths, and with ``prompt_overlap`` the
-        rows' ``overlaps`` (b, a: :meth:`overlap_features`) standardized.
+        products of every two agents' standardized lengths, and with ``prompt_overlap`` or ``joint_overlap`` the
+        rows' ``overlaps`` (b, o: :meth:`overlap_features`) standardized.
 
         Raises:
             ValueError: ``overlaps`` missing for a model that reads them.
@@ -215,7 +249,7 @@ class JointRewardModel(nn.Module):
         if self.uses_overlap:
             if overlaps is None:
                 raise ValueError("reward_prompt_overlap: head_scores needs the rows' overlaps")
-            x = torch.cat([x, standardize(overlaps, self.overlap_shift, self.overlap_scale)], dim=-1)  # (b, … + a)
+            x = torch.cat([x, standardize(overlaps, self.overlap_shift, self.overlap_scale)], dim=-1)  # (b, … + o)
         return x
 
     def head_scores(self, features: torch.Tensor, overlaps: torch.Tensor | None = None) -> torch.Tensor:
@@ -239,17 +273,20 @@ class JointRewardModel(nn.Module):
     def standardize_on(self, features: torch.Tensor, rows: Sequence[JointRow] | None = None) -> None:
         """``segments``: set the standardization to the mean and population spread (clamped at
         :data:`STANDARDIZE_EPS`) of ``features`` (n, f), the training rows', and the projection to their principal
-        components when the head reads them; with ``prompt_overlap`` fit the overlap table on ``rows`` (the same n
-        training rows) and standardize their overlaps likewise; ``last_token``: nothing changes.
+        components when the head reads them; with ``prompt_overlap`` or ``joint_overlap`` fit the overlap tables on
+        ``rows`` (the same n training rows) and standardize their overlaps likewise; ``last_token``: nothing changes.
 
         Raises:
-            ValueError: ``prompt_overlap`` without ``rows``.
+            ValueError: ``prompt_overlap`` or ``joint_overlap`` without ``rows``.
         """
         if self.uses_overlap and len(features):
             if rows is None:
                 raise ValueError("reward_prompt_overlap: standardize_on needs the training rows")
-            self.overlap = PromptOverlap.fit(rows, self.agents)  # type: ignore[arg-type]
-            values = self.overlap_features(rows)  # (n, a)
+            if self.agent_overlaps:
+                self.overlap = PromptOverlap.fit(rows, self.agents)  # type: ignore[arg-type]
+            if self.joint_overlap:
+                self.word_overlap = JointWordOverlap.fit(rows, self.decode)  # type: ignore[arg-type]
+            values = self.overlap_features(rows)  # (n, o)
             self.overlap_shift.copy_(values.mean(0))
             self.overlap_scale.copy_(values.std(0, unbiased=False).clamp(min=STANDARDIZE_EPS))
         if self.pooling == "segments" and len(features):
@@ -263,8 +300,9 @@ class JointRewardModel(nn.Module):
     @torch.no_grad()
     def set_input_range(self, features: torch.Tensor, overlaps: torch.Tensor | None = None) -> None:
         """``segments``: set ``input_low`` and ``input_high`` to the range of each head input on the training rows,
-        whose pooled ``features`` (n, f) and ``overlaps`` (n, a, with ``prompt_overlap``) the fitted model gives
-        (after the fit: a trained backbone's features move while it trains); ``last_token``: nothing changes."""
+        whose pooled ``features`` (n, f) and ``overlaps`` (n, o, with ``prompt_overlap`` or ``joint_overlap``) the
+        fitted model gives (after the fit: a trained backbone's features move while it trains); ``last_token``:
+        nothing changes."""
         if self.input_low is not None and len(features):
             inputs = self.head_inputs(features, overlaps)  # (n, m)
             self.input_low.copy_(inputs.min(0).values)

@@ -16,8 +16,8 @@ from transformers import AutoModel
 
 from pbrl.data.storage import atomic_dir, read_json, write_json
 from pbrl.learning.joint_template import TEMPLATE_VERSION
-from pbrl.learning.prompt_overlap import PromptOverlap
-from pbrl.learning.reward_model import JointRewardModel
+from pbrl.learning.prompt_overlap import Decode, JointWordOverlap, PromptOverlap
+from pbrl.learning.reward_model import HeadExtras, JointRewardModel
 from pbrl.models.forward import keep_first_layers
 from pbrl.models.loading import load_tokenizer, resolve_model_source, shared_backbone
 from pbrl.models.lora import LoraSettings, quiet_peft_wrapping
@@ -45,6 +45,8 @@ class RewardModelSpec:
         length_products: with ``segments``, the head also reads the product of every two agents' lengths
             (``reward_length_products``; records saved before it existed read False).
         prompt_overlap: with ``segments``, the head also reads each agent's prompt overlap (``reward_prompt_overlap``).
+        joint_overlap: with ``segments``, the head also reads the joint response's word overlap with its prompts
+            (``reward_joint_overlap``; records saved before it existed read False).
     """
 
     source: str
@@ -57,6 +59,7 @@ class RewardModelSpec:
     length_squares: bool = True
     prompt_overlap: bool = False
     length_products: bool = False
+    joint_overlap: bool = False
 
     def head_inputs(self, hidden_size: int) -> int:
         """f: h for ``last_token``, a·(h+1) for ``segments``."""
@@ -67,6 +70,7 @@ class RewardModelSpec:
             "reward_head_components": self.head_components is not None,
             "reward_prompt_overlap": self.prompt_overlap,
             "reward_length_products": self.length_products,
+            "reward_joint_overlap": self.joint_overlap,
         }  # the options that say what a segments head reads (pbrl.config.trainer_rules.SEGMENTS_ONLY)
         for option, given in segments_only.items():
             if given and self.pooling != "segments":
@@ -74,11 +78,11 @@ class RewardModelSpec:
 
     def head_width(self, hidden_size: int) -> int:
         """The head's inputs: f, or a·(k+1) with ``head_components`` k; plus a with :attr:`squares`, plus a(a−1)/2
-        with ``length_products``, plus a with ``prompt_overlap``."""
+        with ``length_products``, plus a with ``prompt_overlap``, plus 1 with ``joint_overlap``."""
         k, a = self.head_components, self.num_agents
         width = self.head_inputs(hidden_size) if k is None else a * (k + 1)
         width += a * (a - 1) // 2 if self.length_products else 0
-        return width + (a if self.squares else 0) + (a if self.prompt_overlap else 0)
+        return width + (a if self.squares else 0) + (a if self.prompt_overlap else 0) + int(self.joint_overlap)
 
     @property
     def feature_names(self) -> list[str]:
@@ -88,7 +92,8 @@ class RewardModelSpec:
         names = ["segments" if self.head_components is None else f"segments_pca{self.head_components}"]
         names += ["length_squares"] if self.squares else []
         names += ["length_products"] if self.length_products else []
-        return names + (["prompt_overlap"] if self.prompt_overlap else [])
+        names += ["prompt_overlap"] if self.prompt_overlap else []
+        return names + (["joint_overlap"] if self.joint_overlap else [])
 
     @property
     def squares(self) -> bool:
@@ -113,6 +118,12 @@ def _pad_id(source: Path) -> int:
     return int(load_tokenizer(source).pad_token_id)
 
 
+def _decoder(source: Path) -> Decode:
+    """Token ids -> text with the backbone's tokenizer, special tokens left out (``reward_joint_overlap``)."""
+    tokenizer = load_tokenizer(source)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -> JointRewardModel:
     """A freshly initialised reward model: the backbone's pretrained weights, a new head (PyTorch's default
     ``nn.Linear`` init) and, with LoRA, a new adapter (peft init: B = 0), all drawn from ``seed``; global
@@ -135,10 +146,9 @@ def new_reward_model(spec: RewardModelSpec, *, seed: int, device: str = "cpu") -
             with quiet_peft_wrapping():
                 backbone = get_peft_model(backbone, config)
     features = spec.head_inputs(backbone.config.hidden_size)
-    model = JointRewardModel(
-        backbone, head, _pad_id(src), spec.pooling, features, length_squares=spec.squares,
-        prompt_overlap=spec.prompt_overlap, length_products=spec.length_products,
-    )  # fmt: skip
+    extras = HeadExtras(spec.squares, spec.length_products, spec.prompt_overlap, spec.joint_overlap)
+    decode = _decoder(src) if spec.joint_overlap else None
+    model = JointRewardModel(backbone, head, _pad_id(src), spec.pooling, features, extras, decode)
     return model.to(device)
 
 
@@ -171,6 +181,7 @@ def save_reward_model(model: JointRewardModel, spec: RewardModelSpec, out_dir: P
                 "length_products": model.length_products,
                 "features": spec.feature_names,
                 "prompt_overlap": model.overlap.to_record() if model.overlap is not None else None,
+                "joint_overlap": model.word_overlap.to_record() if model.word_overlap is not None else None,
                 "max_length": max_length,
             },
         )
@@ -205,15 +216,18 @@ def load_reward_model(folder: Path, *, device: str = "cpu") -> tuple[JointReward
     pooling, squares = meta.get("pooling", "last_token"), meta.get("length_squares", False)  # older: neither
     overlap = meta.get("prompt_overlap")  # older records: none
     products = meta.get("length_products", False)  # records before 2026-12-07: none
-    model = JointRewardModel(
-        backbone, head, _pad_id(src), pooling, state["feature_shift"].shape[0], squares, overlap is not None, products
-    )
+    joint = meta.get("joint_overlap")  # older records: none
+    extras = HeadExtras(squares, products, overlap is not None, joint is not None)
+    decode = _decoder(src) if joint is not None else None
+    model = JointRewardModel(backbone, head, _pad_id(src), pooling, state["feature_shift"].shape[0], extras, decode)
     # older records have no input range (saved before 2026-12-06): their inputs stay unclamped (±inf)
     for name in ("feature_shift", "feature_scale", "feature_projection", "overlap_shift", "overlap_scale", *_RANGE):
         if name in state:
             getattr(model, name).copy_(state[name])
     if overlap is not None:
         model.overlap = PromptOverlap.from_record(overlap)
+    if joint is not None:
+        model.word_overlap = JointWordOverlap.from_record(joint)
     model = model.to(device)
     model.requires_grad_(False)
     model.eval()

@@ -157,7 +157,9 @@ def test_the_stages_own_variant_reproduces_its_manifest_from_stored_features(
     with monkeypatch.context() as patch:
         patch.setattr(JointRewardModel, "_compute_features", no_backbone)
         (read,) = reward_head.refit_round(run_dir, 2, [(2, True, False)], splits=1, overlap=True)
+        (joint,) = reward_head.refit_round(run_dir, 2, [(2, True, False)], splits=1, joint_overlap=True)
     assert read["prompt_overlap"] and read["train_pairs"] == own["train_pairs"]
+    assert joint["joint_overlap"] and not joint["prompt_overlap"] and not own["joint_overlap"]
 
     # One variant as an ensemble is that variant; a cross-validation between two chooses one of them and reports
     # that one's unseen-item accuracy, with each variant's accuracy over the folds of the training items.

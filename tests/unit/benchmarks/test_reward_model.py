@@ -71,3 +71,28 @@ def test_the_overlap_and_length_representations_run_no_backbone(rm, tiny_model_d
     assert np.allclose(features["segment_lengths"], np.log1p([[2, 1], [1, 2]]))
     assert features["overlap_tf"]({"a", "b"}).ravel().tolist() == pytest.approx([2 / 3, 0.0, 0.0, 0.0])
     assert features["prompt_overlap"]({"a", "b"}).ravel().tolist() == pytest.approx([1 / 2, 0.0, 0.0, 0.0])
+
+
+def test_the_joint_overlap_representation_is_the_products_on_the_decoded_words(rm, tiny_model_dir):
+    from types import SimpleNamespace
+
+    from pbrl.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+
+    def response(item: str, prompt: str, said: list[str]) -> dict:
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        return {"item_id": item, "prompt_ids": [ids, ids], "completions": said,
+                "completion_ids": [tokenizer.encode(t, add_special_tokens=False) for t in said]}  # fmt: skip
+
+    # two items' joint prompts, {sort, the, numbers} and {sort, the, strings}: sort and the weigh 0, the others
+    # log 1.5. Response 0's agents say "the" and "numbers" between them: 1; response 1 says only "sort": 0.
+    responses = [
+        response("a", "Sort the numbers", ["the", "numbers"]),
+        response("b", "Sort the strings", ["sort", "ok"]),
+    ]
+    job = SimpleNamespace(agent_model=str(tiny_model_dir), num_agents=2)
+    features = rm.representations(responses, {"a": {}, "b": {}}, job, ["joint_overlap", "overlaps+joint"])
+    assert features["joint_overlap"]({"a", "b"}).ravel().tolist() == [1.0, 0.0]
+    both = features["overlaps+joint"]({"a", "b"})  # each agent's token overlap, then the joint overlap
+    assert both.shape == (2, 3) and both[:, 2].tolist() == [1.0, 0.0]

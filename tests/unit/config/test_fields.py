@@ -88,6 +88,7 @@ MARLHF_DEFAULTS = {
     "reward_head_components": None,
     "reward_prompt_overlap": False,
     "reward_length_products": False,
+    "reward_joint_overlap": False,
     "rl_algorithm": "magrpo",
     "num_generations": 4,
     "critic_model_name": None,
@@ -317,6 +318,8 @@ SPEC_MARLHF |= {"reward_pooling"}
 SPEC_MARLHF |= {"reward_backbone_layers"}
 # pbrl's own option (issue #30): the head reads each agent's principal components, which carry to unseen items.
 SPEC_MARLHF |= {"reward_head_components", "reward_prompt_overlap", "reward_length_products"}
+# pbrl's own option (issue #55): the head reads the joint response's word overlap with its prompts.
+SPEC_MARLHF |= {"reward_joint_overlap"}
 # pbrl's own options (issue #51): preferences from a pairwise judge (pbrl/config/judge_fields.py), every trainer.
 SPEC_COMMON |= {
     "preference_source", "judge", "judge_label_noise", "judge_bt_temperature", "judge_position_swap",

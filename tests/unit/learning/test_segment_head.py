@@ -13,7 +13,7 @@ from pbrl.config import parse_job
 from pbrl.errors import ConfigError
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_metrics
-from pbrl.learning.reward_model import JointRewardModel
+from pbrl.learning.reward_model import HeadExtras, JointRewardModel
 from pbrl.learning.reward_model_build import RewardModelSpec, load_reward_model, new_reward_model, save_reward_model
 from pbrl.learning.segment_head import length_squares, segment_projection
 from pbrl.models.loading import load_tokenizer
@@ -141,7 +141,7 @@ def test_the_squares_let_a_linear_head_prefer_a_length_band(tiny_model_dir):
         built = new_reward_model(spec, seed=0)
         width = built.head.in_features - (0 if squares else 2)
         model = JointRewardModel(
-            built.backbone, torch.nn.Linear(width, 1), built.pad_token_id, "segments", 130, squares
+            built.backbone, torch.nn.Linear(width, 1), built.pad_token_id, "segments", 130, HeadExtras(squares)
         )
         with model.remembered_features():
             fit_bradley_terry(model, train, epochs=40, batch_size=8, learning_rate=5e-2, seed=0, max_grad_norm=1.0)
