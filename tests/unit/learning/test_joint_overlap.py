@@ -1,7 +1,8 @@
 """The reward model's joint overlap (issue #55, :class:`pbrl.learning.prompt_overlap.JointWordOverlap`): words, the
 idf table and the overlap worked out by hand, a segments model that reads it learns a preference about what the agents
 say *between them* (which neither agent's own overlap nor the pooled states show), its saved record names it and
-reloads to the same scores, records from before it load as they were, and a MARLHF round fits and uses it."""
+reloads to the same scores, and records from before it load as they were (the option's rule, and a MARLHF round
+that fits and uses it: ``test_prompt_overlap.py``)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from pbrl.config import load_job
-from pbrl.errors import ConfigError
 from pbrl.learning.joint_template import JointTemplate, joint_input_ids
 from pbrl.learning.prompt_overlap import JointWordOverlap, words
 from pbrl.learning.reward_fit import fit_bradley_terry, pair_metrics
 from pbrl.learning.reward_model_build import RewardModelSpec, load_reward_model, new_reward_model, save_reward_model
 from pbrl.models.loading import load_tokenizer
-from tests.unit.learning.test_prompt_overlap import CONFIGS, T
+from tests.unit.learning.test_prompt_overlap import T
 
 # token id -> text, for the hand-worked table (the template's own ids, 1-6, never fall inside a span)
 VOCAB = {
@@ -153,31 +152,3 @@ def test_a_model_that_reads_the_joint_overlap_refuses_to_score_before_its_table_
         )
     with pytest.raises(ValueError, match="reward_joint_overlap: allowed only with reward_pooling='segments'"):
         RewardModelSpec(str(tiny_model_dir), pooling="last_token", joint_overlap=True)
-
-
-def test_the_option_goes_with_segments_only():
-    with pytest.raises(ConfigError) as info:
-        load_job(CONFIGS / "tiny-marlhf-iter.yaml", ["reward_pooling=last_token", "reward_joint_overlap=true"])
-    assert [p.field for p in info.value.problems] == ["reward_joint_overlap"]
-    assert load_job(CONFIGS / "tiny-marlhf-iter.yaml", ["reward_joint_overlap=true"]).reward_joint_overlap
-    assert load_job(CONFIGS / "marlhf-docs.yaml").reward_joint_overlap  # the shipped MARLHF config reads it
-
-
-def test_a_marlhf_round_fits_and_uses_a_reward_model_that_reads_the_joint_overlap(tiny_model_dir, tmp_path):
-    """The stages: fit-reward-model saves the table with the model, update-policies scores its rollouts with it
-    (a loaded model), and the reward model scores new comparisons in the next round."""
-    from stages import STAGE_MODULES
-    from tests.helpers import new_run
-    from tests.unit.learning.test_reward_model import MARLHF, STAGES
-
-    run_dir, job = new_run(tiny_model_dir, tmp_path, **MARLHF, reward_joint_overlap=True,
-                           reward_freeze_backbone=True, preference_scoring_reward="reward_model")  # fmt: skip
-    manifests = {n: STAGE_MODULES[n].run(run_dir, 1, job) for n in STAGES}
-    fit = manifests["fit-reward-model"]
-    loaded, meta = load_reward_model(run_dir / fit.details["reward_model"])
-    assert meta["features"] == ["segments", "length_squares", "joint_overlap"] and loaded.word_overlap is not None
-    assert meta["joint_overlap"]["documents"] >= 1 and math.isfinite(fit.metrics["rm/heldout_loss"])
-    assert manifests["update-policies"].counts  # RL scored its rollouts with the loaded model
-    job2 = job.model_copy(update={"num_iterations": 2})
-    STAGE_MODULES["sample-candidates"].run(run_dir, 2, job2)
-    assert STAGE_MODULES["score-with-oracle"].run(run_dir, 2, job2).details["scored_by"] == "reward_model"

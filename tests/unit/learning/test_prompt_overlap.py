@@ -120,27 +120,34 @@ def test_a_model_that_reads_overlaps_refuses_to_score_before_its_table_is_fitted
         RewardModelSpec(str(tiny_model_dir), pooling="last_token", prompt_overlap=True)
 
 
-def test_the_option_goes_with_segments_only():
+@pytest.mark.parametrize("option", ["reward_prompt_overlap", "reward_joint_overlap"])
+def test_the_option_goes_with_segments_only(option):
     with pytest.raises(ConfigError) as info:
-        load_job(CONFIGS / "tiny-marlhf-iter.yaml", ["reward_pooling=last_token", "reward_prompt_overlap=true"])
-    assert [p.field for p in info.value.problems] == ["reward_prompt_overlap"]
-    assert load_job(CONFIGS / "tiny-marlhf-iter.yaml", ["reward_prompt_overlap=true"]).reward_prompt_overlap
+        load_job(CONFIGS / "tiny-marlhf-iter.yaml", ["reward_pooling=last_token", f"{option}=true"])
+    assert [p.field for p in info.value.problems] == [option]
+    assert getattr(load_job(CONFIGS / "tiny-marlhf-iter.yaml", [f"{option}=true"]), option)
+    assert getattr(load_job(CONFIGS / "marlhf-docs.yaml"), option)  # the shipped MARLHF config reads both
 
 
-def test_a_marlhf_round_fits_and_uses_a_reward_model_that_reads_overlaps(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("option", "table"),
+    [("prompt_overlap", "overlap"), ("joint_overlap", "word_overlap")],  # each agent's; the joint response's
+)
+def test_a_marlhf_round_fits_and_uses_a_reward_model_that_reads_overlaps(tiny_model_dir, tmp_path, option, table):
     """The stages: fit-reward-model saves the table with the model, update-policies scores its rollouts with it
     (a loaded model that reads overlaps), and the reward model scores new comparisons in the next round."""
     from stages import STAGE_MODULES
     from tests.helpers import new_run
     from tests.unit.learning.test_reward_model import MARLHF, STAGES
 
-    run_dir, job = new_run(tiny_model_dir, tmp_path, **MARLHF, reward_prompt_overlap=True,
+    run_dir, job = new_run(tiny_model_dir, tmp_path, **MARLHF, **{f"reward_{option}": True},
                            reward_freeze_backbone=True, preference_scoring_reward="reward_model")  # fmt: skip
     manifests = {n: STAGE_MODULES[n].run(run_dir, 1, job) for n in STAGES}
     fit = manifests["fit-reward-model"]
     loaded, meta = load_reward_model(run_dir / fit.details["reward_model"])
-    assert meta["features"] == ["segments", "length_squares", "prompt_overlap"] and loaded.overlap is not None
-    assert meta["prompt_overlap"][1]["documents"] >= 1 and math.isfinite(fit.metrics["rm/heldout_loss"])
+    assert meta["features"] == ["segments", "length_squares", option] and getattr(loaded, table) is not None
+    documents = meta[option][1]["documents"] if option == "prompt_overlap" else meta[option]["documents"]
+    assert documents >= 1 and math.isfinite(fit.metrics["rm/heldout_loss"])
     assert manifests["update-policies"].counts  # RL scored its rollouts with the loaded model
     job2 = job.model_copy(update={"num_iterations": 2})
     STAGE_MODULES["sample-candidates"].run(run_dir, 2, job2)
