@@ -421,6 +421,7 @@ def test_saved_record_and_load_errors(tiny_model_dir, tmp_path):
         "length_products": False,
         "features": ["last_token"],
         "prompt_overlap": None,
+        "joint_overlap": None,
         "max_length": 64,
     }
     old = tmp_path / "old"
