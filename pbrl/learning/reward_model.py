@@ -248,7 +248,8 @@ class JointRewardModel(nn.Module):
             x = torch.cat([x, length_products(z, self.agents)], dim=-1)  # (b, … + a(a−1)/2)
         if self.uses_overlap:
             if overlaps is None:
-                raise ValueError("reward_prompt_overlap: head_scores needs the rows' overlaps")
+                names = "reward_prompt_overlap" if self.agent_overlaps else "reward_joint_overlap"
+                raise ValueError(f"{names}: head_scores needs the rows' overlaps")
             x = torch.cat([x, standardize(overlaps, self.overlap_shift, self.overlap_scale)], dim=-1)  # (b, … + o)
         return x
 

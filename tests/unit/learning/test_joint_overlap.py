@@ -150,5 +150,8 @@ def test_a_model_that_reads_the_joint_overlap_refuses_to_score_before_its_table_
         new_reward_model(_spec(tiny_model_dir, joint_overlap=True), seed=0)(
             list(_together_pairs(tokenizer, template, 1, seed=0)[0])
         )
+    model = new_reward_model(_spec(tiny_model_dir, joint_overlap=True), seed=0)
+    with pytest.raises(ValueError, match="reward_joint_overlap: head_scores needs the rows' overlaps"):
+        model.head_scores(torch.zeros(1, model.feature_shift.shape[0]))
     with pytest.raises(ValueError, match="reward_joint_overlap: allowed only with reward_pooling='segments'"):
         RewardModelSpec(str(tiny_model_dir), pooling="last_token", joint_overlap=True)
