@@ -123,12 +123,22 @@ def words(text: str) -> frozenset[str]:
     return frozenset(WORD.findall(text.casefold()))
 
 
-def _joint_words(row: JointInput, decode: Decode) -> tuple[frozenset[str], frozenset[str]]:
-    """(P, R) of one joint row: the words of its prompts together, of its responses together."""
+def _span_words(row: JointInput, spans: Sequence[tuple[int, int]], decode: Decode) -> frozenset[str]:
+    """The words of a row's ``spans`` together (its prompts' P or its responses' R)."""
     ids = row.ids or []
-    prompts = frozenset().union(*(words(decode(ids[s:e])) for s, e in row.prompt_spans))
-    responses = frozenset().union(*(words(decode(ids[s:e])) for s, e in row.response_spans))
-    return prompts, responses
+    return frozenset().union(*(words(decode(ids[s:e])) for s, e in spans))
+
+
+def _prompt_words(rows: Sequence[JointInput], decode: Decode) -> list[frozenset[str]]:
+    """P of every row, each distinct joint prompt decoded once (one item's joint responses share their prompts)."""
+    seen: dict[tuple[tuple[int, ...], ...], frozenset[str]] = {}
+    out = []
+    for row in rows:
+        key = tuple(tuple((row.ids or [])[s:e]) for s, e in row.prompt_spans)
+        if key not in seen:
+            seen[key] = _span_words(row, row.prompt_spans, decode)
+        out.append(seen[key])
+    return out
 
 
 @dataclass(frozen=True)
@@ -142,7 +152,7 @@ class JointWordOverlap:
     @classmethod
     def fit(cls, rows: Sequence[JointInput], decode: Decode) -> JointWordOverlap:
         """The table of the training rows' distinct joint prompts (``decode``: the reward model's tokenizer)."""
-        prompts = {_joint_words(row, decode)[0] for row in rows}
+        prompts = set(_prompt_words(rows, decode))
         return cls(len(prompts), dict(sorted(Counter(w for p in prompts for w in p).items())))
 
     def idf(self, word: str) -> float:
@@ -152,8 +162,8 @@ class JointWordOverlap:
     def features(self, rows: Sequence[JointInput], decode: Decode) -> torch.Tensor:
         """joint_overlap of every row, (b, 1) float32 in [0, 1]."""
         out = torch.zeros(len(rows), 1)
-        for i, row in enumerate(rows):
-            prompt, said = _joint_words(row, decode)
+        for i, (row, prompt) in enumerate(zip(rows, _prompt_words(rows, decode), strict=True)):
+            said = _span_words(row, row.response_spans, decode)
             total = sum(self.idf(w) for w in prompt)
             if total > 0:
                 out[i, 0] = sum(self.idf(w) for w in prompt & said) / total
